@@ -1,0 +1,218 @@
+//! The coordinator's protocol logic as pure functions (Sinfonia Fig. 4 lines 1–10): split
+//! items by memory node, tally the participants' replies into a decision, and assemble the
+//! outcome. The async driver in `lib.rs` and a simulator both call these.
+
+use crate::{ExecError, Minitx, Outcome};
+use std::collections::BTreeMap;
+use tutti_wire::{ErrorCode, ExecPrepare, Item, NodeId, Request, Response, Tid, Vote, VoteReply};
+
+/// Items grouped by memory node (`π_q` in Fig. 4), remembering each item's position.
+pub struct Plan {
+    nodes: Vec<NodeId>,
+    groups: Vec<Vec<(usize, Item)>>,
+}
+
+pub fn split(tx: &Minitx) -> Plan {
+    let mut by_node: BTreeMap<NodeId, Vec<(usize, Item)>> = BTreeMap::new();
+    for (i, (node, item)) in tx.items.iter().enumerate() {
+        by_node.entry(*node).or_default().push((i, item.clone()));
+    }
+    let (nodes, groups) = by_node.into_iter().unzip();
+    Plan { nodes, groups }
+}
+
+impl Plan {
+    /// Participants `D`, sorted.
+    pub fn nodes(&self) -> &[NodeId] {
+        &self.nodes
+    }
+
+    pub fn requests(&self, tid: Tid, class: &str) -> Vec<(NodeId, Request)> {
+        let read_only = !self.groups.iter().flatten().any(|(_, item)| item.writes());
+        self.nodes
+            .iter()
+            .zip(&self.groups)
+            .map(|(&node, group)| {
+                let items = group.iter().map(|(_, item)| item.clone()).collect();
+                let ep = ExecPrepare {
+                    tid,
+                    participants: self.nodes.clone(),
+                    class: class.to_string(),
+                    read_only,
+                    items,
+                };
+                (node, Request::ExecPrepare(ep))
+            })
+            .collect()
+    }
+
+    /// Reads in item order and failed compares as positions among all items.
+    pub fn outcome(
+        &self,
+        tid: Tid,
+        replies: &[NodeReply],
+        committed: bool,
+    ) -> Result<Result<Outcome, String>, ExecError> {
+        let mut reads: Vec<(usize, Vec<u8>)> = Vec::new();
+        let mut failed = Vec::new();
+        for ((node, group), reply) in self.nodes.iter().zip(&self.groups).zip(replies) {
+            let positions = group
+                .iter()
+                .filter(|(_, it)| matches!(it, Item::Read { .. }))
+                .map(|(i, _)| *i);
+            match reply {
+                NodeReply::Vote(v) => {
+                    reads.extend(positions.zip(v.reads.iter().cloned()));
+                    failed.extend(
+                        v.failed_compares
+                            .iter()
+                            .filter_map(|&k| group.get(k as usize).map(|(i, _)| *i)),
+                    );
+                }
+                _ if positions.clone().next().is_none() => {}
+                _ if committed => return Err(ExecError::ReadsLost { tid, node: *node }),
+                _ => return Ok(Err(format!("node {node}'s reply was lost"))),
+            }
+        }
+        reads.sort_by_key(|(i, _)| *i);
+        failed.sort_unstable();
+        Ok(Ok(Outcome {
+            committed,
+            reads: reads.into_iter().map(|(_, r)| r).collect(),
+            failed_compares: failed,
+        }))
+    }
+}
+
+/// What came back from one participant for EXEC&PREPARE.
+#[derive(Debug)]
+pub enum NodeReply {
+    Vote(VoteReply),
+    /// The node answered with an error: it did not vote.
+    Refused(ErrorCode, String),
+    /// The request was never delivered: no vote.
+    Unreachable(String),
+    /// The request may have been delivered and the reply was lost: vote unknown.
+    Lost(String),
+    Other(Response),
+}
+
+impl NodeReply {
+    pub fn from_response(resp: Response) -> NodeReply {
+        match resp {
+            Response::Vote(v) => NodeReply::Vote(v),
+            Response::Error { code, message } => NodeReply::Refused(code, message),
+            other => NodeReply::Other(other),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Tally {
+    /// Every participant voted COMMIT-OK: the minitransaction is committed.
+    Commit,
+    /// Some compare failed and nothing calls for a retry: report it, do not retry.
+    AbortCompare,
+    /// Aborted for a transient reason (busy lock, forced abort, stale epoch, node down).
+    Retry(String),
+    /// A participant refused the request itself (bad address, say): abort, report.
+    Rejected { node: NodeId, message: String },
+    /// No participant voted abort, but one vote is unknown: the outcome is not ours to pick.
+    Unknown { node: NodeId },
+}
+
+/// The decision rule of Fig. 4 lines 7–8, refined for why an attempt aborted.
+pub fn tally(nodes: &[NodeId], replies: &[NodeReply]) -> Tally {
+    let mut retry: Option<String> = None;
+    let mut compare_failed = false;
+    let mut lost = None;
+    for (&node, reply) in nodes.iter().zip(replies) {
+        match reply {
+            NodeReply::Vote(v) => match v.vote {
+                Vote::CommitOk => {}
+                Vote::AbortCompare => compare_failed = true,
+                Vote::AbortLock => retry = retry.or(Some("a lock was busy".into())),
+                Vote::AbortForced => retry = retry.or(Some("forced abort by recovery".into())),
+                Vote::AbortEpoch => retry = retry.or(Some("stale epoch".into())),
+            },
+            NodeReply::Refused(ErrorCode::NotReady, m) | NodeReply::Unreachable(m) => {
+                retry = retry.or(Some(m.clone()))
+            }
+            NodeReply::Refused(_, m) => {
+                return Tally::Rejected {
+                    node,
+                    message: m.clone(),
+                }
+            }
+            NodeReply::Lost(_) => lost = lost.or(Some(node)),
+            NodeReply::Other(_) => {
+                return Tally::Rejected {
+                    node,
+                    message: "unexpected reply".into(),
+                }
+            }
+        }
+    }
+    match (retry, compare_failed, lost) {
+        (Some(reason), _, _) => Tally::Retry(reason),
+        (None, true, _) => Tally::AbortCompare,
+        (None, false, Some(node)) => Tally::Unknown { node },
+        (None, false, None) => Tally::Commit,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vote(vote: Vote) -> NodeReply {
+        NodeReply::Vote(VoteReply {
+            vote,
+            reads: vec![],
+            failed_compares: vec![],
+            epoch: 1,
+        })
+    }
+
+    #[test]
+    fn decision_rule() {
+        let nodes = [1, 2];
+        assert_eq!(
+            tally(&nodes, &[vote(Vote::CommitOk), vote(Vote::CommitOk)]),
+            Tally::Commit
+        );
+        assert_eq!(
+            tally(&nodes, &[vote(Vote::CommitOk), vote(Vote::AbortCompare)]),
+            Tally::AbortCompare
+        );
+        assert!(matches!(
+            tally(&nodes, &[vote(Vote::AbortLock), vote(Vote::AbortCompare)]),
+            Tally::Retry(_)
+        ));
+        assert_eq!(
+            tally(&nodes, &[vote(Vote::CommitOk), NodeReply::Lost("x".into())]),
+            Tally::Unknown { node: 2 }
+        );
+        // A known abort vote decides even if another vote is lost.
+        assert!(matches!(
+            tally(
+                &nodes,
+                &[vote(Vote::AbortForced), NodeReply::Lost("x".into())]
+            ),
+            Tally::Retry(_)
+        ));
+        assert_eq!(
+            tally(
+                &nodes,
+                &[
+                    vote(Vote::CommitOk),
+                    NodeReply::Refused(ErrorCode::OutOfRange, "far".into())
+                ]
+            ),
+            Tally::Rejected {
+                node: 2,
+                message: "far".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,396 @@
+//! The tutti client library: builds minitransactions and runs them as their coordinator
+//! (Sinfonia Fig. 4), over pipelined connections shared by every concurrent caller. The
+//! coordinator keeps no log. The decision rule lives in `coordinator` as pure functions;
+//! this module does the I/O around it. Memory nodes are in `tutti-memnode`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tutti_client::{Cluster, ClientOptions, Minitx};
+//! let cluster = Cluster::connect("127.0.0.1:7700", ClientOptions::default()).await?;
+//! // Compare-and-swap 8 bytes at address 0 of node 1.
+//! let tx = Minitx::new().compare(1, 0, vec![0; 8]).write(1, 0, 7u64.to_le_bytes().to_vec());
+//! let outcome = cluster.exec_and_commit(&tx).await?;
+//! println!("committed: {}", outcome.committed);
+//! # Ok(()) }
+//! ```
+
+pub mod coordinator;
+mod minitx;
+
+pub use coordinator::Tally;
+pub use minitx::{Minitx, Outcome};
+
+use coordinator::{split, NodeReply};
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tutti_wire::{
+    Connection, Directory, NodeId, NodeInfo, Request, Response, RpcError, StatsReport, Tid,
+};
+
+/// Limits checked before anything is sent; raise them together with the memory nodes'.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientLimits {
+    pub item_bytes_max: u64,
+    pub minitx_bytes_max: u64,
+    pub items_max: usize,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            item_bytes_max: 1 << 20,
+            minitx_bytes_max: 16 << 20,
+            items_max: 4096,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// How long one `exec_and_commit` may take, retries included.
+    pub deadline: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub limits: ClientLimits,
+    pub frame_bytes_max: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            deadline: Duration::from_secs(10),
+            backoff_initial: Duration::from_micros(200),
+            backoff_max: Duration::from_millis(100),
+            limits: ClientLimits::default(),
+            frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    #[error("cannot reach the manager at {addr} within the deadline: {reason}")]
+    Manager { addr: String, reason: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecError {
+    #[error("invalid minitransaction: {0}")]
+    Invalid(String),
+    #[error("node {0} is not in the cluster directory")]
+    UnknownNode(NodeId),
+    #[error("node {node} rejected the minitransaction: {message}")]
+    Rejected { node: NodeId, message: String },
+    #[error("no outcome within the deadline ({attempts} attempts); last: {last}")]
+    Timeout { attempts: u32, last: String },
+    #[error("minitransaction {tid} may or may not have committed: node {node} did not answer before the deadline")]
+    OutcomeUnknown { tid: Tid, node: NodeId },
+    #[error("minitransaction {tid} committed but the reply carrying node {node}'s reads was lost")]
+    ReadsLost { tid: Tid, node: NodeId },
+}
+
+struct Inner {
+    manager: String,
+    opts: ClientOptions,
+    directory: Mutex<Directory>,
+    conns: Mutex<HashMap<NodeId, Arc<Connection>>>,
+    coordinator: u64,
+    seq: AtomicU64,
+    epoch: AtomicU64,
+}
+
+/// A handle on a tutti cluster. Clone it freely: clones share connections.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+impl Cluster {
+    /// Fetches the directory from the manager (retrying until the deadline) and caches it.
+    pub async fn connect(manager: &str, opts: ClientOptions) -> Result<Cluster, ConnectError> {
+        let until = Instant::now() + opts.deadline;
+        let mut delay = Duration::from_millis(20);
+        let directory = loop {
+            match fetch_directory(manager, opts.frame_bytes_max).await {
+                Ok(d) => break d,
+                Err(e) if Instant::now() + delay >= until => {
+                    return Err(ConnectError::Manager {
+                        addr: manager.to_string(),
+                        reason: e.to_string(),
+                    })
+                }
+                Err(_) => tokio::time::sleep(delay).await,
+            }
+            delay = (delay * 2).min(Duration::from_millis(500));
+        };
+        let epoch = AtomicU64::new(directory.epoch);
+        Ok(Cluster {
+            inner: Arc::new(Inner {
+                manager: manager.to_string(),
+                opts,
+                directory: Mutex::new(directory),
+                conns: Mutex::default(),
+                coordinator: rand::thread_rng().gen(),
+                seq: AtomicU64::new(1),
+                epoch,
+            }),
+        })
+    }
+
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        self.inner
+            .directory
+            .lock()
+            .expect("directory poisoned")
+            .nodes
+            .clone()
+    }
+
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
+    /// Load statistics of every memory node in the directory.
+    pub async fn stats(&self) -> Vec<(NodeId, Result<StatsReport, RpcError>)> {
+        let mut out = Vec::new();
+        for node in self.nodes() {
+            let result = match self.conn(node.id).await {
+                Ok(c) => match c.call(&Request::Stats).await {
+                    Ok(Response::Stats(s)) => Ok(s),
+                    Ok(_) => Err(RpcError::Unexpected {
+                        addr: node.addr.clone(),
+                    }),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            out.push((node.id, result));
+        }
+        out
+    }
+
+    /// Executes and commits `tx` (Sinfonia Fig. 4). Lock-busy, forced and stale-epoch aborts
+    /// are retried with a new tid after randomized exponential backoff until the deadline;
+    /// a failed compare returns `committed: false` with the failed items, never retried.
+    pub async fn exec_and_commit(&self, tx: &Minitx) -> Result<Outcome, ExecError> {
+        tx.check(&self.inner.opts.limits)?;
+        let plan = split(tx);
+        {
+            let dir = self.inner.directory.lock().expect("directory poisoned");
+            if let Some(&n) = plan
+                .nodes()
+                .iter()
+                .find(|n| !dir.nodes.iter().any(|i| i.id == **n))
+            {
+                return Err(ExecError::UnknownNode(n));
+            }
+        }
+        let opts = &self.inner.opts;
+        let until = Instant::now() + opts.deadline;
+        let mut backoff = opts.backoff_initial;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let tid = self.next_tid();
+            let last = match self.attempt(tid, &plan, tx, until).await? {
+                Ok(outcome) => return Ok(outcome),
+                Err(reason) => reason,
+            };
+            let pause = rand::thread_rng().gen_range(backoff / 2..=backoff);
+            if Instant::now() + pause >= until {
+                return Err(ExecError::Timeout { attempts, last });
+            }
+            tokio::time::sleep(pause).await;
+            backoff = (backoff * 2).min(opts.backoff_max);
+        }
+    }
+
+    fn next_tid(&self) -> Tid {
+        Tid {
+            epoch: self.inner.epoch.load(Ordering::Relaxed),
+            coordinator: self.inner.coordinator,
+            seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// One try: `Ok(Ok(outcome))` decided, `Ok(Err(reason))` aborted and worth retrying.
+    async fn attempt(
+        &self,
+        tid: Tid,
+        plan: &coordinator::Plan,
+        tx: &Minitx,
+        until: Instant,
+    ) -> Result<Result<Outcome, String>, ExecError> {
+        let requests = plan.requests(tid, tx.class_name());
+        let calls = requests
+            .iter()
+            .map(|(node, req)| self.call_until(*node, req, until));
+        let replies: Vec<NodeReply> = futures::future::join_all(calls).await;
+        for r in &replies {
+            if let NodeReply::Vote(v) = r {
+                self.inner.epoch.fetch_max(v.epoch, Ordering::Relaxed);
+            }
+        }
+        let mut tally = coordinator::tally(plan.nodes(), &replies);
+        if let Tally::Unknown { .. } = tally {
+            tally = self.resolve_unknown(tid, plan, &replies, until).await;
+        }
+        let multi = plan.nodes().len() > 1;
+        match tally {
+            Tally::Commit => {
+                if multi {
+                    self.decide(tid, plan, true).await;
+                }
+                plan.outcome(tid, &replies, true)
+            }
+            Tally::AbortCompare => {
+                if multi {
+                    self.decide(tid, plan, false).await;
+                }
+                plan.outcome(tid, &replies, false)
+            }
+            Tally::Retry(reason) => {
+                if multi {
+                    self.decide(tid, plan, false).await;
+                }
+                Ok(Err(reason))
+            }
+            Tally::Rejected { node, message } => {
+                if multi {
+                    self.decide(tid, plan, false).await;
+                }
+                Err(ExecError::Rejected { node, message })
+            }
+            Tally::Unknown { node } => Err(ExecError::OutcomeUnknown { tid, node }),
+        }
+    }
+
+    /// A node's vote was lost with its connection. The outcome is then fixed by the votes
+    /// on record, so ask the node as a recovery coordinator would (REQUEST-ABORT).
+    async fn resolve_unknown(
+        &self,
+        tid: Tid,
+        plan: &coordinator::Plan,
+        replies: &[NodeReply],
+        until: Instant,
+    ) -> Tally {
+        let participants = plan.nodes().to_vec();
+        let mut all_ok = true;
+        for (node, reply) in plan.nodes().iter().zip(replies) {
+            if !matches!(reply, NodeReply::Lost(_)) {
+                continue;
+            }
+            let req = Request::RequestAbort {
+                tids: vec![(tid, participants.clone())],
+            };
+            match self.call_until(*node, &req, until).await {
+                NodeReply::Other(Response::Votes(v)) => all_ok &= v.iter().all(|(_, ok)| *ok),
+                _ => return Tally::Unknown { node: *node },
+            }
+        }
+        let others_ok = replies.iter().all(|r| match r {
+            NodeReply::Vote(v) => v.vote == tutti_wire::Vote::CommitOk,
+            NodeReply::Lost(_) => true,
+            _ => false,
+        });
+        if all_ok && others_ok {
+            Tally::Commit
+        } else {
+            Tally::Retry("a node's reply was lost and recovery aborted the attempt".into())
+        }
+    }
+
+    async fn decide(&self, tid: Tid, plan: &coordinator::Plan, commit: bool) {
+        for &node in plan.nodes() {
+            if let Ok(conn) = self.conn(node).await {
+                let _ = conn.send_one_way(&Request::Decision { tid, commit }).await;
+            }
+        }
+    }
+
+    /// Calls `node`, reconnecting until `until`. Tells apart "not delivered" (safe to treat
+    /// as no vote) from "delivered, reply lost".
+    async fn call_until(&self, node: NodeId, req: &Request, until: Instant) -> NodeReply {
+        let mut delay = Duration::from_millis(5);
+        loop {
+            let conn = match self.conn(node).await {
+                Ok(c) => c,
+                Err(e) => {
+                    if Instant::now() + delay >= until {
+                        return NodeReply::Unreachable(e.to_string());
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(200));
+                    self.refresh_directory().await;
+                    continue;
+                }
+            };
+            let left = until.saturating_duration_since(Instant::now());
+            return match tokio::time::timeout(left, conn.call(req)).await {
+                Err(_) => {
+                    NodeReply::Lost(format!("node {node} did not answer before the deadline"))
+                }
+                Ok(Ok(resp)) => NodeReply::from_response(resp),
+                Ok(Err(RpcError::Remote { code, message, .. })) => {
+                    NodeReply::Refused(code, message)
+                }
+                Ok(Err(e)) => NodeReply::Lost(e.to_string()),
+            };
+        }
+    }
+
+    async fn conn(&self, node: NodeId) -> Result<Arc<Connection>, RpcError> {
+        if let Some(c) = self
+            .inner
+            .conns
+            .lock()
+            .expect("conns poisoned")
+            .get(&node)
+            .filter(|c| !c.is_closed())
+        {
+            return Ok(c.clone());
+        }
+        let addr = {
+            let dir = self.inner.directory.lock().expect("directory poisoned");
+            dir.nodes
+                .iter()
+                .find(|n| n.id == node)
+                .map(|n| n.addr.clone())
+        }
+        .ok_or_else(|| RpcError::Connect {
+            addr: format!("node {node}"),
+            reason: "not in the directory".into(),
+        })?;
+        let conn = Arc::new(Connection::connect(&addr, self.inner.opts.frame_bytes_max).await?);
+        self.inner
+            .conns
+            .lock()
+            .expect("conns poisoned")
+            .insert(node, conn.clone());
+        Ok(conn)
+    }
+
+    /// Best effort: keeps the cached directory if the manager is down.
+    async fn refresh_directory(&self) {
+        let fetch = fetch_directory(&self.inner.manager, self.inner.opts.frame_bytes_max);
+        if let Ok(Ok(d)) = tokio::time::timeout(Duration::from_millis(500), fetch).await {
+            self.inner.epoch.fetch_max(d.epoch, Ordering::Relaxed);
+            *self.inner.directory.lock().expect("directory poisoned") = d;
+        }
+    }
+}
+
+async fn fetch_directory(manager: &str, frame_bytes_max: usize) -> Result<Directory, RpcError> {
+    let conn = Connection::connect(manager, frame_bytes_max).await?;
+    match conn.call(&Request::Directory).await? {
+        Response::Directory(d) => Ok(d),
+        _ => Err(RpcError::Unexpected {
+            addr: manager.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,227 @@
+//! The tutti management node: the directory of memory nodes (persisted), failure detection
+//! by heartbeat, the recovery coordinator for minitransactions whose coordinator vanished
+//! (Sinfonia Fig. 7), the relay of "applied" sets for log garbage collection (§4.6), and the
+//! epoch clock. It holds no application data and is not on the minitransaction path.
+
+mod state;
+
+pub use state::{ManagerState, RecoveryBatch};
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tutti_wire::{serve_connection, Connection, NodeId, Request, Response, Tid};
+
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    pub listen: String,
+    pub data: PathBuf,
+    pub epoch_period_ms: u64,
+    pub failure_timeout_ms: u64,
+    pub frame_bytes_max: usize,
+}
+
+impl ManagerConfig {
+    pub fn new(listen: String, data: PathBuf) -> Self {
+        ManagerConfig {
+            listen,
+            data,
+            epoch_period_ms: 3_600_000,
+            failure_timeout_ms: 3_000,
+            frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManagerError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("manager state {path} is unreadable: {reason}")]
+    State { path: PathBuf, reason: String },
+}
+
+struct Manager {
+    cfg: ManagerConfig,
+    state: Mutex<ManagerState>,
+    conns: Mutex<HashMap<NodeId, Arc<Connection>>>,
+}
+
+/// Runs the manager until `shutdown` resolves. Prints nothing; logs through `tracing`.
+pub async fn run(
+    cfg: ManagerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ManagerError> {
+    let state = ManagerState::open(&cfg.data)?;
+    let listener = TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|source| ManagerError::Io {
+            what: format!("listen on {}", cfg.listen),
+            source,
+        })?;
+    tracing::info!(addr = %cfg.listen, epoch = state.epoch(), "manager listening");
+    let manager = Arc::new(Manager {
+        cfg,
+        state: Mutex::new(state),
+        conns: Mutex::default(),
+    });
+    let acceptor = tokio::spawn(accept_loop(manager.clone(), listener));
+    let epochs = tokio::spawn(epoch_clock(manager.clone()));
+    shutdown.await;
+    acceptor.abort();
+    epochs.abort();
+    Ok(())
+}
+
+async fn accept_loop(manager: Arc<Manager>, listener: TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, manager.cfg.frame_bytes_max, |id, req, replies| {
+                let resp = handle(&manager, req);
+                if id != tutti_wire::ONE_WAY {
+                    let _ = replies.send((id, resp));
+                }
+                std::future::ready(())
+            })
+            .await;
+        });
+    }
+}
+
+fn handle(manager: &Arc<Manager>, req: Request) -> Response {
+    let mut state = manager.state.lock().expect("manager state poisoned");
+    match req {
+        Request::Register {
+            node,
+            addr,
+            size_bytes,
+            rebooted,
+        } => state.register(node, addr, size_bytes, rebooted),
+        Request::Directory => Response::Directory(state.directory(manager.cfg.failure_timeout_ms)),
+        Request::Heartbeat {
+            node,
+            uncertain,
+            applied,
+        } => {
+            let (resp, batch) = state.heartbeat(node, uncertain, applied);
+            if let Some(batch) = batch {
+                tokio::spawn(recover(manager.clone(), batch));
+            }
+            resp
+        }
+        _ => Response::Error {
+            code: tutti_wire::ErrorCode::Unsupported,
+            message: "the manager serves Register, Directory and Heartbeat".into(),
+        },
+    }
+}
+
+async fn epoch_clock(manager: Arc<Manager>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(manager.cfg.epoch_period_ms)).await;
+        let epoch = manager
+            .state
+            .lock()
+            .expect("manager state poisoned")
+            .advance_epoch();
+        tracing::info!(epoch, "epoch advanced");
+    }
+}
+
+/// The recovery coordinator of Fig. 7 for a batch of tids: one REQUEST-ABORT per node, then
+/// DECISION (commit iff every participant holds a commit vote) to every participant.
+async fn recover(manager: Arc<Manager>, batch: RecoveryBatch) {
+    let mut votes: HashMap<Tid, bool> = batch.tids.iter().map(|(t, _)| (*t, true)).collect();
+    let mut reached_all = true;
+    for (&q, tids) in &batch.by_node {
+        match call(&manager, q, &Request::RequestAbort { tids: tids.clone() }).await {
+            Ok(Response::Votes(vs)) => {
+                for (tid, ok) in vs {
+                    if let Some(v) = votes.get_mut(&tid) {
+                        *v &= ok;
+                    }
+                }
+            }
+            other => {
+                tracing::warn!(
+                    node = q,
+                    "recovery: no votes ({:?}); retried at the next report",
+                    other.err()
+                );
+                reached_all = false;
+            }
+        }
+    }
+    if reached_all {
+        for (tid, participants) in &batch.tids {
+            let commit = votes[tid];
+            for &q in participants {
+                if let Ok(conn) = connection(&manager, q).await {
+                    let _ = conn
+                        .send_one_way(&Request::Decision { tid: *tid, commit })
+                        .await;
+                }
+            }
+            tracing::info!(%tid, commit, "recovered a minitransaction");
+        }
+    }
+    manager
+        .state
+        .lock()
+        .expect("manager state poisoned")
+        .recovery_done(&batch);
+}
+
+async fn connection(manager: &Manager, q: NodeId) -> Result<Arc<Connection>, tutti_wire::RpcError> {
+    if let Some(c) = manager
+        .conns
+        .lock()
+        .expect("conns poisoned")
+        .get(&q)
+        .filter(|c| !c.is_closed())
+    {
+        return Ok(c.clone());
+    }
+    let addr = manager
+        .state
+        .lock()
+        .expect("manager state poisoned")
+        .addr(q)
+        .ok_or_else(|| tutti_wire::RpcError::Connect {
+            addr: format!("node {q}"),
+            reason: "not registered".into(),
+        })?;
+    let conn = Arc::new(Connection::connect(&addr, manager.cfg.frame_bytes_max).await?);
+    manager
+        .conns
+        .lock()
+        .expect("conns poisoned")
+        .insert(q, conn.clone());
+    Ok(conn)
+}
+
+async fn call(
+    manager: &Manager,
+    q: NodeId,
+    req: &Request,
+) -> Result<Response, tutti_wire::RpcError> {
+    let conn = connection(manager, q).await?;
+    tokio::time::timeout(Duration::from_secs(5), conn.call(req))
+        .await
+        .unwrap_or_else(|_| {
+            Err(tutti_wire::RpcError::Closed {
+                addr: conn.addr().to_string(),
+            })
+        })
+}

@@ -1,0 +1,273 @@
+//! The manager's state as plain data: directory, epoch, GC relay and tids under recovery.
+//! The directory and epoch are persisted (written to a temporary file, synced, renamed).
+
+use crate::ManagerError;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tutti_wire::{Directory, NodeId, NodeInfo, Response, Tid};
+
+/// Tids relayed to one node per heartbeat acknowledgement.
+const GC_BATCH_MAX: usize = 65_536;
+
+#[derive(Serialize, Deserialize, Default)]
+struct Persisted {
+    epoch: u64,
+    nodes: BTreeMap<NodeId, PersistedNode>,
+}
+
+#[derive(Serialize, Deserialize, Clone, PartialEq)]
+struct PersistedNode {
+    addr: String,
+    size_bytes: u64,
+}
+
+/// Tids to recover together, grouped by participant for one REQUEST-ABORT per node.
+pub struct RecoveryBatch {
+    pub tids: Vec<(Tid, Vec<NodeId>)>,
+    pub by_node: BTreeMap<NodeId, Vec<(Tid, Vec<NodeId>)>>,
+}
+
+pub struct ManagerState {
+    path: PathBuf,
+    persisted: Persisted,
+    incarnation: u64,
+    last_seen: HashMap<NodeId, Instant>,
+    rebooted: HashSet<NodeId>,
+    /// Multi-participant tids some participants reported applied, and which ones did.
+    applied: HashMap<Tid, (Vec<NodeId>, HashSet<NodeId>)>,
+    gc_out: HashMap<NodeId, Vec<Tid>>,
+    recovering: HashSet<Tid>,
+}
+
+impl ManagerState {
+    pub fn open(dir: &Path) -> Result<ManagerState, ManagerError> {
+        std::fs::create_dir_all(dir).map_err(|source| ManagerError::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+        let path = dir.join("manager.json");
+        let persisted = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ManagerError::State {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Persisted {
+                epoch: 1,
+                nodes: BTreeMap::new(),
+            },
+            Err(source) => {
+                return Err(ManagerError::Io {
+                    what: format!("read {}", path.display()),
+                    source,
+                })
+            }
+        };
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        let state = ManagerState {
+            path,
+            persisted,
+            incarnation,
+            last_seen: HashMap::new(),
+            rebooted: HashSet::new(),
+            applied: HashMap::new(),
+            gc_out: HashMap::new(),
+            recovering: HashSet::new(),
+        };
+        state.persist().map_err(|source| ManagerError::Io {
+            what: "write manager.json".into(),
+            source,
+        })?;
+        Ok(state)
+    }
+
+    fn persist(&self) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&self.persisted).map_err(std::io::Error::other)?;
+        std::fs::write(&tmp, bytes)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        std::fs::File::open(self.path.parent().expect("state file has a directory"))?.sync_all()
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.persisted.epoch
+    }
+
+    pub fn advance_epoch(&mut self) -> u64 {
+        self.persisted.epoch += 1;
+        if let Err(e) = self.persist() {
+            tracing::error!("persisting the epoch: {e}");
+        }
+        self.persisted.epoch
+    }
+
+    pub fn addr(&self, node: NodeId) -> Option<String> {
+        self.persisted.nodes.get(&node).map(|n| n.addr.clone())
+    }
+
+    pub fn register(
+        &mut self,
+        node: NodeId,
+        addr: String,
+        size_bytes: u64,
+        rebooted: bool,
+    ) -> Response {
+        if node == 0 {
+            return Response::Error {
+                code: tutti_wire::ErrorCode::BadRequest,
+                message: "node ids start at 1".into(),
+            };
+        }
+        let entry = PersistedNode { addr, size_bytes };
+        if self.persisted.nodes.get(&node) != Some(&entry) {
+            self.persisted.nodes.insert(node, entry);
+            if let Err(e) = self.persist() {
+                return Response::Error {
+                    code: tutti_wire::ErrorCode::NotReady,
+                    message: format!("persisting: {e}"),
+                };
+            }
+        }
+        self.last_seen.insert(node, Instant::now());
+        if rebooted {
+            self.rebooted.insert(node);
+            let (n, r) = (self.persisted.nodes.len(), self.rebooted.len());
+            if r * 2 > n {
+                tracing::info!(
+                    rebooted = r,
+                    nodes = n,
+                    "whole-system restart: nodes exchange all-log-tids in stage 2"
+                );
+            }
+        }
+        tracing::info!(node, "memory node registered");
+        Response::Registered {
+            epoch: self.persisted.epoch,
+            incarnation: self.incarnation,
+        }
+    }
+
+    pub fn directory(&self, failure_timeout_ms: u64) -> Directory {
+        let nodes = self
+            .persisted
+            .nodes
+            .iter()
+            .map(|(&id, n)| NodeInfo {
+                id,
+                addr: n.addr.clone(),
+                size_bytes: n.size_bytes,
+                alive: self
+                    .last_seen
+                    .get(&id)
+                    .is_some_and(|t| t.elapsed().as_millis() < u128::from(failure_timeout_ms)),
+            })
+            .collect();
+        Directory {
+            nodes,
+            epoch: self.persisted.epoch,
+        }
+    }
+
+    /// Records a heartbeat; returns the acknowledgement and, if the node reported uncertain
+    /// tids not already under recovery, a batch for the recovery coordinator.
+    pub fn heartbeat(
+        &mut self,
+        node: NodeId,
+        uncertain: Vec<(Tid, Vec<NodeId>)>,
+        applied: Vec<(Tid, Vec<NodeId>)>,
+    ) -> (Response, Option<RecoveryBatch>) {
+        self.last_seen.insert(node, Instant::now());
+        for (tid, participants) in applied {
+            let entry = self
+                .applied
+                .entry(tid)
+                .or_insert_with(|| (participants, HashSet::new()));
+            entry.1.insert(node);
+            if entry.0.iter().all(|q| entry.1.contains(q)) {
+                let (participants, _) = self.applied.remove(&tid).expect("present");
+                for q in participants {
+                    self.gc_out.entry(q).or_default().push(tid);
+                }
+            }
+        }
+        let fresh: Vec<_> = uncertain
+            .into_iter()
+            .filter(|(tid, _)| self.recovering.insert(*tid))
+            .collect();
+        let batch = (!fresh.is_empty()).then(|| {
+            let mut by_node: BTreeMap<NodeId, Vec<(Tid, Vec<NodeId>)>> = BTreeMap::new();
+            for (tid, participants) in &fresh {
+                for &q in participants {
+                    by_node
+                        .entry(q)
+                        .or_default()
+                        .push((*tid, participants.clone()));
+                }
+            }
+            RecoveryBatch {
+                tids: fresh,
+                by_node,
+            }
+        });
+        let out = self.gc_out.entry(node).or_default();
+        let gc: Vec<Tid> = out.drain(..out.len().min(GC_BATCH_MAX)).collect();
+        (
+            Response::HeartbeatAck {
+                epoch: self.persisted.epoch,
+                incarnation: self.incarnation,
+                gc,
+            },
+            batch,
+        )
+    }
+
+    pub fn recovery_done(&mut self, batch: &RecoveryBatch) {
+        for (tid, _) in &batch.tids {
+            self.recovering.remove(tid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tid(seq: u64) -> Tid {
+        Tid {
+            epoch: 1,
+            coordinator: 3,
+            seq,
+        }
+    }
+
+    #[test]
+    fn gc_relayed_once_every_participant_applied() {
+        let dir = std::env::temp_dir().join(format!("tutti-mgr-{}", std::process::id()));
+        let mut s = ManagerState::open(&dir).unwrap();
+        let (resp, _) = s.heartbeat(1, vec![], vec![(tid(1), vec![1, 2])]);
+        assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()));
+        let (resp, _) = s.heartbeat(2, vec![], vec![(tid(1), vec![1, 2])]);
+        assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
+        let (resp, _) = s.heartbeat(1, vec![], vec![]);
+        assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn directory_and_epoch_survive_restart() {
+        let dir = std::env::temp_dir().join(format!("tutti-mgr2-{}", std::process::id()));
+        let mut s = ManagerState::open(&dir).unwrap();
+        s.register(4, "127.0.0.1:9".into(), 4096, false);
+        s.advance_epoch();
+        drop(s);
+        let s = ManagerState::open(&dir).unwrap();
+        assert_eq!(s.epoch(), 2);
+        assert_eq!(s.addr(4).as_deref(), Some("127.0.0.1:9"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

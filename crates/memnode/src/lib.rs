@@ -1,0 +1,14 @@
+//! The tutti memory node: a byte address space that minitransactions read, compare and
+//! write atomically (Sinfonia §3–4). `participant` is the protocol as a sans-I/O state
+//! machine; `node` drives it on tokio with a redo log, an image file and the manager.
+//! Coordinators live in `tutti-client`; recovery of coordinator crashes in `tutti-manager`.
+
+pub mod node;
+pub mod participant;
+pub mod range_locks;
+pub mod redo_log;
+pub mod space;
+pub mod stats;
+
+pub use node::{run, NodeConfig};
+pub use participant::{Config, Limits, Mode, Participant};

@@ -1,0 +1,696 @@
+//! The memory node's tokio driver: serves connections, runs the redo-log writer thread
+//! (group commit), checkpoints the image, heartbeats the manager, and performs stage 2 of
+//! recovery by asking peers. All protocol decisions are the `Participant`'s.
+
+use crate::participant::{Actions, Config, Limits, Mode, Participant};
+use crate::redo_log::{encode_record, LogError, LogRecord, Lsn, RedoLog};
+use crate::space::Space;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tutti_wire::{serve_connection, Connection, NodeId, Replies, Request, Response, RpcError, Tid};
+
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    pub listen: String,
+    pub manager: String,
+    pub data: Option<PathBuf>,
+    pub mode: Mode,
+    pub size_bytes: u64,
+    pub metrics: Option<String>,
+    pub timeout_uncertain_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    pub checkpoint_interval_ms: u64,
+    pub limits: Limits,
+    pub frame_bytes_max: usize,
+}
+
+impl NodeConfig {
+    pub fn new(
+        id: NodeId,
+        listen: String,
+        manager: String,
+        mode: Mode,
+        data: Option<PathBuf>,
+    ) -> Self {
+        NodeConfig {
+            id,
+            listen,
+            manager,
+            data,
+            mode,
+            size_bytes: 1 << 30,
+            metrics: None,
+            timeout_uncertain_ms: 2_000,
+            heartbeat_interval_ms: 200,
+            checkpoint_interval_ms: 500,
+            limits: Limits::default(),
+            frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
+    let what = what.into();
+    move |source| NodeError::Io { what, source }
+}
+
+enum LogCmd {
+    Append(Vec<(Lsn, LogRecord)>),
+    Truncate(Lsn),
+    Sync(oneshot::Sender<()>),
+}
+
+struct Node {
+    cfg: NodeConfig,
+    participant: Mutex<Participant<Replies>>,
+    log: Option<mpsc::UnboundedSender<LogCmd>>,
+    start: Instant,
+    peers: Mutex<HashMap<NodeId, Arc<Connection>>>,
+    directory: Mutex<HashMap<NodeId, String>>,
+}
+
+impl Node {
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Runs `f` on the participant and carries out its actions. Appends are queued while the
+    /// lock is held so that the writer receives them in lsn order.
+    fn step(&self, f: impl FnOnce(&mut Participant<Replies>, u64) -> Actions<Replies>) {
+        let acts = {
+            let mut p = self.participant.lock().expect("participant poisoned");
+            let acts = f(&mut p, self.now_ms());
+            if let Some(log) = &self.log {
+                if !acts.append.is_empty() {
+                    let _ = log.send(LogCmd::Append(acts.append));
+                }
+                if let Some(lsn) = acts.truncate_below {
+                    let _ = log.send(LogCmd::Truncate(lsn));
+                }
+            }
+            acts.replies
+        };
+        for (to, id, resp) in acts {
+            if id != tutti_wire::ONE_WAY {
+                let _ = to.send((id, resp));
+            }
+        }
+    }
+
+    async fn peer(&self, id: NodeId) -> Result<Arc<Connection>, RpcError> {
+        if let Some(c) = self
+            .peers
+            .lock()
+            .expect("peers poisoned")
+            .get(&id)
+            .filter(|c| !c.is_closed())
+        {
+            return Ok(c.clone());
+        }
+        let addr = self
+            .directory
+            .lock()
+            .expect("directory poisoned")
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| RpcError::Connect {
+                addr: format!("node {id}"),
+                reason: "not in the directory".into(),
+            })?;
+        let conn = Arc::new(Connection::connect(&addr, self.cfg.frame_bytes_max).await?);
+        self.peers
+            .lock()
+            .expect("peers poisoned")
+            .insert(id, conn.clone());
+        Ok(conn)
+    }
+
+    async fn refresh_directory(&self) -> Result<(), RpcError> {
+        let manager = Connection::connect(&self.cfg.manager, self.cfg.frame_bytes_max).await?;
+        match manager.call(&Request::Directory).await? {
+            Response::Directory(d) => {
+                let mut dir = self.directory.lock().expect("directory poisoned");
+                for n in d.nodes {
+                    dir.insert(n.id, n.addr);
+                }
+                Ok(())
+            }
+            _ => Err(RpcError::Unexpected {
+                addr: self.cfg.manager.clone(),
+            }),
+        }
+    }
+}
+
+/// Runs a memory node until `shutdown` resolves, then syncs the log and flushes the image.
+pub async fn run(
+    cfg: NodeConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), NodeError> {
+    if cfg.id == 0 {
+        return Err(NodeError::Config("node ids start at 1".into()));
+    }
+    let listener = TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(io(format!("listen on {}", cfg.listen)))?;
+    let listen_addr = listener
+        .local_addr()
+        .map_err(io("local address"))?
+        .to_string();
+    let pcfg = Config {
+        id: cfg.id,
+        mode: cfg.mode,
+        timeout_uncertain_ms: cfg.timeout_uncertain_ms,
+        limits: cfg.limits,
+    };
+    let (participant, log, space_flusher, rebooted, _dir_lock) = match cfg.mode {
+        Mode::Ram => {
+            let space = Space::anonymous(cfg.size_bytes).map_err(io("map the address space"))?;
+            (Participant::new(pcfg, space, 1), None, None, false, None)
+        }
+        Mode::Log => {
+            let data = cfg
+                .data
+                .clone()
+                .ok_or_else(|| NodeError::Config("log mode needs --data DIR".into()))?;
+            let lock = open_data_dir(&data, &cfg)?;
+            let space =
+                Space::image(&data.join("image"), cfg.size_bytes).map_err(io("open the image"))?;
+            let flusher = space.flusher();
+            let recovered = RedoLog::open(&data.join("log"))?;
+            let rebooted = !recovered.records.is_empty();
+            let next = recovered.log.next_lsn();
+            tracing::info!(
+                records = recovered.records.len(),
+                "stage 1: read the redo log"
+            );
+            let p = Participant::recover(pcfg, space, next, recovered.records);
+            (p, Some(recovered.log), Some(flusher), rebooted, Some(lock))
+        }
+    };
+    let (log_tx, log_rx) = mpsc::unbounded_channel();
+    let node = Arc::new(Node {
+        cfg: cfg.clone(),
+        participant: Mutex::new(participant),
+        log: log.as_ref().map(|_| log_tx.clone()),
+        start: Instant::now(),
+        peers: Mutex::default(),
+        directory: Mutex::default(),
+    });
+    let writer = log.map(|log| {
+        let node = node.clone();
+        std::thread::Builder::new()
+            .name(format!("redo-log-{}", cfg.id))
+            .spawn(move || log_writer(node, log, log_rx))
+            .expect("spawn the log writer")
+    });
+    let acceptor = tokio::spawn(accept_loop(node.clone(), listener));
+    tokio::spawn(register(node.clone(), listen_addr.clone(), rebooted));
+    if let Some(addr) = cfg.metrics.clone() {
+        tokio::spawn(serve_metrics(node.clone(), addr));
+    }
+    let recovery = {
+        let node = node.clone();
+        tokio::spawn(async move {
+            recover_stage2(&node).await;
+            node.participant
+                .lock()
+                .expect("participant poisoned")
+                .finish_recovery();
+            tracing::info!("recovery done; serving");
+            tokio::spawn(heartbeat_loop(node.clone()));
+            if let Some(flusher) = space_flusher {
+                tokio::spawn(checkpoint_loop(node.clone(), flusher));
+            }
+            tokio::spawn(collect_stale_reports(node));
+        })
+    };
+    tracing::info!(id = cfg.id, addr = %listen_addr, mode = ?cfg.mode, "memory node listening");
+    shutdown.await;
+    acceptor.abort();
+    recovery.abort();
+    if let Some(log) = &node.log {
+        let (tx, rx) = oneshot::channel();
+        if log.send(LogCmd::Sync(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+    drop(writer);
+    tracing::info!("memory node stopped");
+    Ok(())
+}
+
+/// Checks (or records, on first start) that the data directory belongs to this node.
+fn open_data_dir(data: &std::path::Path, cfg: &NodeConfig) -> Result<std::fs::File, NodeError> {
+    std::fs::create_dir_all(data).map_err(io(format!("create {}", data.display())))?;
+    let lock = std::fs::File::create(data.join("LOCK")).map_err(io("create LOCK"))?;
+    lock.try_lock().map_err(|_| {
+        NodeError::Config(format!(
+            "{} is in use by another memory node",
+            data.display()
+        ))
+    })?;
+    let meta_path = data.join("node.json");
+    let meta = serde_json::json!({ "id": cfg.id, "size_bytes": cfg.size_bytes, "format": 1 });
+    match std::fs::read(&meta_path) {
+        Ok(bytes) => {
+            let found: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| NodeError::Config(format!("{}: {e}", meta_path.display())))?;
+            if found != meta {
+                return Err(NodeError::Config(format!(
+                    "{} records {found} but this node was started as {meta}",
+                    meta_path.display()
+                )));
+            }
+        }
+        Err(_) => {
+            let tmp = data.join("node.json.tmp");
+            std::fs::write(&tmp, meta.to_string()).map_err(io("write node.json"))?;
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(io("sync node.json"))?;
+            std::fs::rename(&tmp, &meta_path).map_err(io("rename node.json"))?;
+            crate::redo_log::sync_dir(data)?;
+        }
+    }
+    Ok(lock)
+}
+
+/// Group commit: everything queued while the previous fdatasync ran goes into one write
+/// and one fdatasync; then the participant releases the replies that waited for it.
+fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver<LogCmd>) {
+    let mut buf = Vec::with_capacity(1 << 20);
+    while let Some(first) = rx.blocking_recv() {
+        let mut cmds = vec![first];
+        while let Ok(cmd) = rx.try_recv() {
+            cmds.push(cmd);
+        }
+        buf.clear();
+        let (mut first_lsn, mut count, mut needs_sync) = (log.next_lsn(), 0, false);
+        let mut truncate = None;
+        let mut waiters = Vec::new();
+        for cmd in cmds {
+            match cmd {
+                LogCmd::Append(records) => {
+                    for (lsn, record) in &records {
+                        if count == 0 {
+                            first_lsn = *lsn;
+                        }
+                        needs_sync |= record.needs_sync();
+                        encode_record(*lsn, record, &mut buf);
+                        count += 1;
+                    }
+                }
+                LogCmd::Truncate(lsn) => truncate = Some(lsn),
+                LogCmd::Sync(tx) => {
+                    needs_sync = true;
+                    waiters.push(tx);
+                }
+            }
+        }
+        let result = (|| -> Result<(), LogError> {
+            if count > 0 {
+                log.append(first_lsn, count, &buf)?;
+            }
+            if needs_sync {
+                log.sync()?;
+            }
+            if let Some(lsn) = truncate {
+                log.truncate_head(lsn)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            // A log we cannot write must not vote: stop the process; restart recovers.
+            tracing::error!("redo log failed: {e}; stopping the node");
+            std::process::exit(70);
+        }
+        let bytes = log.bytes_total();
+        if needs_sync {
+            let upto = log.next_lsn() - 1;
+            node.step(|p, now| {
+                p.set_log_bytes(bytes);
+                p.on_synced(now, upto)
+            });
+        }
+        for w in waiters {
+            let _ = w.send(());
+        }
+    }
+}
+
+async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, node.cfg.frame_bytes_max, |id, req, replies| {
+                node.step(|p, now| p.on_request(now, replies, id, req));
+                std::future::ready(())
+            })
+            .await;
+        });
+    }
+}
+
+async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
+    let req = Request::Register {
+        node: node.cfg.id,
+        addr,
+        size_bytes: node.cfg.size_bytes,
+        rebooted,
+    };
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let result = async {
+            let manager = Connection::connect(&node.cfg.manager, node.cfg.frame_bytes_max).await?;
+            manager.call(&req).await
+        }
+        .await;
+        match result {
+            Ok(Response::Registered { epoch, .. }) => {
+                node.participant
+                    .lock()
+                    .expect("participant poisoned")
+                    .set_epoch(epoch);
+                return;
+            }
+            Ok(_) => tracing::warn!("manager sent an unexpected reply to Register"),
+            Err(e) => tracing::warn!("registering with the manager: {e}"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Stage 2 of Fig. 8 with the §4.5 optimisations: learn each peer's all-log-tids, then ask
+/// (one batched REQUEST-ABORT per peer) only about tids some participant does not hold.
+async fn recover_stage2(node: &Node) {
+    let undecided = node
+        .participant
+        .lock()
+        .expect("participant poisoned")
+        .undecided();
+    if undecided.is_empty() {
+        return;
+    }
+    tracing::info!(tids = undecided.len(), "stage 2: asking peers for outcomes");
+    let me = node.cfg.id;
+    let peers: HashSet<NodeId> = undecided
+        .iter()
+        .flat_map(|(_, d)| d.iter().copied())
+        .filter(|&q| q != me)
+        .collect();
+    let mut held: HashMap<NodeId, HashSet<Tid>> = HashMap::new();
+    for &q in &peers {
+        if let Response::LogTids(tids) = call_until_ok(node, q, &Request::LogTids).await {
+            held.insert(q, tids.into_iter().collect());
+        }
+    }
+    let mut ask: HashMap<NodeId, Vec<(Tid, Vec<NodeId>)>> = HashMap::new();
+    for (tid, d) in &undecided {
+        for &q in d.iter().filter(|&&q| q != me) {
+            if !held[&q].contains(tid) {
+                ask.entry(q).or_default().push((*tid, d.clone()));
+            }
+        }
+    }
+    let mut refused: HashSet<Tid> = HashSet::new();
+    for (q, tids) in ask {
+        for chunk in tids.chunks(crate::participant::BATCH_TIDS_MAX) {
+            if let Response::Votes(votes) = call_until_ok(
+                node,
+                q,
+                &Request::RequestAbort {
+                    tids: chunk.to_vec(),
+                },
+            )
+            .await
+            {
+                refused.extend(votes.into_iter().filter(|(_, ok)| !ok).map(|(t, _)| t));
+            }
+        }
+    }
+    let outcomes: Vec<(Tid, bool)> = undecided
+        .iter()
+        .map(|(tid, _)| (*tid, !refused.contains(tid)))
+        .collect();
+    node.step(|p, _| p.resolve(&outcomes));
+    for ((tid, d), (_, commit)) in undecided.iter().zip(&outcomes) {
+        for &q in d.iter().filter(|&&q| q != me) {
+            if let Ok(conn) = node.peer(q).await {
+                let _ = conn
+                    .send_one_way(&Request::Decision {
+                        tid: *tid,
+                        commit: *commit,
+                    })
+                    .await;
+            }
+        }
+    }
+    tracing::info!(
+        committed = outcomes.iter().filter(|o| o.1).count(),
+        aborted = refused.len(),
+        "stage 2 done"
+    );
+}
+
+/// Calls a peer until it answers with something other than an error (Sinfonia blocks while
+/// a participant is down; so does recovery).
+async fn call_until_ok(node: &Node, q: NodeId, req: &Request) -> Response {
+    let mut delay = Duration::from_millis(20);
+    loop {
+        let result = match node.peer(q).await {
+            Ok(conn) => conn.call(req).await,
+            Err(e) => {
+                let _ = node.refresh_directory().await;
+                Err(e)
+            }
+        };
+        match result {
+            Ok(resp) => return resp,
+            Err(e) => tracing::debug!("peer {q}: {e}"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+async fn heartbeat_loop(node: Arc<Node>) {
+    let mut manager: Option<Connection> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(node.cfg.heartbeat_interval_ms)).await;
+        if manager.as_ref().is_none_or(|m| m.is_closed()) {
+            manager = Connection::connect(&node.cfg.manager, node.cfg.frame_bytes_max)
+                .await
+                .ok();
+        }
+        let Some(conn) = &manager else { continue };
+        let report = node
+            .participant
+            .lock()
+            .expect("participant poisoned")
+            .heartbeat(node.now_ms());
+        let req = Request::Heartbeat {
+            node: node.cfg.id,
+            uncertain: report.uncertain,
+            applied: report.applied,
+        };
+        match conn.call(&req).await {
+            Ok(Response::HeartbeatAck {
+                epoch,
+                incarnation,
+                gc,
+            }) => {
+                node.participant
+                    .lock()
+                    .expect("participant poisoned")
+                    .on_heartbeat_ack(epoch, incarnation, &gc);
+            }
+            Ok(_) | Err(_) => {
+                // Reports may be lost: treat the manager as new so they are sent again.
+                node.participant
+                    .lock()
+                    .expect("participant poisoned")
+                    .on_heartbeat_ack(0, u64::MAX, &[]);
+                manager = None;
+            }
+        }
+    }
+}
+
+async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
+    let log = node.log.clone().expect("checkpoints need a log");
+    loop {
+        tokio::time::sleep(Duration::from_millis(node.cfg.checkpoint_interval_ms)).await;
+        let cp = node
+            .participant
+            .lock()
+            .expect("participant poisoned")
+            .checkpoint_begin();
+        let flusher = flusher.clone();
+        match tokio::task::spawn_blocking(move || flusher.flush()).await {
+            Ok(Ok(())) => {}
+            other => {
+                tracing::error!("flushing the image failed: {other:?}; stopping the node");
+                std::process::exit(70);
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        if log.send(LogCmd::Sync(tx)).is_err() || rx.await.is_err() {
+            return;
+        }
+        node.step(|p, _| p.checkpoint_done(cp));
+    }
+}
+
+/// Every 10 s: tids reported applied long ago but never collected are checked with their
+/// peers; a peer that no longer holds a committed tid has collected it, so may we.
+async fn collect_stale_reports(node: Arc<Node>) {
+    const AGE_MS: u64 = 10_000;
+    loop {
+        tokio::time::sleep(Duration::from_millis(AGE_MS)).await;
+        let stale = node
+            .participant
+            .lock()
+            .expect("participant poisoned")
+            .reported_older_than(node.now_ms(), AGE_MS);
+        if stale.is_empty() {
+            continue;
+        }
+        let peers: HashSet<NodeId> = stale
+            .iter()
+            .flat_map(|(_, d)| d.iter().copied())
+            .filter(|&q| q != node.cfg.id)
+            .collect();
+        let mut held: HashMap<NodeId, HashSet<Tid>> = HashMap::new();
+        for q in peers {
+            let Ok(conn) = node.peer(q).await else {
+                continue;
+            };
+            if let Ok(Response::LogTids(tids)) = conn.call(&Request::LogTids).await {
+                held.insert(q, tids.into_iter().collect());
+            }
+        }
+        let dropped: Vec<Tid> = stale
+            .iter()
+            .filter(|(tid, d)| {
+                d.iter()
+                    .any(|q| held.get(q).is_some_and(|h| !h.contains(tid)))
+            })
+            .map(|(tid, _)| *tid)
+            .collect();
+        node.participant
+            .lock()
+            .expect("participant poisoned")
+            .dropped_by_peers(&dropped);
+    }
+}
+
+/// A Prometheus text endpoint: every class's load over every window, plus node gauges.
+async fn serve_metrics(node: Arc<Node>, addr: String) {
+    let listener = match TcpListener::bind(&addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("metrics endpoint {addr}: {e}");
+            return;
+        }
+    };
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let report = node
+            .participant
+            .lock()
+            .expect("participant poisoned")
+            .stats(node.now_ms());
+        let body = prometheus_text(&report);
+        tokio::spawn(async move {
+            let mut req = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut req).await;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(body.as_bytes()).await;
+        });
+    }
+}
+
+pub fn prometheus_text(r: &tutti_wire::StatsReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let n = r.node;
+    for (name, help) in [
+        ("bytes_read", "bytes read by minitransactions"),
+        (
+            "bytes_written",
+            "bytes written by committed minitransactions",
+        ),
+        ("committed", "committed minitransactions"),
+        ("aborted_lock", "votes ABORT-LOCK"),
+        ("aborted_compare", "votes ABORT-CMP"),
+        ("forced_abort", "votes ABORT-FORCED or stale epoch"),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP tutti_load_{name} {help}, over the window\n# TYPE tutti_load_{name} gauge"
+        );
+        for c in &r.classes {
+            for (w, counters) in r.windows_s.iter().zip(&c.windows) {
+                let v = match name {
+                    "bytes_read" => counters.bytes_read,
+                    "bytes_written" => counters.bytes_written,
+                    "committed" => counters.committed,
+                    "aborted_lock" => counters.aborted_lock,
+                    "aborted_compare" => counters.aborted_compare,
+                    _ => counters.forced_abort,
+                };
+                let _ = writeln!(
+                    out,
+                    "tutti_load_{name}{{node=\"{n}\",class=\"{}\",window=\"{w}s\"}} {v}",
+                    c.class.escape_default()
+                );
+            }
+        }
+    }
+    for (name, v) in [
+        ("uncertain", r.uncertain),
+        ("locks_held", r.locks_held),
+        ("log_bytes", r.log_bytes),
+        ("log_records_live", r.log_records_live),
+        ("epoch", r.epoch),
+        ("serving", u64::from(r.serving)),
+    ] {
+        let _ = writeln!(
+            out,
+            "# TYPE tutti_{name} gauge\ntutti_{name}{{node=\"{n}\"}} {v}"
+        );
+    }
+    out
+}

@@ -1,0 +1,874 @@
+//! The Sinfonia participant (Fig. 4, 5, 7, 8) as a deterministic state machine: requests,
+//! sync completions and manager acknowledgements go in; log records to append, replies to
+//! send and log truncations come out. It does no I/O; `node` drives it on tokio and a
+//! simulator can drive it unchanged. Its only side effect is on the address space (`Space`).
+
+use crate::range_locks::{LockKind, LockRange, RangeLocks};
+use crate::redo_log::{LogRecord, Lsn};
+use crate::space::Space;
+use crate::stats::{Load, WINDOWS_S};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use tutti_wire::{
+    ErrorCode, ExecPrepare, Item, NodeId, Request, Response, StatsReport, Tid, Vote, VoteReply,
+    CLASS_BYTES_MAX,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No log: survives application crashes, not memory-node crashes.
+    Ram,
+    /// Redo log synced at prepare, image written lazily: survives crashes of every node.
+    Log,
+}
+
+/// Limits a minitransaction must respect; checked before anything is locked.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub item_bytes_max: u64,
+    pub minitx_bytes_max: u64,
+    pub items_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            item_bytes_max: 1 << 20,
+            minitx_bytes_max: 16 << 20,
+            items_max: 4096,
+        }
+    }
+}
+
+/// Plain writes `(address, bytes)` that a Prepare record carries.
+pub type Writes = Vec<(u64, Vec<u8>)>;
+
+/// What a heartbeat carries to the manager.
+pub struct HeartbeatReport {
+    /// Tids uncertain longer than the timeout, for the recovery coordinator.
+    pub uncertain: Vec<(Tid, Vec<NodeId>)>,
+    /// Multi-participant tids newly applied to the durable image, for GC.
+    pub applied: Vec<(Tid, Vec<NodeId>)>,
+}
+
+/// Tids per `RequestAbort` batch and per heartbeat report.
+pub const BATCH_TIDS_MAX: usize = 65_536;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub id: NodeId,
+    pub mode: Mode,
+    pub timeout_uncertain_ms: u64,
+    pub limits: Limits,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Stages 2–3 of Fig. 8: only RequestAbort and LogTids are served.
+    Recovering,
+    Serving,
+}
+
+/// What the driver must do, in this order: append (and, if any record needs it, sync)
+/// `append`; send `replies`; after the appends are synced, delete log segments wholly
+/// below `truncate_below`.
+pub struct Actions<R> {
+    pub append: Vec<(Lsn, LogRecord)>,
+    pub replies: Vec<(R, u64, Response)>,
+    pub truncate_below: Option<Lsn>,
+}
+
+impl<R> Default for Actions<R> {
+    fn default() -> Self {
+        Actions {
+            append: Vec::new(),
+            replies: Vec::new(),
+            truncate_below: None,
+        }
+    }
+}
+
+/// A tid this node executed and still holds locks for (Fig. 5 "uncertain").
+struct Uncertain {
+    participants: Vec<NodeId>,
+    writes: Writes,
+    /// Lsn of its Prepare record, if this node logged a commit vote.
+    lsn: Option<Lsn>,
+    since_ms: u64,
+    class: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Outcome {
+    Unknown,
+    Commit,
+    Abort,
+}
+
+/// A tid with a commit vote in the redo log (Fig. 5 "all-log-tids" and "decided").
+struct LogTid {
+    lsn: Lsn,
+    participants: Vec<NodeId>,
+    outcome: Outcome,
+    /// Every participant applied it to a durable image: the GC rule of §4.6 lets it go.
+    gc_ok: bool,
+}
+
+enum Deferred<R> {
+    Reply(R, u64, Response),
+    OnePhase(Tid, R, u64, Response),
+    Decision(Tid, bool),
+}
+
+/// Committed tids applied to the space since the last checkpoint began.
+pub struct Checkpoint {
+    pub tids: Vec<Tid>,
+    pub upto: Lsn,
+}
+
+pub struct Participant<R> {
+    cfg: Config,
+    stage: Stage,
+    epoch: u64,
+    space: Space,
+    locks: RangeLocks,
+    uncertain: HashMap<Tid, Uncertain>,
+    log_tids: HashMap<Tid, LogTid>,
+    /// Prepare records still counted live, by lsn: the log is collected in this order.
+    by_lsn: BTreeMap<Lsn, Tid>,
+    /// Forced-abort tids and the lsn of their record.
+    forced_abort: HashMap<Tid, Lsn>,
+    next_lsn: Lsn,
+    synced_lsn: Lsn,
+    deferred: VecDeque<(Lsn, Deferred<R>)>,
+    applied_unflushed: Vec<Tid>,
+    to_report: Vec<(Tid, Vec<NodeId>)>,
+    reported: HashMap<Tid, (Vec<NodeId>, u64)>,
+    manager_incarnation: u64,
+    /// Writes of recovered Prepare records, kept only until stage 3 replays them.
+    recovered_writes: BTreeMap<Lsn, (Tid, Writes)>,
+    load: Load,
+    log_bytes: u64,
+}
+
+impl<R> Participant<R> {
+    /// A node with no state on disk (any `ram` node, or a `log` node's first start).
+    pub fn new(cfg: Config, space: Space, next_lsn: Lsn) -> Self {
+        Participant {
+            cfg,
+            stage: Stage::Serving,
+            epoch: 0,
+            space,
+            locks: RangeLocks::default(),
+            uncertain: HashMap::new(),
+            log_tids: HashMap::new(),
+            by_lsn: BTreeMap::new(),
+            forced_abort: HashMap::new(),
+            next_lsn,
+            synced_lsn: next_lsn - 1,
+            deferred: VecDeque::new(),
+            applied_unflushed: Vec::new(),
+            to_report: Vec::new(),
+            reported: HashMap::new(),
+            manager_incarnation: 0,
+            recovered_writes: BTreeMap::new(),
+            load: Load::default(),
+            log_bytes: 0,
+        }
+    }
+
+    /// Stage 1 of Fig. 8: rebuild all-log-tids, forced-abort and decided from the records
+    /// read back from disk. The node then serves only recovery messages until
+    /// `finish_recovery`.
+    pub fn recover(
+        cfg: Config,
+        space: Space,
+        next_lsn: Lsn,
+        records: Vec<(Lsn, LogRecord)>,
+    ) -> Self {
+        let mut p = Participant::new(cfg, space, next_lsn);
+        p.stage = Stage::Recovering;
+        for (lsn, record) in records {
+            match record {
+                LogRecord::Prepare {
+                    tid,
+                    participants,
+                    writes,
+                } => {
+                    let outcome = if participants == [p.cfg.id] {
+                        Outcome::Commit
+                    } else {
+                        Outcome::Unknown
+                    };
+                    p.epoch = p.epoch.max(tid.epoch);
+                    p.log_tids.insert(
+                        tid,
+                        LogTid {
+                            lsn,
+                            participants,
+                            outcome,
+                            gc_ok: false,
+                        },
+                    );
+                    p.by_lsn.insert(lsn, tid);
+                    p.recovered_writes.insert(lsn, (tid, writes));
+                }
+                LogRecord::Decided { tid, commit } => {
+                    if let Some(t) = p.log_tids.get_mut(&tid) {
+                        t.outcome = if commit {
+                            Outcome::Commit
+                        } else {
+                            Outcome::Abort
+                        };
+                    }
+                }
+                LogRecord::ForcedAbort { tid } => {
+                    p.forced_abort.insert(tid, lsn);
+                }
+            }
+        }
+        p
+    }
+
+    pub fn stage(&self) -> Stage {
+        self.stage
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = self.epoch.max(epoch);
+    }
+
+    pub fn set_log_bytes(&mut self, bytes: u64) {
+        self.log_bytes = bytes;
+    }
+
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    /// Multi-participant tids whose outcome stage 2 must learn from their participants.
+    pub fn undecided(&self) -> Vec<(Tid, Vec<NodeId>)> {
+        let mut tids: Vec<_> = self
+            .log_tids
+            .iter()
+            .filter(|(_, t)| t.outcome == Outcome::Unknown)
+            .map(|(tid, t)| (*tid, t.participants.clone()))
+            .collect();
+        tids.sort();
+        tids
+    }
+
+    /// Stage 2 of Fig. 8: records outcomes learned from the participants.
+    pub fn resolve(&mut self, outcomes: &[(Tid, bool)]) -> Actions<R> {
+        let mut acts = Actions::default();
+        for &(tid, commit) in outcomes {
+            if let Some(t) = self.log_tids.get_mut(&tid) {
+                if t.outcome == Outcome::Unknown {
+                    t.outcome = if commit {
+                        Outcome::Commit
+                    } else {
+                        Outcome::Abort
+                    };
+                    self.append(&mut acts, LogRecord::Decided { tid, commit });
+                }
+            }
+        }
+        acts
+    }
+
+    /// Stage 3 of Fig. 8: replays committed writes in log order (idempotent), then serves.
+    pub fn finish_recovery(&mut self) {
+        assert!(
+            self.undecided().is_empty(),
+            "stage 3 needs every outcome decided"
+        );
+        for (_, (tid, writes)) in std::mem::take(&mut self.recovered_writes) {
+            if self
+                .log_tids
+                .get(&tid)
+                .is_some_and(|t| t.outcome == Outcome::Commit)
+            {
+                for (addr, bytes) in &writes {
+                    self.space.write(*addr, bytes);
+                }
+                self.applied_unflushed.push(tid);
+            }
+        }
+        self.stage = Stage::Serving;
+    }
+
+    pub fn on_request(&mut self, now_ms: u64, reply_to: R, id: u64, req: Request) -> Actions<R> {
+        let mut acts = Actions::default();
+        match req {
+            Request::RequestAbort { tids } => self.request_abort(&mut acts, reply_to, id, tids),
+            Request::LogTids => {
+                let tids = self.log_tids.keys().copied().collect();
+                let lsn = self.next_lsn - 1;
+                self.after(
+                    &mut acts,
+                    lsn,
+                    Deferred::Reply(reply_to, id, Response::LogTids(tids)),
+                );
+            }
+            Request::Stats => {
+                acts.replies
+                    .push((reply_to, id, Response::Stats(self.stats(now_ms))))
+            }
+            _ if self.stage != Stage::Serving => {
+                acts.replies.push((
+                    reply_to,
+                    id,
+                    error(ErrorCode::NotReady, "node is recovering".into()),
+                ));
+            }
+            Request::ExecPrepare(ep) => match self.validate(&ep) {
+                Ok(()) => self.exec_prepare(&mut acts, now_ms, reply_to, id, ep),
+                Err(resp) => acts.replies.push((reply_to, id, resp)),
+            },
+            Request::Decision { tid, commit } => self.decision(&mut acts, now_ms, tid, commit),
+            Request::Register { .. } | Request::Directory | Request::Heartbeat { .. } => {
+                acts.replies.push((
+                    reply_to,
+                    id,
+                    error(ErrorCode::Unsupported, "ask the manager".into()),
+                ));
+            }
+        }
+        acts
+    }
+
+    fn validate(&self, ep: &ExecPrepare) -> Result<(), Response> {
+        let bad = |m: String| Err(error(ErrorCode::BadRequest, m));
+        let limits = self.cfg.limits;
+        if !ep.participants.contains(&self.cfg.id) {
+            return Err(error(
+                ErrorCode::UnknownNode,
+                format!("node {} is not a participant", self.cfg.id),
+            ));
+        }
+        if ep.participants.windows(2).any(|w| w[0] >= w[1]) || ep.participants.contains(&0) {
+            return bad("participants must be sorted, unique and non-zero".into());
+        }
+        if ep.items.is_empty() || ep.items.len() > limits.items_max {
+            return bad(format!(
+                "a minitransaction has 1 to {} items per node",
+                limits.items_max
+            ));
+        }
+        if ep.read_only && ep.items.iter().any(Item::writes) {
+            return bad("a read-only minitransaction has write items".into());
+        }
+        if ep.class.len() > CLASS_BYTES_MAX {
+            return bad(format!("class name longer than {CLASS_BYTES_MAX} bytes"));
+        }
+        let mut total = 0u64;
+        for (i, item) in ep.items.iter().enumerate() {
+            let len = item.len();
+            if len == 0 || len > limits.item_bytes_max {
+                return bad(format!(
+                    "item {i}: length {len} outside 1..={}",
+                    limits.item_bytes_max
+                ));
+            }
+            if let Item::Compare { op, bytes, .. } = item {
+                if *op != tutti_wire::CmpOp::Eq && bytes.len() != 8 {
+                    return bad(format!("item {i}: ordered compares take an 8-byte operand"));
+                }
+            }
+            if !self.space.contains(item.addr(), len) {
+                return Err(error(
+                    ErrorCode::OutOfRange,
+                    format!(
+                        "item {i}: [{}, +{len}) outside the {} bytes of node {}",
+                        item.addr(),
+                        self.space.size_bytes(),
+                        self.cfg.id
+                    ),
+                ));
+            }
+            total += len;
+        }
+        if total > limits.minitx_bytes_max {
+            return bad(format!(
+                "items total {total} bytes, over {}",
+                limits.minitx_bytes_max
+            ));
+        }
+        Ok(())
+    }
+
+    fn exec_prepare(
+        &mut self,
+        acts: &mut Actions<R>,
+        now_ms: u64,
+        reply_to: R,
+        id: u64,
+        ep: ExecPrepare,
+    ) {
+        let class = self.load.class_index(&ep.class);
+        let tid = ep.tid;
+        let vote = |vote, reads, failed_compares, epoch| {
+            Response::Vote(VoteReply {
+                vote,
+                reads,
+                failed_compares,
+                epoch,
+            })
+        };
+        if tid.epoch + 2 <= self.epoch {
+            self.load.at(class, now_ms).forced_abort += 1;
+            acts.replies.push((
+                reply_to,
+                id,
+                vote(Vote::AbortEpoch, vec![], vec![], self.epoch),
+            ));
+            return;
+        }
+        if self.uncertain.contains_key(&tid) || self.log_tids.contains_key(&tid) {
+            acts.replies.push((
+                reply_to,
+                id,
+                error(ErrorCode::BadRequest, format!("tid {tid} already executed")),
+            ));
+            return;
+        }
+        let ranges: Vec<LockRange> = ep
+            .items
+            .iter()
+            .map(|item| LockRange {
+                start: item.addr(),
+                end: item.addr() + item.len(),
+                kind: if item.writes() {
+                    LockKind::Write
+                } else {
+                    LockKind::Read
+                },
+            })
+            .collect();
+        if !self.locks.try_lock(tid, &ranges) {
+            self.load.at(class, now_ms).aborted_lock += 1;
+            acts.replies.push((
+                reply_to,
+                id,
+                vote(Vote::AbortLock, vec![], vec![], self.epoch),
+            ));
+            return;
+        }
+        if self.forced_abort.contains_key(&tid) {
+            self.locks.release(tid);
+            self.load.at(class, now_ms).forced_abort += 1;
+            acts.replies.push((
+                reply_to,
+                id,
+                vote(Vote::AbortForced, vec![], vec![], self.epoch),
+            ));
+            return;
+        }
+        let (reads, failed, bytes_read) = self.execute(&ep.items);
+        self.load.at(class, now_ms).bytes_read += bytes_read;
+        if !failed.is_empty() {
+            self.locks.release(tid);
+            self.load.at(class, now_ms).aborted_compare += 1;
+            acts.replies.push((
+                reply_to,
+                id,
+                vote(Vote::AbortCompare, reads, failed, self.epoch),
+            ));
+            return;
+        }
+        let writes = self.resolve_writes(&ep.items);
+        let ok = vote(Vote::CommitOk, reads, vec![], self.epoch);
+        let single = ep.participants == [self.cfg.id];
+        let mut entry = Uncertain {
+            participants: ep.participants,
+            writes,
+            lsn: None,
+            since_ms: now_ms,
+            class,
+        };
+        if ep.read_only || self.cfg.mode == Mode::Ram {
+            if single {
+                self.commit_applied(now_ms, tid, &entry);
+                acts.replies.push((reply_to, id, ok));
+                return;
+            }
+            if !ep.read_only {
+                // Ram mode keeps all-log-tids in memory only, for REQUEST-ABORT.
+                self.log_tids.insert(
+                    tid,
+                    LogTid {
+                        lsn: 0,
+                        participants: entry.participants.clone(),
+                        outcome: Outcome::Unknown,
+                        gc_ok: false,
+                    },
+                );
+            }
+            self.uncertain.insert(tid, entry);
+            acts.replies.push((reply_to, id, ok));
+            return;
+        }
+        let lsn = self.append(
+            acts,
+            LogRecord::Prepare {
+                tid,
+                participants: entry.participants.clone(),
+                writes: entry.writes.clone(),
+            },
+        );
+        entry.lsn = Some(lsn);
+        self.log_tids.insert(
+            tid,
+            LogTid {
+                lsn,
+                participants: entry.participants.clone(),
+                outcome: Outcome::Unknown,
+                gc_ok: false,
+            },
+        );
+        self.by_lsn.insert(lsn, tid);
+        self.uncertain.insert(tid, entry);
+        let deferred = if single {
+            Deferred::OnePhase(tid, reply_to, id, ok)
+        } else {
+            Deferred::Reply(reply_to, id, ok)
+        };
+        self.after(acts, lsn, deferred);
+    }
+
+    /// Compares and reads against the state before the minitransaction.
+    fn execute(&self, items: &[Item]) -> (Vec<Vec<u8>>, Vec<u32>, u64) {
+        let (mut reads, mut failed, mut bytes) = (Vec::new(), Vec::new(), 0);
+        for (i, item) in items.iter().enumerate() {
+            match item {
+                Item::Read { addr, len } => {
+                    reads.push(self.space.read(*addr, u64::from(*len)).to_vec());
+                    bytes += u64::from(*len);
+                }
+                Item::Compare {
+                    addr,
+                    op,
+                    bytes: operand,
+                } => {
+                    let stored_len = if *op == tutti_wire::CmpOp::Eq {
+                        operand.len()
+                    } else {
+                        8
+                    };
+                    if !op.holds(self.space.read(*addr, stored_len as u64), operand) {
+                        failed.push(i as u32);
+                    }
+                    bytes += stored_len as u64;
+                }
+                Item::Write { .. } | Item::Add { .. } => {}
+            }
+        }
+        (reads, failed, bytes)
+    }
+
+    /// Turns writes and adds, in item order, into plain writes (so replay is idempotent).
+    fn resolve_writes(&self, items: &[Item]) -> Writes {
+        let mut writes: Writes = Vec::new();
+        for item in items {
+            match item {
+                Item::Write { addr, bytes } => writes.push((*addr, bytes.clone())),
+                Item::Add { addr, delta } => {
+                    let mut current: [u8; 8] =
+                        self.space.read(*addr, 8).try_into().expect("8 bytes");
+                    for (waddr, wbytes) in &writes {
+                        overlay(&mut current, *addr, *waddr, wbytes);
+                    }
+                    let sum = i64::from_le_bytes(current).wrapping_add(*delta);
+                    writes.push((*addr, sum.to_le_bytes().to_vec()));
+                }
+                Item::Read { .. } | Item::Compare { .. } => {}
+            }
+        }
+        writes
+    }
+
+    fn commit_applied(&mut self, now_ms: u64, tid: Tid, entry: &Uncertain) {
+        let mut written = 0;
+        for (addr, bytes) in &entry.writes {
+            self.space.write(*addr, bytes);
+            written += bytes.len() as u64;
+        }
+        let load = self.load.at(entry.class, now_ms);
+        load.committed += 1;
+        load.bytes_written += written;
+        self.locks.release(tid);
+    }
+
+    /// Phase 2 of Fig. 4 (lines 26–31).
+    fn decision(&mut self, acts: &mut Actions<R>, now_ms: u64, tid: Tid, commit: bool) {
+        let Some(entry) = self.uncertain.get(&tid) else {
+            return;
+        };
+        if let Some(lsn) = entry.lsn.filter(|&lsn| lsn > self.synced_lsn) {
+            // Only a misbehaving sender decides before our vote is durable; wait for it.
+            self.after(acts, lsn, Deferred::Decision(tid, commit));
+            return;
+        }
+        let entry = self.uncertain.remove(&tid).expect("present");
+        if commit {
+            self.commit_applied(now_ms, tid, &entry);
+        } else {
+            self.locks.release(tid);
+        }
+        if self.cfg.mode == Mode::Ram {
+            self.log_tids.remove(&tid);
+        } else if let Some(t) = self.log_tids.get_mut(&tid) {
+            t.outcome = if commit {
+                Outcome::Commit
+            } else {
+                Outcome::Abort
+            };
+            self.append(acts, LogRecord::Decided { tid, commit });
+            if commit {
+                self.applied_unflushed.push(tid);
+            }
+        }
+    }
+
+    /// Fig. 7 lines 37–41, batched: a node with a commit vote keeps it; otherwise it is
+    /// forced to abort (synced before the reply leaves).
+    fn request_abort(
+        &mut self,
+        acts: &mut Actions<R>,
+        reply_to: R,
+        id: u64,
+        tids: Vec<(Tid, Vec<NodeId>)>,
+    ) {
+        if tids.len() > BATCH_TIDS_MAX {
+            acts.replies.push((
+                reply_to,
+                id,
+                error(
+                    ErrorCode::BadRequest,
+                    format!("more than {BATCH_TIDS_MAX} tids"),
+                ),
+            ));
+            return;
+        }
+        let mut votes = Vec::with_capacity(tids.len());
+        for (tid, _) in tids {
+            if self.log_tids.contains_key(&tid) {
+                votes.push((tid, true));
+                continue;
+            }
+            votes.push((tid, false));
+            let stale = tid.epoch + 2 <= self.epoch;
+            if !stale && !self.forced_abort.contains_key(&tid) {
+                let lsn = match self.cfg.mode {
+                    Mode::Ram => 0,
+                    Mode::Log => self.append(acts, LogRecord::ForcedAbort { tid }),
+                };
+                self.forced_abort.insert(tid, lsn);
+            }
+        }
+        let lsn = self.next_lsn - 1;
+        self.after(
+            acts,
+            lsn,
+            Deferred::Reply(reply_to, id, Response::Votes(votes)),
+        );
+    }
+
+    /// The log writer synced every record up to `upto`.
+    pub fn on_synced(&mut self, now_ms: u64, upto: Lsn) -> Actions<R> {
+        let mut acts = Actions::default();
+        self.synced_lsn = self.synced_lsn.max(upto);
+        while self
+            .deferred
+            .front()
+            .is_some_and(|(lsn, _)| *lsn <= self.synced_lsn)
+        {
+            let (_, deferred) = self.deferred.pop_front().expect("front");
+            match deferred {
+                Deferred::Reply(to, id, resp) => acts.replies.push((to, id, resp)),
+                Deferred::OnePhase(tid, to, id, resp) => {
+                    let entry = self
+                        .uncertain
+                        .remove(&tid)
+                        .expect("one-phase tid is uncertain until synced");
+                    self.commit_applied(now_ms, tid, &entry);
+                    self.log_tids.get_mut(&tid).expect("logged").outcome = Outcome::Commit;
+                    self.applied_unflushed.push(tid);
+                    acts.replies.push((to, id, resp));
+                }
+                Deferred::Decision(tid, commit) => self.decision(&mut acts, now_ms, tid, commit),
+            }
+        }
+        acts
+    }
+
+    fn append(&mut self, acts: &mut Actions<R>, record: LogRecord) -> Lsn {
+        assert_eq!(self.cfg.mode, Mode::Log, "ram mode never logs");
+        let lsn = self.next_lsn;
+        self.next_lsn += 1;
+        acts.append.push((lsn, record));
+        lsn
+    }
+
+    fn after(&mut self, acts: &mut Actions<R>, lsn: Lsn, deferred: Deferred<R>) {
+        if lsn <= self.synced_lsn && self.deferred.is_empty() {
+            if let Deferred::Reply(to, id, resp) = deferred {
+                acts.replies.push((to, id, resp));
+                return;
+            }
+        }
+        self.deferred.push_back((lsn, deferred));
+    }
+
+    /// Starts a checkpoint: the driver flushes the image and syncs the log up to `upto`,
+    /// then calls `checkpoint_done`.
+    pub fn checkpoint_begin(&mut self) -> Checkpoint {
+        Checkpoint {
+            tids: std::mem::take(&mut self.applied_unflushed),
+            upto: self.next_lsn - 1,
+        }
+    }
+
+    /// The tids of `cp` are in the durable image: apply the GC rule (§4.6) to the log head,
+    /// collect stale forced-aborts, carry live forced-aborts past the new head.
+    pub fn checkpoint_done(&mut self, cp: Checkpoint) -> Actions<R> {
+        let mut acts = Actions::default();
+        for tid in cp.tids {
+            if let Some(t) = self.log_tids.get_mut(&tid) {
+                if t.participants.len() == 1 {
+                    t.gc_ok = true;
+                } else {
+                    self.to_report.push((tid, t.participants.clone()));
+                }
+            }
+        }
+        while let Some((&lsn, &tid)) = self.by_lsn.first_key_value() {
+            let t = &self.log_tids[&tid];
+            assert_eq!(t.lsn, lsn);
+            let dead = match t.outcome {
+                Outcome::Unknown => false,
+                Outcome::Abort => true,
+                Outcome::Commit => t.gc_ok,
+            };
+            if !dead {
+                break;
+            }
+            self.by_lsn.pop_first();
+            self.log_tids.remove(&tid);
+        }
+        let live_from = self
+            .by_lsn
+            .first_key_value()
+            .map_or(self.next_lsn, |(&lsn, _)| lsn);
+        let epoch = self.epoch;
+        self.forced_abort.retain(|tid, _| tid.epoch + 2 > epoch);
+        let carried: Vec<Tid> = self
+            .forced_abort
+            .iter()
+            .filter(|(_, &lsn)| lsn < live_from)
+            .map(|(t, _)| *t)
+            .collect();
+        for tid in carried {
+            let lsn = self.append(&mut acts, LogRecord::ForcedAbort { tid });
+            self.forced_abort.insert(tid, lsn);
+        }
+        acts.truncate_below = Some(live_from);
+        acts
+    }
+
+    /// What the heartbeat tells the manager: tids uncertain for longer than the timeout
+    /// (for its recovery coordinator) and newly durable multi-node tids (for GC).
+    pub fn heartbeat(&mut self, now_ms: u64) -> HeartbeatReport {
+        let timeout = self.cfg.timeout_uncertain_ms;
+        let uncertain = self
+            .uncertain
+            .iter()
+            .filter(|(_, u)| {
+                u.participants.len() > 1 && now_ms.saturating_sub(u.since_ms) >= timeout
+            })
+            .take(BATCH_TIDS_MAX)
+            .map(|(tid, u)| (*tid, u.participants.clone()))
+            .collect();
+        let n = self.to_report.len().min(BATCH_TIDS_MAX);
+        let applied: Vec<_> = self.to_report.drain(..n).collect();
+        for (tid, participants) in &applied {
+            self.reported.insert(*tid, (participants.clone(), now_ms));
+        }
+        HeartbeatReport { uncertain, applied }
+    }
+
+    /// The manager relayed `gc`: every participant of these tids applied them durably.
+    /// A new manager incarnation lost earlier reports, so they are sent again.
+    pub fn on_heartbeat_ack(&mut self, epoch: u64, incarnation: u64, gc: &[Tid]) {
+        self.set_epoch(epoch);
+        if incarnation != self.manager_incarnation {
+            self.manager_incarnation = incarnation;
+            self.to_report
+                .extend(self.reported.drain().map(|(tid, (p, _))| (tid, p)));
+        }
+        for tid in gc {
+            self.gc_confirmed(*tid);
+        }
+    }
+
+    fn gc_confirmed(&mut self, tid: Tid) {
+        self.reported.remove(&tid);
+        if let Some(t) = self.log_tids.get_mut(&tid) {
+            t.gc_ok = true;
+        }
+    }
+
+    /// Reported tids still not collected after `age_ms`: the driver asks their peers whether
+    /// they still hold them (a peer that dropped a committed tid proves every participant
+    /// applied it, so a relay lost with a manager restart does not pin the log forever).
+    pub fn reported_older_than(&self, now_ms: u64, age_ms: u64) -> Vec<(Tid, Vec<NodeId>)> {
+        self.reported
+            .iter()
+            .filter(|(_, (_, sent))| now_ms.saturating_sub(*sent) >= age_ms)
+            .take(BATCH_TIDS_MAX)
+            .map(|(tid, (p, _))| (*tid, p.clone()))
+            .collect()
+    }
+
+    /// Peers no longer hold these committed tids: collect them here too.
+    pub fn dropped_by_peers(&mut self, tids: &[Tid]) {
+        for tid in tids {
+            if self
+                .log_tids
+                .get(tid)
+                .is_some_and(|t| t.outcome == Outcome::Commit)
+            {
+                self.gc_confirmed(*tid);
+            }
+        }
+    }
+
+    pub fn stats(&self, now_ms: u64) -> StatsReport {
+        StatsReport {
+            node: self.cfg.id,
+            windows_s: WINDOWS_S.to_vec(),
+            classes: self.load.report(now_ms),
+            uncertain: self.uncertain.len() as u64,
+            locks_held: self.locks.holders() as u64,
+            log_bytes: self.log_bytes,
+            log_records_live: self.by_lsn.len() as u64,
+            epoch: self.epoch,
+            serving: self.stage == Stage::Serving,
+        }
+    }
+}
+
+/// Copies the part of a pending write `[waddr, +wbytes)` that overlaps the 8 bytes at `addr`.
+fn overlay(current: &mut [u8; 8], addr: u64, waddr: u64, wbytes: &[u8]) {
+    let (lo, hi) = (addr.max(waddr), (addr + 8).min(waddr + wbytes.len() as u64));
+    for a in lo..hi {
+        current[(a - addr) as usize] = wbytes[(a - waddr) as usize];
+    }
+}
+
+fn error(code: ErrorCode, message: String) -> Response {
+    Response::Error { code, message }
+}

@@ -1,0 +1,129 @@
+//! Byte-range reader/writer try-locks (Sinfonia §4.2): a participant never waits for a lock;
+//! if any range is busy it takes none and the minitransaction votes ABORT-LOCK.
+
+use std::collections::{BTreeMap, HashMap};
+use tutti_wire::Tid;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LockKind {
+    Read,
+    Write,
+}
+
+/// A range `[start, end)` a minitransaction wants, and how.
+#[derive(Clone, Copy, Debug)]
+pub struct LockRange {
+    pub start: u64,
+    pub end: u64,
+    pub kind: LockKind,
+}
+
+#[derive(Default)]
+pub struct RangeLocks {
+    /// Held ranges keyed by (start, holder); several readers may share bytes.
+    held: BTreeMap<(u64, Tid), (u64, LockKind)>,
+    by_tid: HashMap<Tid, Vec<u64>>,
+    /// Longest range ever held: bounds how far left of a query an overlapping range may start.
+    range_bytes_max: u64,
+}
+
+const TID_MIN: Tid = Tid {
+    epoch: 0,
+    coordinator: 0,
+    seq: 0,
+};
+
+impl RangeLocks {
+    /// Takes every range for `tid`, or none if any conflicts with another holder.
+    pub fn try_lock(&mut self, tid: Tid, ranges: &[LockRange]) -> bool {
+        if ranges.iter().any(|r| self.conflicts(tid, r)) {
+            return false;
+        }
+        for r in ranges {
+            let entry = self.held.entry((r.start, tid)).or_insert((r.end, r.kind));
+            entry.0 = entry.0.max(r.end);
+            if r.kind == LockKind::Write {
+                entry.1 = LockKind::Write;
+            }
+            self.by_tid.entry(tid).or_default().push(r.start);
+            self.range_bytes_max = self.range_bytes_max.max(r.end - r.start);
+        }
+        true
+    }
+
+    fn conflicts(&self, tid: Tid, want: &LockRange) -> bool {
+        let from = want.start.saturating_sub(self.range_bytes_max);
+        self.held.range((from, TID_MIN)..(want.end, TID_MIN)).any(
+            |(&(start, holder), &(end, kind))| {
+                holder != tid
+                    && start < want.end
+                    && end > want.start
+                    && (kind == LockKind::Write || want.kind == LockKind::Write)
+            },
+        )
+    }
+
+    pub fn release(&mut self, tid: Tid) {
+        if let Some(starts) = self.by_tid.remove(&tid) {
+            for start in starts {
+                self.held.remove(&(start, tid));
+            }
+        }
+    }
+
+    pub fn holders(&self) -> usize {
+        self.by_tid.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tid(seq: u64) -> Tid {
+        Tid {
+            epoch: 0,
+            coordinator: 1,
+            seq,
+        }
+    }
+    fn r(start: u64, end: u64, kind: LockKind) -> LockRange {
+        LockRange { start, end, kind }
+    }
+
+    #[test]
+    fn readers_share_writers_exclude() {
+        let mut locks = RangeLocks::default();
+        assert!(locks.try_lock(tid(1), &[r(0, 8, LockKind::Read)]));
+        assert!(locks.try_lock(tid(2), &[r(4, 12, LockKind::Read)]));
+        assert!(!locks.try_lock(tid(3), &[r(7, 9, LockKind::Write)]));
+        assert!(locks.try_lock(tid(3), &[r(12, 20, LockKind::Write)]));
+        assert!(!locks.try_lock(
+            tid(4),
+            &[r(100, 108, LockKind::Read), r(19, 20, LockKind::Read)]
+        ));
+        // All-or-nothing: tid 4 took nothing, so 100..108 is free.
+        assert!(locks.try_lock(tid(5), &[r(100, 108, LockKind::Write)]));
+        locks.release(tid(1));
+        locks.release(tid(2));
+        assert!(locks.try_lock(tid(6), &[r(0, 12, LockKind::Write)]));
+        assert_eq!(locks.holders(), 3);
+    }
+
+    #[test]
+    fn own_locks_never_conflict() {
+        let mut locks = RangeLocks::default();
+        assert!(locks.try_lock(tid(1), &[r(0, 8, LockKind::Read), r(0, 8, LockKind::Write)]));
+        assert!(!locks.try_lock(tid(2), &[r(0, 1, LockKind::Read)]));
+        locks.release(tid(1));
+        assert!(locks.try_lock(tid(2), &[r(0, 1, LockKind::Read)]));
+    }
+
+    #[test]
+    fn long_range_left_of_query_is_found() {
+        let mut locks = RangeLocks::default();
+        assert!(locks.try_lock(tid(1), &[r(0, 1 << 20, LockKind::Write)]));
+        assert!(!locks.try_lock(tid(2), &[r((1 << 20) - 1, 1 << 20, LockKind::Read)]));
+        assert!(locks.try_lock(tid(2), &[r(1 << 20, (1 << 20) + 8, LockKind::Read)]));
+    }
+}

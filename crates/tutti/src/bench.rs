@@ -1,0 +1,216 @@
+//! `tutti bench minitx`: the Sinfonia Fig. 16 workload. Each minitransaction does 3
+//! compare-and-swaps on 4-byte items drawn uniformly from 50,000 per node, spread over
+//! `spread` memory nodes; the sweep varies the number of outstanding minitransactions.
+
+use hdrhistogram::Histogram;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tutti_client::{Cluster, ExecError, Minitx};
+use tutti_wire::NodeId;
+
+/// Items live at this address on each node (away from the bank workload's addresses).
+const ITEMS_BASE: u64 = 64 << 20;
+const ITEM_BYTES: u64 = 4;
+
+#[derive(Clone, Debug)]
+pub struct MinitxBench {
+    pub nodes: Vec<NodeId>,
+    pub spread: usize,
+    pub items_per_node: u64,
+    pub cas_per_minitx: usize,
+    pub outstanding: Vec<usize>,
+    pub duration: Duration,
+    pub mode: String,
+}
+
+/// One measured point, in the record format shared by every tutti benchmark.
+#[derive(Serialize, Clone, Debug)]
+pub struct Point {
+    pub experiment: &'static str,
+    pub system: &'static str,
+    pub mode: String,
+    pub nodes: usize,
+    pub spread: usize,
+    pub outstanding: usize,
+    pub throughput_per_s: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub committed: u64,
+    pub compare_failed: u64,
+    pub errors: u64,
+}
+
+struct Mirror {
+    values: Vec<AtomicU32>,
+    items_per_node: u64,
+}
+
+impl Mirror {
+    fn slot(&self, node_index: usize, item: u64) -> &AtomicU32 {
+        &self.values[node_index * self.items_per_node as usize + item as usize]
+    }
+}
+
+fn addr(item: u64) -> u64 {
+    ITEMS_BASE + item * ITEM_BYTES
+}
+
+/// Reads every item once so that compares start from the values actually stored.
+async fn load_mirror(cluster: &Cluster, b: &MinitxBench) -> Result<Mirror, ExecError> {
+    let mirror = Mirror {
+        values: (0..b.nodes.len() as u64 * b.items_per_node)
+            .map(|_| AtomicU32::new(0))
+            .collect(),
+        items_per_node: b.items_per_node,
+    };
+    for (ni, &node) in b.nodes.iter().enumerate() {
+        let mut item = 0;
+        while item < b.items_per_node {
+            let chunk = (b.items_per_node - item).min(4000);
+            let tx = (item..item + chunk).fold(Minitx::new().class("bench-load"), |tx, i| {
+                tx.read(node, addr(i), 4)
+            });
+            let out = cluster.exec_and_commit(&tx).await?;
+            for (k, r) in out.reads.iter().enumerate() {
+                mirror.slot(ni, item + k as u64).store(
+                    u32::from_le_bytes(r[..4].try_into().expect("4 bytes")),
+                    Ordering::Relaxed,
+                );
+            }
+            item += chunk;
+        }
+    }
+    Ok(mirror)
+}
+
+/// Runs the sweep; calls `progress` after each point.
+pub async fn run_minitx(
+    cluster: &Cluster,
+    b: &MinitxBench,
+    mut progress: impl FnMut(&Point),
+) -> Result<Vec<Point>, ExecError> {
+    let mirror = Arc::new(load_mirror(cluster, b).await?);
+    let mut points = Vec::new();
+    for &outstanding in &b.outstanding {
+        let point = run_point(cluster, b, mirror.clone(), outstanding).await;
+        progress(&point);
+        points.push(point);
+    }
+    Ok(points)
+}
+
+async fn run_point(
+    cluster: &Cluster,
+    b: &MinitxBench,
+    mirror: Arc<Mirror>,
+    outstanding: usize,
+) -> Point {
+    let start = Instant::now();
+    let until = start + b.duration;
+    let (committed, failed, errors) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..outstanding {
+        let (cluster, b, mirror) = (cluster.clone(), b.clone(), mirror.clone());
+        let (committed, failed, errors) = (committed.clone(), failed.clone(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut hist =
+                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+            while Instant::now() < until {
+                let (tx, picks) = cas_minitx(&b, &mirror);
+                let t0 = Instant::now();
+                match cluster.exec_and_commit(&tx).await {
+                    Ok(out) if out.committed => {
+                        committed.fetch_add(1, Ordering::Relaxed);
+                        for (ni, item, new) in picks {
+                            mirror.slot(ni, item).store(new, Ordering::Relaxed);
+                        }
+                    }
+                    Ok(_) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        refresh(&cluster, &b, &mirror, &picks).await;
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let _ = hist.record(t0.elapsed().as_micros().max(1) as u64);
+            }
+            hist
+        }));
+    }
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+    for t in tasks {
+        if let Ok(h) = t.await {
+            hist.add(h).expect("same bounds");
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let committed = committed.load(Ordering::Relaxed);
+    Point {
+        experiment: "fig16",
+        system: "tutti",
+        mode: b.mode.clone(),
+        nodes: b.nodes.len(),
+        spread: b.spread,
+        outstanding,
+        throughput_per_s: (committed as f64 / elapsed * 10.0).round() / 10.0,
+        p50_us: hist.value_at_quantile(0.5),
+        p99_us: hist.value_at_quantile(0.99),
+        committed,
+        compare_failed: failed.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+    }
+}
+
+/// 3 CAS on distinct items over `spread` distinct nodes: (minitx, [(node index, item, new)]).
+fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32)>) {
+    let mut rng = rand::thread_rng();
+    let node_indices: Vec<usize> = (0..b.nodes.len())
+        .collect::<Vec<_>>()
+        .choose_multiple(&mut rng, b.spread)
+        .copied()
+        .collect();
+    let mut tx = Minitx::new().class("bench-cas");
+    let mut picks: Vec<(usize, u64, u32)> = Vec::with_capacity(b.cas_per_minitx);
+    for k in 0..b.cas_per_minitx {
+        let ni = node_indices[k % node_indices.len()];
+        let item = loop {
+            let i = rng.gen_range(0..b.items_per_node);
+            if !picks.iter().any(|p| p.0 == ni && p.1 == i) {
+                break i;
+            }
+        };
+        let old = mirror.slot(ni, item).load(Ordering::Relaxed);
+        let new = old.wrapping_add(1);
+        let node = b.nodes[ni];
+        tx = tx
+            .compare(node, addr(item), old.to_le_bytes().to_vec())
+            .write(node, addr(item), new.to_le_bytes().to_vec());
+        picks.push((ni, item, new));
+    }
+    (tx, picks)
+}
+
+async fn refresh(cluster: &Cluster, b: &MinitxBench, mirror: &Mirror, picks: &[(usize, u64, u32)]) {
+    let tx = picks
+        .iter()
+        .fold(Minitx::new().class("bench-refresh"), |tx, (ni, item, _)| {
+            tx.read(b.nodes[*ni], addr(*item), 4)
+        });
+    if let Ok(out) = cluster.exec_and_commit(&tx).await {
+        for ((ni, item, _), r) in picks.iter().zip(&out.reads) {
+            mirror.slot(*ni, *item).store(
+                u32::from_le_bytes(r[..4].try_into().expect("4 bytes")),
+                Ordering::Relaxed,
+            );
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! A local cluster of real processes: one manager and N memory nodes started from this
+//! executable, described by `DATA/cluster.json`, restartable on the same data directory.
+//! `tutti up`, `tutti bench` and the cross-process tests all start clusters through it.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tutti_client::{ClientOptions, Cluster};
+use tutti_wire::NodeId;
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct NodeEntry {
+    pub id: NodeId,
+    pub addr: String,
+    pub metrics: String,
+    pub data: PathBuf,
+}
+
+/// `DATA/cluster.json`: every address of a local cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ClusterFile {
+    pub manager: String,
+    pub manager_data: PathBuf,
+    pub mode: String,
+    pub size_bytes: u64,
+    pub nodes: Vec<NodeEntry>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocalError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Config(String),
+    #[error("cluster not ready after {0:?}: {1}")]
+    NotReady(Duration, String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalError {
+    let what = what.into();
+    move |source| LocalError::Io { what, source }
+}
+
+/// What to create when the data directory holds no cluster yet.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub nodes: usize,
+    pub mode: String,
+    pub size_bytes: u64,
+    /// Extra flags for every memory node (e.g. a shorter uncertain timeout in tests).
+    pub node_flags: Vec<String>,
+    pub manager_flags: Vec<String>,
+}
+
+pub struct LocalCluster {
+    pub dir: PathBuf,
+    pub file: ClusterFile,
+    exe: PathBuf,
+    layout: Layout,
+    manager: Option<Child>,
+    nodes: BTreeMap<NodeId, Child>,
+}
+
+fn free_port() -> Result<u16, LocalError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("pick a free port"))?;
+    Ok(l.local_addr().map_err(io("pick a free port"))?.port())
+}
+
+impl LocalCluster {
+    /// Opens the cluster described by `dir/cluster.json`, or creates one with `layout`.
+    /// An existing cluster keeps its shape; asking for another one is an error.
+    pub fn open(
+        exe: &Path,
+        dir: &Path,
+        layout: Layout,
+        strict: bool,
+    ) -> Result<LocalCluster, LocalError> {
+        std::fs::create_dir_all(dir.join("logs"))
+            .map_err(io(format!("create {}", dir.display())))?;
+        let dir = dir
+            .canonicalize()
+            .map_err(io("resolve the data directory"))?;
+        let path = dir.join("cluster.json");
+        let file = match std::fs::read(&path) {
+            Ok(bytes) => {
+                let file: ClusterFile = serde_json::from_slice(&bytes)
+                    .map_err(|e| LocalError::Config(format!("{}: {e}", path.display())))?;
+                if strict && (file.nodes.len() != layout.nodes || file.mode != layout.mode) {
+                    return Err(LocalError::Config(format!(
+                        "{} holds a {}-node {} cluster; use another --data to make a {}-node {} one",
+                        dir.display(),
+                        file.nodes.len(),
+                        file.mode,
+                        layout.nodes,
+                        layout.mode
+                    )));
+                }
+                file
+            }
+            Err(_) => {
+                let mut nodes = Vec::new();
+                for id in 1..=layout.nodes as NodeId {
+                    nodes.push(NodeEntry {
+                        id,
+                        addr: format!("127.0.0.1:{}", free_port()?),
+                        metrics: format!("127.0.0.1:{}", free_port()?),
+                        data: dir.join(format!("node-{id}")),
+                    });
+                }
+                let file = ClusterFile {
+                    manager: format!("127.0.0.1:{}", free_port()?),
+                    manager_data: dir.join("manager"),
+                    mode: layout.mode.clone(),
+                    size_bytes: layout.size_bytes,
+                    nodes,
+                };
+                let tmp = dir.join("cluster.json.tmp");
+                std::fs::write(
+                    &tmp,
+                    serde_json::to_vec_pretty(&file).expect("serialisable"),
+                )
+                .map_err(io("write cluster.json"))?;
+                std::fs::rename(&tmp, &path).map_err(io("write cluster.json"))?;
+                file
+            }
+        };
+        Ok(LocalCluster {
+            dir,
+            file,
+            exe: exe.to_path_buf(),
+            layout,
+            manager: None,
+            nodes: BTreeMap::new(),
+        })
+    }
+
+    fn spawn(&self, name: &str, args: Vec<String>) -> Result<Child, LocalError> {
+        let log_path = self.dir.join("logs").join(format!("{name}.log"));
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io("open a log file"))?;
+        let err = log.try_clone().map_err(io("open a log file"))?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(&args).stdin(Stdio::null()).stdout(log).stderr(err);
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe; it makes the child stop when we die, so a
+            // killed `tutti up` leaves no memory node behind.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                    Ok(())
+                });
+            }
+        }
+        cmd.spawn().map_err(io(format!("start {name}")))
+    }
+
+    pub fn start_manager(&mut self) -> Result<(), LocalError> {
+        let mut args = vec![
+            "manager".into(),
+            "--listen".into(),
+            self.file.manager.clone(),
+            "--data".into(),
+            self.file.manager_data.display().to_string(),
+        ];
+        args.extend(self.layout.manager_flags.iter().cloned());
+        self.manager = Some(self.spawn("manager", args)?);
+        Ok(())
+    }
+
+    pub fn start_node(&mut self, id: NodeId) -> Result<(), LocalError> {
+        let n = self
+            .file
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .ok_or_else(|| LocalError::Config(format!("no node {id}")))?;
+        let mut args = vec![
+            "memnode".into(),
+            "--id".into(),
+            id.to_string(),
+            "--listen".into(),
+            n.addr.clone(),
+            "--manager".into(),
+            self.file.manager.clone(),
+            "--data".into(),
+            n.data.display().to_string(),
+            "--mode".into(),
+            self.file.mode.clone(),
+            "--size".into(),
+            self.file.size_bytes.to_string(),
+            "--metrics".into(),
+            n.metrics.clone(),
+        ];
+        args.extend(self.layout.node_flags.iter().cloned());
+        let child = self.spawn(&format!("node-{id}"), args)?;
+        self.nodes.insert(id, child);
+        Ok(())
+    }
+
+    pub fn start_all(&mut self) -> Result<(), LocalError> {
+        self.start_manager()?;
+        for id in self.node_ids() {
+            self.start_node(id)?;
+        }
+        Ok(())
+    }
+
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.file.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// `kill -9` a memory node.
+    pub fn kill_node(&mut self, id: NodeId) {
+        if let Some(mut c) = self.nodes.remove(&id) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `kill -9` the manager.
+    pub fn kill_manager(&mut self) {
+        if let Some(mut c) = self.manager.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Children that exited by themselves since the last call: (name, exit status).
+    pub fn reap(&mut self) -> Vec<(String, std::process::ExitStatus)> {
+        let mut out = Vec::new();
+        let dead: Vec<NodeId> = self
+            .nodes
+            .iter_mut()
+            .filter_map(|(id, c)| c.try_wait().ok().flatten().map(|_| *id))
+            .collect();
+        for id in dead {
+            let mut c = self.nodes.remove(&id).expect("present");
+            out.push((format!("node-{id}"), c.wait().expect("exited")));
+        }
+        if let Some(status) = self
+            .manager
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            self.manager = None;
+            out.push(("manager".into(), status));
+        }
+        out
+    }
+
+    pub fn is_running(&self, name: &str) -> bool {
+        match name.strip_prefix("node-") {
+            Some(id) => id
+                .parse()
+                .is_ok_and(|id: NodeId| self.nodes.contains_key(&id)),
+            None => self.manager.is_some(),
+        }
+    }
+
+    /// SIGTERM every child, wait up to 10 s, then SIGKILL what is left.
+    pub fn stop_all(&mut self) {
+        let mut children: Vec<Child> = std::mem::take(&mut self.nodes).into_values().collect();
+        children.extend(self.manager.take());
+        for c in &children {
+            // SAFETY: plain kill(2) on a child we spawned and have not reaped.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        for mut c in children {
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits until the manager answers and every memory node serves (recovery done).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<Cluster, LocalError> {
+        let until = Instant::now() + timeout;
+        let mut last = String::from("nothing tried");
+        while Instant::now() < until {
+            let opts = ClientOptions {
+                deadline: Duration::from_millis(500),
+                ..ClientOptions::default()
+            };
+            match Cluster::connect(&self.file.manager, opts).await {
+                Ok(cluster) => {
+                    let stats = cluster.stats().await;
+                    let all = stats.len() == self.file.nodes.len()
+                        && stats
+                            .iter()
+                            .all(|(_, s)| s.as_ref().is_ok_and(|s| s.serving));
+                    if all {
+                        return Cluster::connect(&self.file.manager, ClientOptions::default())
+                            .await
+                            .map_err(|e| LocalError::NotReady(timeout, e.to_string()));
+                    }
+                    last = format!(
+                        "{} of {} nodes serving",
+                        stats
+                            .iter()
+                            .filter(|(_, s)| s.as_ref().is_ok_and(|s| s.serving))
+                            .count(),
+                        self.file.nodes.len()
+                    );
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(LocalError::NotReady(timeout, last))
+    }
+
+    /// The last lines of a child's log, for error messages.
+    pub fn log_tail(&self, name: &str) -> String {
+        let path = self.dir.join("logs").join(format!("{name}.log"));
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// Reads the manager address from `ADDR` or from a cluster.json path.
+pub fn manager_addr(cluster: &str) -> Result<String, LocalError> {
+    let path = Path::new(cluster);
+    let json = if path.is_dir() {
+        path.join("cluster.json")
+    } else {
+        path.to_path_buf()
+    };
+    if json.is_file() {
+        let file: ClusterFile = serde_json::from_reader(
+            File::open(&json).map_err(io(format!("open {}", json.display())))?,
+        )
+        .map_err(|e| LocalError::Config(format!("{}: {e}", json.display())))?;
+        return Ok(file.manager);
+    }
+    Ok(cluster.to_string())
+}

@@ -1,0 +1,652 @@
+//! `tutti`: run memory nodes and the manager, start a local cluster, run ad-hoc
+//! minitransactions, read load statistics and benchmark.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tutti::bank::{Bank, TransferKind};
+use tutti::bench::{run_minitx, MinitxBench, Point};
+use tutti::items::{parse_items, to_hex};
+use tutti::local::{manager_addr, Layout, LocalCluster};
+use tutti_client::{ClientOptions, Cluster};
+use tutti_memnode::{Limits, Mode, NodeConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "tutti",
+    version,
+    about = "Fault-tolerant shared data structures over memory nodes (Sinfonia minitransactions)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a local cluster (a manager and N memory nodes as child processes) and keep it
+    /// running until Ctrl-C or SIGTERM. Restarting on the same --data keeps all data.
+    Up(UpArgs),
+    /// Run one minitransaction and print its outcome as JSON.
+    ///
+    /// Items: read:NODE:ADDR:LEN  cmp:NODE:ADDR:HEX  cmpop:NODE:ADDR:OP:U64 (OP: eq ne lt le gt ge,
+    /// on the stored little-endian u64)  write:NODE:ADDR:HEX  add:NODE:ADDR:I64. ADDR is decimal
+    /// or 0x-hex. Exit status 0 when committed or when a compare failed (see "committed").
+    Txn(TxnArgs),
+    /// Print the load statistics of every memory node.
+    Stats(StatsArgs),
+    /// Benchmarks; print JSON.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+    /// Run a memory node (normally started by `tutti up`).
+    Memnode(MemnodeArgs),
+    /// Run the management node (normally started by `tutti up`).
+    Manager(ManagerArgs),
+    /// Workloads used by the crash tests.
+    #[command(hide = true)]
+    Workload(WorkloadArgs),
+}
+
+#[derive(Args)]
+struct UpArgs {
+    /// Memory nodes to start (numbered 1..N). Fixed when the data directory is created.
+    #[arg(long, default_value_t = 4)]
+    nodes: usize,
+    #[arg(long, value_enum, default_value_t = ModeArg::Log)]
+    mode: ModeArg,
+    /// Data directory: cluster.json, the manager's state, one directory per node, logs/.
+    #[arg(long, default_value = "./tutti-data")]
+    data: PathBuf,
+    /// Bytes of address space per memory node (suffixes K, M, G accepted).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    size: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum ModeArg {
+    /// No redo log: survives application crashes, not memory node crashes.
+    Ram,
+    /// Redo log synced at prepare; survives crashes of every node.
+    Log,
+}
+
+impl ModeArg {
+    fn mode(self) -> Mode {
+        match self {
+            ModeArg::Ram => Mode::Ram,
+            ModeArg::Log => Mode::Log,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            ModeArg::Ram => "ram",
+            ModeArg::Log => "log",
+        }
+    }
+}
+
+#[derive(Args)]
+struct ClusterArg {
+    /// Manager address, or a data directory / cluster.json written by `tutti up`.
+    #[arg(long, default_value = "./tutti-data")]
+    cluster: String,
+    /// Give up after this long (retries included).
+    #[arg(long, default_value_t = 10_000)]
+    deadline_ms: u64,
+}
+
+impl ClusterArg {
+    async fn connect(&self) -> Result<Cluster, String> {
+        let addr = manager_addr(&self.cluster).map_err(|e| e.to_string())?;
+        let opts = ClientOptions {
+            deadline: Duration::from_millis(self.deadline_ms),
+            ..ClientOptions::default()
+        };
+        Cluster::connect(&addr, opts)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Args)]
+struct TxnArgs {
+    #[command(flatten)]
+    cluster: ClusterArg,
+    /// Class to count this minitransaction under in `tutti stats`.
+    #[arg(long, default_value = "txn")]
+    class: String,
+    #[arg(required = true)]
+    items: Vec<String>,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    #[command(flatten)]
+    cluster: ClusterArg,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Sinfonia Fig. 16: 3 compare-and-swaps per minitransaction over 50,000 4-byte items,
+    /// outstanding minitransactions swept. Without --cluster it starts (and removes) its own
+    /// clusters: 1 node for 1PC, 4 nodes with spread 2 for 2PC, in each requested mode.
+    Minitx(BenchMinitxArgs),
+}
+
+#[derive(Args)]
+struct BenchMinitxArgs {
+    /// Run against this running cluster instead of starting one (then --mode only labels).
+    #[arg(long)]
+    cluster: Option<String>,
+    #[arg(long, value_enum, default_values_t = vec![ModeArg::Ram, ModeArg::Log])]
+    mode: Vec<ModeArg>,
+    #[arg(long, value_enum, default_values_t = vec![Layout2::OnePc, Layout2::TwoPc])]
+    layout: Vec<Layout2>,
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    outstanding: Vec<usize>,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 50_000)]
+    items: u64,
+    /// A short pass: outstanding 1,16,64 for 1 s each.
+    #[arg(long)]
+    quick: bool,
+    /// Also write the JSON array to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum Layout2 {
+    /// One memory node: every minitransaction commits in one phase.
+    #[value(name = "1pc")]
+    OnePc,
+    /// Four memory nodes, each minitransaction spread over two: two-phase commit.
+    #[value(name = "2pc")]
+    TwoPc,
+}
+
+#[derive(Args)]
+struct MemnodeArgs {
+    /// This node's id (1, 2, …), unique in the cluster.
+    #[arg(long)]
+    id: u16,
+    #[arg(long, default_value = "127.0.0.1:7701")]
+    listen: String,
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    manager: String,
+    /// Data directory (required in log mode): redo log segments, image, node.json.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = ModeArg::Log)]
+    mode: ModeArg,
+    /// Bytes of address space (suffixes K, M, G accepted). Fixed at creation.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    size: u64,
+    /// Serve Prometheus text metrics on this address.
+    #[arg(long)]
+    metrics: Option<String>,
+    /// A tid uncertain this long is reported to the manager's recovery coordinator.
+    #[arg(long, default_value_t = 2_000)]
+    timeout_uncertain_ms: u64,
+    #[arg(long, default_value_t = 500)]
+    checkpoint_interval_ms: u64,
+    #[arg(long, default_value_t = 1 << 20)]
+    item_bytes_max: u64,
+    #[arg(long, default_value_t = 16 << 20)]
+    minitx_bytes_max: u64,
+    #[arg(long, default_value_t = 4096)]
+    items_max: usize,
+}
+
+#[derive(Args)]
+struct ManagerArgs {
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: String,
+    /// Where the directory and epoch are kept.
+    #[arg(long)]
+    data: PathBuf,
+    /// Seconds between epochs (forced-abort entries live two epochs).
+    #[arg(long, default_value_t = 3600)]
+    epoch_period_s: u64,
+    /// A node silent this long is reported as not alive.
+    #[arg(long, default_value_t = 3_000)]
+    failure_timeout_ms: u64,
+}
+
+#[derive(Args)]
+struct WorkloadArgs {
+    #[command(flatten)]
+    cluster: ClusterArg,
+    #[arg(long, default_value_t = 1000)]
+    accounts: u64,
+    #[arg(long, default_value_t = 4)]
+    nodes: u16,
+    #[arg(long, default_value_t = 16)]
+    clients: u64,
+    #[arg(long)]
+    client_id: u64,
+    #[arg(long, default_value_t = 4)]
+    tasks: usize,
+    #[arg(long, value_enum, default_value_t = TransferKind::Cas)]
+    kind: TransferKind,
+    #[arg(long, default_value_t = 60.0)]
+    seconds: f64,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => {
+            let mult = match s[i..]
+                .trim()
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1u64 << 40,
+                other => return Err(format!("unknown size suffix {other:?} (use K, M, G or T)")),
+            };
+            (&s[..i], mult)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|e| format!("size {s:?}: {e}"))?;
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("size {s:?} is zero or too large"))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn init_tracing(default: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("TUTTI_LOG").unwrap_or_else(|_| default.into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Memnode(a) => {
+            init_tracing("info");
+            memnode(a).await
+        }
+        Command::Manager(a) => {
+            init_tracing("info");
+            let mut cfg = tutti_manager::ManagerConfig::new(a.listen, a.data);
+            cfg.epoch_period_ms = a.epoch_period_s.max(1) * 1000;
+            cfg.failure_timeout_ms = a.failure_timeout_ms;
+            tutti_manager::run(cfg, shutdown_signal())
+                .await
+                .map_err(|e| e.to_string())
+        }
+        Command::Up(a) => {
+            init_tracing("warn");
+            up(a).await
+        }
+        Command::Txn(a) => {
+            init_tracing("error");
+            txn(a).await
+        }
+        Command::Stats(a) => {
+            init_tracing("error");
+            stats(a).await
+        }
+        Command::Bench {
+            which: BenchCommand::Minitx(a),
+        } => {
+            init_tracing("error");
+            bench_minitx(a).await
+        }
+        Command::Workload(a) => {
+            init_tracing("error");
+            workload(a).await
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tutti: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn memnode(a: MemnodeArgs) -> Result<(), String> {
+    let mut cfg = NodeConfig::new(a.id, a.listen, a.manager, a.mode.mode(), a.data);
+    cfg.size_bytes = a.size;
+    cfg.metrics = a.metrics;
+    cfg.timeout_uncertain_ms = a.timeout_uncertain_ms;
+    cfg.checkpoint_interval_ms = a.checkpoint_interval_ms;
+    cfg.limits = Limits {
+        item_bytes_max: a.item_bytes_max,
+        minitx_bytes_max: a.minitx_bytes_max,
+        items_max: a.items_max,
+    };
+    cfg.frame_bytes_max = (a.minitx_bytes_max as usize)
+        .saturating_add(1 << 20)
+        .max(tutti_wire::FRAME_BYTES_MAX_DEFAULT);
+    tutti_memnode::run(cfg, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn up(a: UpArgs) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating the tutti executable: {e}"))?;
+    let layout = Layout {
+        nodes: a.nodes,
+        mode: a.mode.name().into(),
+        size_bytes: a.size,
+        node_flags: vec![],
+        manager_flags: vec![],
+    };
+    if a.nodes == 0 || a.nodes > 1000 {
+        return Err("--nodes must be between 1 and 1000".into());
+    }
+    let mut cluster = LocalCluster::open(&exe, &a.data, layout, true).map_err(|e| e.to_string())?;
+    cluster.start_all().map_err(|e| e.to_string())?;
+    if let Err(e) = cluster.wait_ready(Duration::from_secs(60)).await {
+        let tails: Vec<String> = std::iter::once("manager".to_string())
+            .chain(cluster.node_ids().iter().map(|id| format!("node-{id}")))
+            .map(|n| format!("--- {n}:\n{}", cluster.log_tail(&n)))
+            .collect();
+        return Err(format!("{e}\n{}", tails.join("\n")));
+    }
+    println!(
+        "tutti: {} memory nodes ({} mode) up; manager at {}",
+        cluster.file.nodes.len(),
+        cluster.file.mode,
+        cluster.file.manager
+    );
+    println!(
+        "tutti: addresses in {}; logs in {}",
+        cluster.dir.join("cluster.json").display(),
+        cluster.dir.join("logs").display()
+    );
+    println!(
+        "tutti: try  tutti txn --cluster {} write:1:0:68656c6c6f read:1:0:5",
+        cluster.file.manager
+    );
+    println!("tutti: Ctrl-C stops the cluster");
+    let mut signal = Box::pin(shutdown_signal());
+    let mut restarts: std::collections::HashMap<String, u32> = Default::default();
+    loop {
+        tokio::select! {
+            _ = &mut signal => break,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        for (name, status) in cluster.reap() {
+            let n = restarts.entry(name.clone()).or_default();
+            *n += 1;
+            eprintln!(
+                "tutti: {name} exited ({status}); restarting it (restart {n}); see {}",
+                cluster
+                    .dir
+                    .join("logs")
+                    .join(format!("{name}.log"))
+                    .display()
+            );
+            let started = match name.strip_prefix("node-").and_then(|id| id.parse().ok()) {
+                Some(id) => cluster.start_node(id),
+                None => cluster.start_manager(),
+            };
+            if let Err(e) = started {
+                eprintln!("tutti: restarting {name}: {e}");
+            }
+        }
+    }
+    eprintln!("tutti: stopping");
+    cluster.stop_all();
+    Ok(())
+}
+
+async fn txn(a: TxnArgs) -> Result<(), String> {
+    let tx = parse_items(&a.items)
+        .map_err(|e| e.to_string())?
+        .class(&a.class);
+    let cluster = a.cluster.connect().await?;
+    let out = cluster
+        .exec_and_commit(&tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    let json = serde_json::json!({
+        "committed": out.committed,
+        "reads": out.reads.iter().map(|r| to_hex(r)).collect::<Vec<_>>(),
+        "failed_compares": out.failed_compares,
+    });
+    println!("{json}");
+    Ok(())
+}
+
+async fn stats(a: StatsArgs) -> Result<(), String> {
+    let cluster = a.cluster.connect().await?;
+    let reports = cluster.stats().await;
+    if a.json {
+        let nodes: Vec<serde_json::Value> = reports
+            .iter()
+            .map(|(id, r)| match r {
+                Ok(s) => serde_json::json!({
+                    "node": id, "serving": s.serving, "epoch": s.epoch, "uncertain": s.uncertain,
+                    "locks_held": s.locks_held, "log_bytes": s.log_bytes, "log_records_live": s.log_records_live,
+                    "classes": s.classes.iter().map(|c| serde_json::json!({
+                        "class": c.class,
+                        "windows": s.windows_s.iter().zip(&c.windows).map(|(w, l)| serde_json::json!({
+                            "window_s": w, "bytes_read": l.bytes_read, "bytes_written": l.bytes_written,
+                            "committed": l.committed, "aborted_lock": l.aborted_lock,
+                            "aborted_compare": l.aborted_compare, "forced_abort": l.forced_abort,
+                        })).collect::<Vec<_>>(),
+                    })).collect::<Vec<_>>(),
+                }),
+                Err(e) => serde_json::json!({ "node": id, "error": e.to_string() }),
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(nodes));
+        return Ok(());
+    }
+    println!(
+        "{:>4} {:<16} {:>6} {:>10} {:>10} {:>8} {:>8} {:>8} {:>12} {:>12}",
+        "node",
+        "class",
+        "window",
+        "committed",
+        "abort-lock",
+        "abort-cmp",
+        "forced",
+        "per-s",
+        "bytes-read",
+        "bytes-written"
+    );
+    for (id, r) in &reports {
+        match r {
+            Ok(s) => {
+                for c in &s.classes {
+                    for (w, l) in s.windows_s.iter().zip(&c.windows) {
+                        let rate = l.committed as f64 / *w as f64;
+                        println!(
+                            "{id:>4} {:<16} {:>5}s {:>10} {:>10} {:>8} {:>8} {:>8.1} {:>12} {:>12}",
+                            c.class,
+                            w,
+                            l.committed,
+                            l.aborted_lock,
+                            l.aborted_compare,
+                            l.forced_abort,
+                            rate,
+                            l.bytes_read,
+                            l.bytes_written
+                        );
+                    }
+                }
+                println!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live);
+            }
+            Err(e) => println!("{id:>4} unreachable: {e}"),
+        }
+    }
+    Ok(())
+}
+
+async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
+    let (outstanding, seconds) = if a.quick {
+        (vec![1, 16, 64], 1.0)
+    } else {
+        (a.outstanding.clone(), a.seconds)
+    };
+    let mut points: Vec<Point> = Vec::new();
+    let print = |p: &Point| {
+        eprintln!(
+            "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
+            p.system,
+            p.mode,
+            p.nodes,
+            p.spread,
+            p.outstanding,
+            p.throughput_per_s,
+            p.p50_us,
+            p.p99_us
+        )
+    };
+    for &mode in &a.mode {
+        for &layout in &a.layout {
+            let (nodes, spread) = match layout {
+                Layout2::OnePc => (1u16, 1usize),
+                Layout2::TwoPc => (4, 2),
+            };
+            let b = MinitxBench {
+                nodes: (1..=nodes).collect(),
+                spread,
+                items_per_node: a.items,
+                cas_per_minitx: 3,
+                outstanding: outstanding.clone(),
+                duration: Duration::from_secs_f64(seconds),
+                mode: mode.name().into(),
+            };
+            let _local;
+            let cluster = match &a.cluster {
+                Some(c) => {
+                    ClusterArg {
+                        cluster: c.clone(),
+                        deadline_ms: 10_000,
+                    }
+                    .connect()
+                    .await?
+                }
+                None => {
+                    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                    let dir = std::env::temp_dir().join(format!(
+                        "tutti-bench-{}-{}-{}",
+                        std::process::id(),
+                        mode.name(),
+                        nodes
+                    ));
+                    let _ = std::fs::remove_dir_all(&dir);
+                    let layout = Layout {
+                        nodes: nodes as usize,
+                        mode: mode.name().into(),
+                        size_bytes: 256 << 20,
+                        node_flags: vec![],
+                        manager_flags: vec![],
+                    };
+                    let mut local = TempCluster(
+                        LocalCluster::open(&exe, &dir, layout, true).map_err(|e| e.to_string())?,
+                        dir,
+                    );
+                    local.0.start_all().map_err(|e| e.to_string())?;
+                    let cluster = local
+                        .0
+                        .wait_ready(Duration::from_secs(30))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    _local = local;
+                    cluster
+                }
+            };
+            points.extend(
+                run_minitx(&cluster, &b, print)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+    }
+    let json = serde_json::to_string_pretty(&points).expect("serialisable");
+    println!("{json}");
+    if let Some(path) = a.out {
+        std::fs::write(&path, &json).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A cluster in a scratch directory, stopped and removed when dropped.
+struct TempCluster(LocalCluster, PathBuf);
+
+impl Drop for TempCluster {
+    fn drop(&mut self) {
+        self.0.stop_all();
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
+async fn workload(a: WorkloadArgs) -> Result<(), String> {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let cluster = a.cluster.connect().await?;
+    let bank = Bank {
+        accounts: a.accounts,
+        nodes: a.nodes,
+        initial_balance: 1000,
+        clients: a.clients,
+    };
+    let committed = Arc::new(AtomicU64::new(0));
+    let until = std::time::Instant::now() + Duration::from_secs_f64(a.seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..a.tasks {
+        let (cluster, committed) = (cluster.clone(), committed.clone());
+        let (client, kind) = (a.client_id, a.kind);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::from_entropy();
+            while std::time::Instant::now() < until {
+                match bank.transfer(&cluster, client, kind, &mut rng).await {
+                    Ok(true) => {
+                        let n = committed.fetch_add(1, Ordering::SeqCst) + 1;
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "committed {n}");
+                        let _ = out.flush();
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "error {e}");
+                        let _ = out.flush();
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+use rand::SeedableRng;

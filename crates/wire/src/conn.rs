@@ -1,0 +1,226 @@
+//! Pipelined RPC over one TCP connection: many requests in flight, replies matched by id.
+//! A writer task batches frames into few syscalls; a reader task completes waiting callers.
+//! No lock is held across an await, so concurrent callers never serialise on each other.
+
+use crate::frame::{decode_envelope, encode_envelope, ONE_WAY};
+use crate::message::{ErrorCode, Request, Response};
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+
+/// Requests in flight on one connection before a caller waits for room.
+pub const IN_FLIGHT_MAX: usize = 4096;
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcError {
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect { addr: String, reason: String },
+    #[error("connection to {addr} closed before the reply arrived")]
+    Closed { addr: String },
+    #[error("{addr} answered {code:?}: {message}")]
+    Remote {
+        addr: String,
+        code: ErrorCode,
+        message: String,
+    },
+    #[error("{addr} sent an unexpected reply")]
+    Unexpected { addr: String },
+}
+
+pub fn codec(frame_bytes_max: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .max_frame_length(frame_bytes_max)
+        .new_codec()
+}
+
+/// Where a server sends `(request id, reply)` for one connection.
+pub type Replies = mpsc::UnboundedSender<(u64, Response)>;
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
+
+/// A client end of a pipelined connection. Cheap to share behind an `Arc`.
+pub struct Connection {
+    addr: String,
+    frames: mpsc::Sender<Bytes>,
+    pending: Pending,
+    next_id: AtomicU64,
+    closed: Arc<AtomicBool>,
+}
+
+impl Connection {
+    pub async fn connect(addr: &str, frame_bytes_max: usize) -> Result<Connection, RpcError> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| RpcError::Connect {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?;
+        stream.set_nodelay(true).ok();
+        let (rd, wr) = stream.into_split();
+        let pending: Pending = Arc::default();
+        let closed = Arc::new(AtomicBool::new(false));
+        let (frames, mut frames_rx) = mpsc::channel::<Bytes>(IN_FLIGHT_MAX);
+        let mut sink = FramedWrite::new(wr, codec(frame_bytes_max));
+        let writer_closed = closed.clone();
+        tokio::spawn(async move {
+            while let Some(frame) = frames_rx.recv().await {
+                if sink.feed(frame).await.is_err() {
+                    break;
+                }
+                while let Ok(frame) = frames_rx.try_recv() {
+                    if sink.feed(frame).await.is_err() {
+                        break;
+                    }
+                }
+                if SinkExt::<Bytes>::flush(&mut sink).await.is_err() {
+                    break;
+                }
+            }
+            writer_closed.store(true, Ordering::Release);
+        });
+        let mut stream = FramedRead::new(rd, codec(frame_bytes_max));
+        let reader_pending = pending.clone();
+        let reader_closed = closed.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(frame)) = stream.next().await {
+                let Ok((id, resp)) = decode_envelope::<Response>(&frame) else {
+                    break;
+                };
+                let waiter = reader_pending
+                    .lock()
+                    .expect("pending map poisoned")
+                    .remove(&id);
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(resp);
+                }
+            }
+            reader_closed.store(true, Ordering::Release);
+            // Dropping the senders wakes every waiting caller with `Closed`.
+            reader_pending.lock().expect("pending map poisoned").clear();
+        });
+        Ok(Connection {
+            addr: addr.to_string(),
+            frames,
+            pending,
+            next_id: AtomicU64::new(1),
+            closed,
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire) || self.frames.is_closed()
+    }
+
+    /// Sends `req` and waits for its reply. An `Error` reply becomes `RpcError::Remote`.
+    pub async fn call(&self, req: &Request) -> Result<Response, RpcError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending
+            .lock()
+            .expect("pending map poisoned")
+            .insert(id, tx);
+        if self.is_closed() {
+            self.pending
+                .lock()
+                .expect("pending map poisoned")
+                .remove(&id);
+            return Err(self.closed_error());
+        }
+        if self.frames.send(encode_envelope(id, req)).await.is_err() {
+            self.pending
+                .lock()
+                .expect("pending map poisoned")
+                .remove(&id);
+            return Err(self.closed_error());
+        }
+        match rx.await {
+            Ok(Response::Error { code, message }) => Err(RpcError::Remote {
+                addr: self.addr.clone(),
+                code,
+                message,
+            }),
+            Ok(resp) => Ok(resp),
+            Err(_) => Err(self.closed_error()),
+        }
+    }
+
+    /// Sends `req` without waiting for (or expecting) a reply.
+    pub async fn send_one_way(&self, req: &Request) -> Result<(), RpcError> {
+        self.frames
+            .send(encode_envelope(ONE_WAY, req))
+            .await
+            .map_err(|_| self.closed_error())
+    }
+
+    fn closed_error(&self) -> RpcError {
+        RpcError::Closed {
+            addr: self.addr.clone(),
+        }
+    }
+}
+
+/// Serves one accepted connection: decodes requests and hands each to `handle` with the id
+/// to reply to; replies sent on the returned channel are written back in batches. A frame
+/// that does not decode gets an error reply and closes the connection.
+pub async fn serve_connection<H, F>(stream: TcpStream, frame_bytes_max: usize, mut handle: H)
+where
+    H: FnMut(u64, Request, Replies) -> F,
+    F: std::future::Future<Output = ()>,
+{
+    stream.set_nodelay(true).ok();
+    let (rd, wr) = stream.into_split();
+    let (replies, mut replies_rx) = mpsc::unbounded_channel::<(u64, Response)>();
+    let writer = tokio::spawn(async move {
+        let mut sink = FramedWrite::new(wr, codec(frame_bytes_max));
+        while let Some((id, resp)) = replies_rx.recv().await {
+            if sink.feed(encode_envelope(id, &resp)).await.is_err() {
+                return;
+            }
+            while let Ok((id, resp)) = replies_rx.try_recv() {
+                if sink.feed(encode_envelope(id, &resp)).await.is_err() {
+                    return;
+                }
+            }
+            if SinkExt::<Bytes>::flush(&mut sink).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut frames = FramedRead::new(rd, codec(frame_bytes_max));
+    loop {
+        let frame = match frames.next().await {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                let _ = replies.send((ONE_WAY, bad_request(format!("bad frame: {e}"))));
+                break;
+            }
+            None => break,
+        };
+        match decode_envelope::<Request>(&frame) {
+            Ok((id, req)) => handle(id, req, replies.clone()).await,
+            Err(e) => {
+                let _ = replies.send((ONE_WAY, bad_request(e.to_string())));
+                break;
+            }
+        }
+    }
+    drop(replies);
+    let _ = writer.await;
+}
+
+pub fn bad_request(message: String) -> Response {
+    Response::Error {
+        code: ErrorCode::BadRequest,
+        message,
+    }
+}

@@ -1,0 +1,12 @@
+//! Wire types and transport of tutti: the messages that coordinators, memory nodes and the
+//! management node exchange, their framing with size limits, and a pipelined RPC connection.
+//! It holds no protocol logic: the participant, coordinator and manager interpret these
+//! messages; this crate only names, encodes, validates sizes and carries them.
+
+pub mod conn;
+pub mod frame;
+pub mod message;
+
+pub use conn::{bad_request, serve_connection, Connection, Replies, RpcError};
+pub use frame::{decode_envelope, encode_envelope, FrameError, FRAME_BYTES_MAX_DEFAULT, ONE_WAY};
+pub use message::*;

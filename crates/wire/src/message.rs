@@ -1,0 +1,274 @@
+//! Messages of the minitransaction protocol (Sinfonia Fig. 4, 7, 8) and of the management node.
+
+use bincode::{Decode, Encode};
+
+/// A memory node's logical id, chosen by the operator (`tutti up` numbers nodes 1..N).
+/// Zero is never a valid node id.
+pub type NodeId = u16;
+
+/// A minitransaction id. Unique because `coordinator` is a random 64-bit id drawn when a
+/// client starts and `seq` counts its minitransactions; `epoch` is the epoch the coordinator
+/// believed current (Sinfonia §4.6: participants vote abort on tids two or more epochs old).
+#[derive(Encode, Decode, Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub struct Tid {
+    pub epoch: u64,
+    pub coordinator: u64,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for Tid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:016x}.{}", self.epoch, self.coordinator, self.seq)
+    }
+}
+
+/// Comparison of a compare item. `Eq` compares bytes of any length; the ordered ones compare
+/// the stored 8 bytes as a little-endian u64 against the operand (Sinfonia §8.2).
+#[derive(Encode, Decode, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpOp {
+    /// Whether `stored op operand` holds, both as little-endian u64 for ordered ops.
+    pub fn holds(self, stored: &[u8], operand: &[u8]) -> bool {
+        if self == CmpOp::Eq {
+            return stored == operand;
+        }
+        let (Ok(s), Ok(o)) = (<[u8; 8]>::try_from(stored), <[u8; 8]>::try_from(operand)) else {
+            return false;
+        };
+        let (s, o) = (u64::from_le_bytes(s), u64::from_le_bytes(o));
+        match self {
+            CmpOp::Eq => s == o,
+            CmpOp::Ne => s != o,
+            CmpOp::Lt => s < o,
+            CmpOp::Le => s <= o,
+            CmpOp::Gt => s > o,
+            CmpOp::Ge => s >= o,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CmpOp> {
+        Some(match s {
+            "eq" | "==" => CmpOp::Eq,
+            "ne" | "!=" => CmpOp::Ne,
+            "lt" | "<" => CmpOp::Lt,
+            "le" | "<=" => CmpOp::Le,
+            "gt" | ">" => CmpOp::Gt,
+            "ge" | ">=" => CmpOp::Ge,
+            _ => return None,
+        })
+    }
+}
+
+/// One item of a minitransaction, as sent to the memory node that holds it.
+/// Reads and compares see the state before the minitransaction; writes and adds apply in
+/// item order when every compare holds.
+#[derive(Encode, Decode, Clone, PartialEq, Eq, Debug)]
+pub enum Item {
+    Read {
+        addr: u64,
+        len: u32,
+    },
+    Compare {
+        addr: u64,
+        op: CmpOp,
+        bytes: Vec<u8>,
+    },
+    Write {
+        addr: u64,
+        bytes: Vec<u8>,
+    },
+    /// Atomic add to the little-endian i64 at `addr` (wrapping); logged as the resulting write.
+    Add {
+        addr: u64,
+        delta: i64,
+    },
+}
+
+impl Item {
+    pub fn addr(&self) -> u64 {
+        match self {
+            Item::Read { addr, .. }
+            | Item::Compare { addr, .. }
+            | Item::Write { addr, .. }
+            | Item::Add { addr, .. } => *addr,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        match self {
+            Item::Read { len, .. } => u64::from(*len),
+            Item::Compare { bytes, .. } | Item::Write { bytes, .. } => bytes.len() as u64,
+            Item::Add { .. } => 8,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn writes(&self) -> bool {
+        matches!(self, Item::Write { .. } | Item::Add { .. })
+    }
+}
+
+/// Phase 1 of Sinfonia Fig. 4: execute the items this node holds and prepare to commit.
+#[derive(Encode, Decode, Clone, Debug)]
+pub struct ExecPrepare {
+    pub tid: Tid,
+    /// Every memory node of the minitransaction (`D` in Fig. 4), sorted, no duplicates.
+    pub participants: Vec<NodeId>,
+    /// Minitransaction class for load statistics (free text, at most `CLASS_BYTES_MAX`).
+    pub class: String,
+    /// No participant has a write or add item: nothing is logged anywhere (Sinfonia §4.7).
+    /// Otherwise every participant logs its vote, writes or not, since "committed" means
+    /// every participant has a commit vote in its log.
+    pub read_only: bool,
+    pub items: Vec<Item>,
+}
+
+pub const CLASS_BYTES_MAX: usize = 64;
+
+/// A participant's vote (Fig. 4 lines 15–19, plus the stale-epoch rule of §4.6).
+#[derive(Encode, Decode, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Vote {
+    CommitOk,
+    AbortLock,
+    AbortForced,
+    AbortCompare,
+    AbortEpoch,
+}
+
+/// Reply to `ExecPrepare`. With a single participant the vote is also the outcome.
+#[derive(Encode, Decode, Clone, Debug)]
+pub struct VoteReply {
+    pub vote: Vote,
+    /// Data of the read items, in item order; present iff vote is CommitOk or AbortCompare.
+    pub reads: Vec<Vec<u8>>,
+    /// Positions (within the items sent to this node) of compare items that failed.
+    pub failed_compares: Vec<u32>,
+    /// The participant's current epoch, piggybacked for coordinators (§4.6).
+    pub epoch: u64,
+}
+
+/// A memory node as the directory knows it.
+#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub id: NodeId,
+    pub addr: String,
+    pub size_bytes: u64,
+    pub alive: bool,
+}
+
+#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
+pub struct Directory {
+    pub nodes: Vec<NodeInfo>,
+    pub epoch: u64,
+}
+
+/// Load counters of one minitransaction class over one window.
+#[derive(Encode, Decode, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadCounters {
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub committed: u64,
+    pub aborted_lock: u64,
+    pub aborted_compare: u64,
+    pub forced_abort: u64,
+}
+
+#[derive(Encode, Decode, Clone, Debug)]
+pub struct ClassLoad {
+    pub class: String,
+    /// One entry per window of `StatsReport::windows_s`.
+    pub windows: Vec<LoadCounters>,
+}
+
+#[derive(Encode, Decode, Clone, Debug)]
+pub struct StatsReport {
+    pub node: NodeId,
+    pub windows_s: Vec<u64>,
+    pub classes: Vec<ClassLoad>,
+    pub uncertain: u64,
+    pub locks_held: u64,
+    pub log_bytes: u64,
+    pub log_records_live: u64,
+    pub epoch: u64,
+    /// False while the node recovers (stages 1–3 of Fig. 8).
+    pub serving: bool,
+}
+
+#[derive(Encode, Decode, Clone, Debug)]
+pub enum Request {
+    /// Coordinator → participant, phase 1.
+    ExecPrepare(ExecPrepare),
+    /// Coordinator or recovery coordinator → participant, phase 2; no reply.
+    Decision { tid: Tid, commit: bool },
+    /// Recovery coordinator or recovering node → participant (Fig. 7, Fig. 8 stage 2),
+    /// batched: one message carries every tid asked of this node.
+    RequestAbort { tids: Vec<(Tid, Vec<NodeId>)> },
+    /// Recovering node → peer: the peer's all-log-tids (§4.5).
+    LogTids,
+    /// Anyone → memory node: load statistics.
+    Stats,
+    /// Memory node → manager, at start; `rebooted` says it found state on disk.
+    Register {
+        node: NodeId,
+        addr: String,
+        size_bytes: u64,
+        rebooted: bool,
+    },
+    /// Anyone → manager.
+    Directory,
+    /// Memory node → manager, periodically: tids uncertain for longer than the timeout and
+    /// tids newly applied to the node's durable image (multi-participant ones only).
+    Heartbeat {
+        node: NodeId,
+        uncertain: Vec<(Tid, Vec<NodeId>)>,
+        applied: Vec<(Tid, Vec<NodeId>)>,
+    },
+}
+
+#[derive(Encode, Decode, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The request is malformed or breaks a limit.
+    BadRequest,
+    /// An address range lies outside the node's address space.
+    OutOfRange,
+    /// The request names a node this node or manager does not know, or is sent to the wrong node.
+    UnknownNode,
+    /// The node is recovering and serves only recovery messages.
+    NotReady,
+    /// The receiver does not serve this request (a manager asked for a vote, say).
+    Unsupported,
+}
+
+#[derive(Encode, Decode, Clone, Debug)]
+pub enum Response {
+    Vote(VoteReply),
+    /// Votes for `RequestAbort`: true iff the node holds a commit vote (tid in all-log-tids).
+    Votes(Vec<(Tid, bool)>),
+    LogTids(Vec<Tid>),
+    Stats(StatsReport),
+    Directory(Directory),
+    Registered {
+        epoch: u64,
+        incarnation: u64,
+    },
+    HeartbeatAck {
+        epoch: u64,
+        incarnation: u64,
+        gc: Vec<Tid>,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}

@@ -872,3 +872,398 @@ fn overlay(current: &mut [u8; 8], addr: u64, waddr: u64, wbytes: &[u8]) {
 fn error(code: ErrorCode, message: String) -> Response {
     Response::Error { code, message }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tutti_wire::CmpOp;
+
+    type P = Participant<u32>;
+
+    fn node(id: NodeId, mode: Mode) -> P {
+        let cfg = Config {
+            id,
+            mode,
+            timeout_uncertain_ms: 100,
+            limits: Limits::default(),
+        };
+        Participant::new(cfg, Space::anonymous(1 << 20).unwrap(), 1)
+    }
+
+    fn tid(seq: u64) -> Tid {
+        Tid {
+            epoch: 1,
+            coordinator: 7,
+            seq,
+        }
+    }
+
+    fn prepare(p: &mut P, t: Tid, participants: Vec<NodeId>, items: Vec<Item>) -> Actions<u32> {
+        let read_only = !items.iter().any(Item::writes);
+        let ep = ExecPrepare {
+            tid: t,
+            participants,
+            class: "t".into(),
+            read_only,
+            items,
+        };
+        p.on_request(0, 1, 1, Request::ExecPrepare(ep))
+    }
+
+    fn vote_of(acts: &Actions<u32>) -> Vote {
+        match &acts.replies[..] {
+            [(_, _, Response::Vote(v))] => v.vote,
+            other => panic!("expected one vote, got {}", other.len()),
+        }
+    }
+
+    fn write(addr: u64, v: u64) -> Item {
+        Item::Write {
+            addr,
+            bytes: v.to_le_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn one_phase_log_mode_replies_only_after_sync() {
+        let mut p = node(1, Mode::Log);
+        let acts = prepare(&mut p, tid(1), vec![1], vec![write(0, 5)]);
+        assert!(
+            acts.replies.is_empty(),
+            "no COMMIT-OK before the record is synced"
+        );
+        assert_eq!(acts.append.len(), 1);
+        assert_eq!(p.space().read(0, 8), &[0; 8], "not applied before sync");
+        // A conflicting minitransaction meanwhile finds the lock busy.
+        assert_eq!(
+            vote_of(&prepare(
+                &mut p,
+                tid(2),
+                vec![1],
+                vec![Item::Read { addr: 0, len: 8 }]
+            )),
+            Vote::AbortLock
+        );
+        let acts = p.on_synced(0, acts.append[0].0);
+        assert_eq!(vote_of(&acts), Vote::CommitOk);
+        assert_eq!(p.space().read(0, 8), &5u64.to_le_bytes());
+        assert_eq!(p.stats(0).locks_held, 0);
+    }
+
+    #[test]
+    fn two_phase_commit_and_abort() {
+        let mut p = node(2, Mode::Log);
+        let acts = prepare(&mut p, tid(1), vec![1, 2], vec![write(8, 9)]);
+        let acts = p.on_synced(0, acts.append[0].0);
+        assert_eq!(vote_of(&acts), Vote::CommitOk);
+        assert_eq!(p.stats(0).uncertain, 1);
+        let acts = p.on_request(
+            0,
+            1,
+            0,
+            Request::Decision {
+                tid: tid(1),
+                commit: true,
+            },
+        );
+        assert!(matches!(
+            acts.append[..],
+            [(_, LogRecord::Decided { commit: true, .. })]
+        ));
+        assert_eq!(p.space().read(8, 8), &9u64.to_le_bytes());
+        let acts = prepare(&mut p, tid(2), vec![1, 2], vec![write(8, 10)]);
+        p.on_synced(0, acts.append[0].0);
+        p.on_request(
+            0,
+            1,
+            0,
+            Request::Decision {
+                tid: tid(2),
+                commit: false,
+            },
+        );
+        assert_eq!(p.space().read(8, 8), &9u64.to_le_bytes());
+        let s = p.stats(0);
+        assert_eq!((s.uncertain, s.locks_held), (0, 0));
+    }
+
+    #[test]
+    fn compares_reads_and_adds_see_the_state_before() {
+        let mut p = node(1, Mode::Ram);
+        prepare(&mut p, tid(1), vec![1], vec![write(0, 10)]);
+        let acts = prepare(
+            &mut p,
+            tid(2),
+            vec![1],
+            vec![
+                Item::Compare {
+                    addr: 0,
+                    op: CmpOp::Ge,
+                    bytes: 10u64.to_le_bytes().to_vec(),
+                },
+                Item::Read { addr: 0, len: 8 },
+                Item::Add { addr: 0, delta: -3 },
+                Item::Add { addr: 0, delta: -3 },
+            ],
+        );
+        match &acts.replies[0].2 {
+            Response::Vote(v) => assert_eq!(v.reads, vec![10u64.to_le_bytes().to_vec()]),
+            _ => panic!(),
+        }
+        assert_eq!(p.space().read(0, 8), &4u64.to_le_bytes());
+        let acts = prepare(
+            &mut p,
+            tid(3),
+            vec![1],
+            vec![
+                Item::Compare {
+                    addr: 0,
+                    op: CmpOp::Gt,
+                    bytes: 4u64.to_le_bytes().to_vec(),
+                },
+                write(0, 0),
+            ],
+        );
+        assert_eq!(vote_of(&acts), Vote::AbortCompare);
+        assert_eq!(p.space().read(0, 8), &4u64.to_le_bytes());
+    }
+
+    #[test]
+    fn request_abort_forces_abort_of_unvoted_and_keeps_commit_votes() {
+        let mut p = node(1, Mode::Log);
+        let acts = prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)]);
+        let lsn1 = acts.append[0].0;
+        let acts = p.on_request(
+            0,
+            9,
+            5,
+            Request::RequestAbort {
+                tids: vec![(tid(1), vec![1, 2]), (tid(2), vec![1, 2])],
+            },
+        );
+        assert!(
+            matches!(acts.append[..], [(_, LogRecord::ForcedAbort { .. })]),
+            "forced-abort is logged"
+        );
+        assert!(acts.replies.is_empty(), "votes wait for the sync");
+        let acts = p.on_synced(0, lsn1 + 1);
+        let votes = acts.replies.iter().find_map(|(_, _, r)| match r {
+            Response::Votes(v) => Some(v.clone()),
+            _ => None,
+        });
+        assert_eq!(votes.unwrap(), vec![(tid(1), true), (tid(2), false)]);
+        // The slow original coordinator now arrives for tid 2: it must abort.
+        assert_eq!(
+            vote_of(&prepare(&mut p, tid(2), vec![1, 2], vec![write(64, 1)])),
+            Vote::AbortForced
+        );
+    }
+
+    #[test]
+    fn stale_epoch_votes_abort_and_stale_forced_aborts_are_collected() {
+        let mut p = node(1, Mode::Ram);
+        p.on_request(
+            0,
+            9,
+            5,
+            Request::RequestAbort {
+                tids: vec![(tid(3), vec![1, 2])],
+            },
+        );
+        p.set_epoch(3);
+        assert_eq!(
+            vote_of(&prepare(&mut p, tid(4), vec![1], vec![write(0, 1)])),
+            Vote::AbortEpoch
+        );
+        let fresh = Tid { epoch: 2, ..tid(5) };
+        assert_eq!(
+            vote_of(&prepare(&mut p, fresh, vec![1], vec![write(0, 1)])),
+            Vote::CommitOk
+        );
+        let cp = p.checkpoint_begin();
+        p.checkpoint_done(cp);
+        assert!(p.forced_abort.is_empty());
+    }
+
+    #[test]
+    fn recovery_replays_committed_in_log_order_and_asks_only_for_undecided() {
+        let records = vec![
+            (
+                1,
+                LogRecord::Prepare {
+                    tid: tid(1),
+                    participants: vec![1],
+                    writes: vec![(0, vec![1])],
+                },
+            ),
+            (
+                2,
+                LogRecord::Prepare {
+                    tid: tid(2),
+                    participants: vec![1, 2],
+                    writes: vec![(0, vec![2])],
+                },
+            ),
+            (
+                3,
+                LogRecord::Decided {
+                    tid: tid(2),
+                    commit: true,
+                },
+            ),
+            (
+                4,
+                LogRecord::Prepare {
+                    tid: tid(3),
+                    participants: vec![1, 2],
+                    writes: vec![(0, vec![3])],
+                },
+            ),
+            (
+                5,
+                LogRecord::Prepare {
+                    tid: tid(4),
+                    participants: vec![1, 3],
+                    writes: vec![(0, vec![4])],
+                },
+            ),
+            (6, LogRecord::ForcedAbort { tid: tid(9) }),
+        ];
+        let cfg = Config {
+            id: 1,
+            mode: Mode::Log,
+            timeout_uncertain_ms: 100,
+            limits: Limits::default(),
+        };
+        let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 7, records);
+        assert_eq!(p.stage(), Stage::Recovering);
+        let acts = p.on_request(
+            0,
+            1,
+            1,
+            Request::ExecPrepare(ExecPrepare {
+                tid: tid(10),
+                participants: vec![1],
+                class: String::new(),
+                read_only: true,
+                items: vec![Item::Read { addr: 0, len: 1 }],
+            }),
+        );
+        assert!(matches!(
+            acts.replies[0].2,
+            Response::Error {
+                code: ErrorCode::NotReady,
+                ..
+            }
+        ));
+        assert_eq!(
+            p.undecided().iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            vec![tid(3), tid(4)]
+        );
+        let acts = p.resolve(&[(tid(3), true), (tid(4), false)]);
+        assert_eq!(acts.append.len(), 2);
+        p.finish_recovery();
+        assert_eq!(
+            p.space().read(0, 1),
+            &[3],
+            "1, 2 and 3 committed, in log order; 4 aborted"
+        );
+        assert_eq!(
+            vote_of(&prepare(&mut p, tid(9), vec![1, 2], vec![write(8, 1)])),
+            Vote::AbortForced
+        );
+    }
+
+    #[test]
+    fn gc_frees_the_log_head_only_when_every_participant_applied() {
+        let mut p = node(1, Mode::Log);
+        let a = prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)]);
+        p.on_synced(0, a.append[0].0);
+        p.on_request(
+            0,
+            1,
+            0,
+            Request::Decision {
+                tid: tid(1),
+                commit: true,
+            },
+        );
+        let b = prepare(&mut p, tid(2), vec![1], vec![write(8, 1)]);
+        p.on_synced(0, b.append[0].0);
+        let cp = p.checkpoint_begin();
+        let acts = p.checkpoint_done(cp);
+        assert_eq!(acts.truncate_below, Some(1), "tid 1 waits for node 2");
+        let report = p.heartbeat(0);
+        assert_eq!(report.applied, vec![(tid(1), vec![1, 2])]);
+        p.on_heartbeat_ack(1, 42, &[tid(1)]);
+        let cp = p.checkpoint_begin();
+        let acts = p.checkpoint_done(cp);
+        assert_eq!(
+            acts.truncate_below,
+            Some(p.next_lsn),
+            "everything is collectable"
+        );
+        assert_eq!(p.stats(0).log_records_live, 0);
+    }
+
+    #[test]
+    fn read_only_participant_of_a_writing_minitransaction_logs_its_vote() {
+        let mut p = node(1, Mode::Log);
+        let ep = ExecPrepare {
+            tid: tid(1),
+            participants: vec![1, 2],
+            class: String::new(),
+            read_only: false,
+            items: vec![Item::Read { addr: 0, len: 8 }],
+        };
+        let acts = p.on_request(0, 1, 1, Request::ExecPrepare(ep));
+        assert!(matches!(acts.append[..], [(_, LogRecord::Prepare { .. })]));
+    }
+
+    #[test]
+    fn invalid_requests_are_refused_with_a_reason() {
+        let mut p = node(1, Mode::Ram);
+        let cases = vec![
+            (vec![2, 3], vec![write(0, 1)], ErrorCode::UnknownNode),
+            (vec![2, 1], vec![write(0, 1)], ErrorCode::BadRequest),
+            (vec![1], vec![], ErrorCode::BadRequest),
+            (
+                vec![1],
+                vec![write((1 << 20) - 4, 1)],
+                ErrorCode::OutOfRange,
+            ),
+            (
+                vec![1],
+                vec![Item::Read {
+                    addr: u64::MAX,
+                    len: 2,
+                }],
+                ErrorCode::OutOfRange,
+            ),
+            (
+                vec![1],
+                vec![Item::Read { addr: 0, len: 0 }],
+                ErrorCode::BadRequest,
+            ),
+            (
+                vec![1],
+                vec![Item::Compare {
+                    addr: 0,
+                    op: CmpOp::Lt,
+                    bytes: vec![1],
+                }],
+                ErrorCode::BadRequest,
+            ),
+        ];
+        for (i, (participants, items, code)) in cases.into_iter().enumerate() {
+            let acts = prepare(&mut p, tid(i as u64), participants, items);
+            match &acts.replies[0].2 {
+                Response::Error { code: c, message } => {
+                    assert_eq!((*c, message.is_empty()), (code, false), "case {i}")
+                }
+                other => panic!("case {i}: {other:?}"),
+            }
+        }
+        assert_eq!(p.stats(0).locks_held, 0);
+    }
+}

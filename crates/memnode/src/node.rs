@@ -26,6 +26,7 @@ pub struct NodeConfig {
     pub timeout_uncertain_ms: u64,
     pub heartbeat_interval_ms: u64,
     pub checkpoint_interval_ms: u64,
+    pub log_segment_bytes: u64,
     pub limits: Limits,
     pub frame_bytes_max: usize,
 }
@@ -49,6 +50,7 @@ impl NodeConfig {
             timeout_uncertain_ms: 2_000,
             heartbeat_interval_ms: 200,
             checkpoint_interval_ms: 500,
+            log_segment_bytes: crate::redo_log::SEGMENT_BYTES_MAX_DEFAULT,
             limits: Limits::default(),
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
         }
@@ -127,16 +129,23 @@ impl Node {
         {
             return Ok(c.clone());
         }
-        let addr = self
-            .directory
-            .lock()
-            .expect("directory poisoned")
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| RpcError::Connect {
-                addr: format!("node {id}"),
-                reason: "not in the directory".into(),
-            })?;
+        let known = |node: &Node| {
+            node.directory
+                .lock()
+                .expect("directory poisoned")
+                .get(&id)
+                .cloned()
+        };
+        let addr = match known(self) {
+            Some(addr) => addr,
+            None => {
+                self.refresh_directory().await?;
+                known(self).ok_or_else(|| RpcError::Connect {
+                    addr: format!("node {id}"),
+                    reason: "not in the manager's directory".into(),
+                })?
+            }
+        };
         let conn = Arc::new(Connection::connect(&addr, self.cfg.frame_bytes_max).await?);
         self.peers
             .lock()
@@ -197,7 +206,7 @@ pub async fn run(
             let space =
                 Space::image(&data.join("image"), cfg.size_bytes).map_err(io("open the image"))?;
             let flusher = space.flusher();
-            let recovered = RedoLog::open(&data.join("log"))?;
+            let recovered = RedoLog::open(&data.join("log"), cfg.log_segment_bytes)?;
             let rebooted = !recovered.records.is_empty();
             let next = recovered.log.next_lsn();
             tracing::info!(
@@ -352,6 +361,11 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver
                 p.set_log_bytes(bytes);
                 p.on_synced(now, upto)
             });
+        } else if truncate.is_some() {
+            node.participant
+                .lock()
+                .expect("participant poisoned")
+                .set_log_bytes(bytes);
         }
         for w in waiters {
             let _ = w.send(());
@@ -568,7 +582,7 @@ async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
 }
 
 /// Every 10 s: tids reported applied long ago but never collected are checked with their
-/// peers; a peer that no longer holds a committed tid has collected it, so may we.
+/// peers directly; once every participant applied one, it is collected here too.
 async fn collect_stale_reports(node: Arc<Node>) {
     const AGE_MS: u64 = 10_000;
     loop {
@@ -578,35 +592,33 @@ async fn collect_stale_reports(node: Arc<Node>) {
             .lock()
             .expect("participant poisoned")
             .reported_older_than(node.now_ms(), AGE_MS);
-        if stale.is_empty() {
-            continue;
-        }
-        let peers: HashSet<NodeId> = stale
-            .iter()
-            .flat_map(|(_, d)| d.iter().copied())
-            .filter(|&q| q != node.cfg.id)
-            .collect();
-        let mut held: HashMap<NodeId, HashSet<Tid>> = HashMap::new();
-        for q in peers {
-            let Ok(conn) = node.peer(q).await else {
-                continue;
-            };
-            if let Ok(Response::LogTids(tids)) = conn.call(&Request::LogTids).await {
-                held.insert(q, tids.into_iter().collect());
+        let mut by_peer: HashMap<NodeId, Vec<Tid>> = HashMap::new();
+        for (tid, d) in &stale {
+            for &q in d.iter().filter(|&&q| q != node.cfg.id) {
+                by_peer.entry(q).or_default().push(*tid);
             }
         }
-        let dropped: Vec<Tid> = stale
+        let mut missing: HashSet<Tid> = HashSet::new();
+        for (q, tids) in by_peer {
+            let asked: HashSet<Tid> = tids.iter().copied().collect();
+            let applied: HashSet<Tid> = match node.peer(q).await {
+                Ok(conn) => match conn.call(&Request::Applied { tids }).await {
+                    Ok(Response::Applied(a)) => a.into_iter().collect(),
+                    _ => HashSet::new(),
+                },
+                Err(_) => HashSet::new(),
+            };
+            missing.extend(asked.difference(&applied));
+        }
+        let done: Vec<Tid> = stale
             .iter()
-            .filter(|(tid, d)| {
-                d.iter()
-                    .any(|q| held.get(q).is_some_and(|h| !h.contains(tid)))
-            })
-            .map(|(tid, _)| *tid)
+            .map(|(t, _)| *t)
+            .filter(|t| !missing.contains(t))
             .collect();
         node.participant
             .lock()
             .expect("participant poisoned")
-            .dropped_by_peers(&dropped);
+            .applied_by_peers(&done);
     }
 }
 

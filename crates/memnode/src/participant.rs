@@ -109,6 +109,8 @@ struct LogTid {
     lsn: Lsn,
     participants: Vec<NodeId>,
     outcome: Outcome,
+    /// This node applied it to its durable image.
+    durable: bool,
     /// Every participant applied it to a durable image: the GC rule of §4.6 lets it go.
     gc_ok: bool,
 }
@@ -206,6 +208,7 @@ impl<R> Participant<R> {
                             lsn,
                             participants,
                             outcome,
+                            durable: false,
                             gc_ok: false,
                         },
                     );
@@ -316,6 +319,15 @@ impl<R> Participant<R> {
             Request::Stats => {
                 acts.replies
                     .push((reply_to, id, Response::Stats(self.stats(now_ms))))
+            }
+            Request::Applied { tids } => {
+                // A committed tid this node no longer holds was collected, which needed it applied.
+                let applied = tids
+                    .into_iter()
+                    .filter(|t| self.log_tids.get(t).is_none_or(|lt| lt.durable || lt.gc_ok))
+                    .collect();
+                acts.replies
+                    .push((reply_to, id, Response::Applied(applied)));
             }
             _ if self.stage != Stage::Serving => {
                 acts.replies.push((
@@ -503,6 +515,7 @@ impl<R> Participant<R> {
                         lsn: 0,
                         participants: entry.participants.clone(),
                         outcome: Outcome::Unknown,
+                        durable: false,
                         gc_ok: false,
                     },
                 );
@@ -526,6 +539,7 @@ impl<R> Participant<R> {
                 lsn,
                 participants: entry.participants.clone(),
                 outcome: Outcome::Unknown,
+                durable: false,
                 gc_ok: false,
             },
         );
@@ -738,6 +752,7 @@ impl<R> Participant<R> {
         let mut acts = Actions::default();
         for tid in cp.tids {
             if let Some(t) = self.log_tids.get_mut(&tid) {
+                t.durable = true;
                 if t.participants.len() == 1 {
                     t.gc_ok = true;
                 } else {
@@ -822,8 +837,7 @@ impl<R> Participant<R> {
     }
 
     /// Reported tids still not collected after `age_ms`: the driver asks their peers whether
-    /// they still hold them (a peer that dropped a committed tid proves every participant
-    /// applied it, so a relay lost with a manager restart does not pin the log forever).
+    /// they applied them, so that a relay lost with a manager crash cannot pin the log.
     pub fn reported_older_than(&self, now_ms: u64, age_ms: u64) -> Vec<(Tid, Vec<NodeId>)> {
         self.reported
             .iter()
@@ -833,8 +847,8 @@ impl<R> Participant<R> {
             .collect()
     }
 
-    /// Peers no longer hold these committed tids: collect them here too.
-    pub fn dropped_by_peers(&mut self, tids: &[Tid]) {
+    /// Every participant of these committed tids applied them: collect them.
+    pub fn applied_by_peers(&mut self, tids: &[Tid]) {
         for tid in tids {
             if self
                 .log_tids
@@ -1195,7 +1209,7 @@ mod tests {
         assert_eq!(acts.truncate_below, Some(1), "tid 1 waits for node 2");
         let report = p.heartbeat(0);
         assert_eq!(report.applied, vec![(tid(1), vec![1, 2])]);
-        p.on_heartbeat_ack(1, 42, &[tid(1)]);
+        p.on_heartbeat_ack(1, 1, 42, &[tid(1)]);
         let cp = p.checkpoint_begin();
         let acts = p.checkpoint_done(cp);
         assert_eq!(

@@ -11,8 +11,8 @@ use tutti_wire::{NodeId, Tid};
 /// Log sequence number: records are numbered 1, 2, 3, … with no gaps.
 pub type Lsn = u64;
 
-/// A new segment starts once the current one holds this many bytes.
-pub const SEGMENT_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Default size at which a new segment starts; GC deletes whole segments.
+pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 /// Record header: payload length (u32 LE) and CRC32C of the payload (u32 LE).
 const HEADER_BYTES: usize = 8;
 /// A record's payload never exceeds this: a 16 MiB minitransaction plus headers.
@@ -119,6 +119,7 @@ pub struct RedoLog {
     segments: Vec<(Lsn, PathBuf)>,
     file: File,
     segment_bytes: u64,
+    segment_bytes_max: u64,
     next_lsn: Lsn,
     bytes_total: u64,
 }
@@ -132,7 +133,7 @@ pub struct Recovered {
 impl RedoLog {
     /// Opens the log in `dir` (creating it), reads every record, and cuts a torn tail of the
     /// last segment so that appends continue after the last whole record.
-    pub fn open(dir: &Path) -> Result<Recovered, LogError> {
+    pub fn open(dir: &Path, segment_bytes_max: u64) -> Result<Recovered, LogError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let mut segments = list_segments(dir)?;
         let mut records = Vec::new();
@@ -188,6 +189,7 @@ impl RedoLog {
             segments,
             file,
             segment_bytes,
+            segment_bytes_max,
             next_lsn,
             bytes_total,
         };
@@ -208,7 +210,7 @@ impl RedoLog {
             first, self.next_lsn,
             "log records must be appended in lsn order"
         );
-        if self.segment_bytes >= SEGMENT_BYTES_MAX {
+        if self.segment_bytes >= self.segment_bytes_max {
             self.rotate()?;
         }
         let path = &self.segments.last().expect("current segment").1;
@@ -284,7 +286,7 @@ mod tests {
     fn records_survive_reopen_and_torn_tail_is_cut() {
         let dir = std::env::temp_dir().join(format!("tutti-redo-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        let mut log = RedoLog::open(&dir).unwrap().log;
+        let mut log = RedoLog::open(&dir, SEGMENT_BYTES_MAX_DEFAULT).unwrap().log;
         append(
             &mut log,
             LogRecord::Prepare {
@@ -312,14 +314,14 @@ mod tests {
             .unwrap()
             .write_all(&buf[..buf.len() / 2])
             .unwrap();
-        let recovered = RedoLog::open(&dir).unwrap();
+        let recovered = RedoLog::open(&dir, SEGMENT_BYTES_MAX_DEFAULT).unwrap();
         assert_eq!(recovered.records.len(), 2);
         assert_eq!(recovered.log.next_lsn(), 3);
         let mut log = recovered.log;
         append(&mut log, LogRecord::ForcedAbort { tid: tid(2) });
         log.sync().unwrap();
         drop(log);
-        let recovered = RedoLog::open(&dir).unwrap();
+        let recovered = RedoLog::open(&dir, SEGMENT_BYTES_MAX_DEFAULT).unwrap();
         assert_eq!(
             recovered.records.last().unwrap(),
             &(3, LogRecord::ForcedAbort { tid: tid(2) })

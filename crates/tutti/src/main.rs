@@ -195,8 +195,12 @@ struct MemnodeArgs {
     /// A tid uncertain this long is reported to the manager's recovery coordinator.
     #[arg(long, default_value_t = 2_000)]
     timeout_uncertain_ms: u64,
+    /// How often the image is flushed and the log head collected.
     #[arg(long, default_value_t = 500)]
     checkpoint_interval_ms: u64,
+    /// Redo log segment size; garbage collection deletes whole segments.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    log_segment_bytes: u64,
     #[arg(long, default_value_t = 1 << 20)]
     item_bytes_max: u64,
     #[arg(long, default_value_t = 16 << 20)]
@@ -340,6 +344,7 @@ async fn memnode(a: MemnodeArgs) -> Result<(), String> {
     cfg.metrics = a.metrics;
     cfg.timeout_uncertain_ms = a.timeout_uncertain_ms;
     cfg.checkpoint_interval_ms = a.checkpoint_interval_ms;
+    cfg.log_segment_bytes = a.log_segment_bytes;
     cfg.limits = Limits {
         item_bytes_max: a.item_bytes_max,
         minitx_bytes_max: a.minitx_bytes_max,

@@ -216,6 +216,9 @@ pub enum Request {
     RequestAbort { tids: Vec<(Tid, Vec<NodeId>)> },
     /// Recovering node → peer: the peer's all-log-tids (§4.5).
     LogTids,
+    /// Memory node → peer: which of these committed tids has the peer applied to its
+    /// durable image (or already collected)? Backs up the manager's GC relay.
+    Applied { tids: Vec<Tid> },
     /// Anyone → memory node: load statistics.
     Stats,
     /// Memory node → manager, at start; `rebooted` says it found state on disk.
@@ -256,6 +259,7 @@ pub enum Response {
     /// Votes for `RequestAbort`: true iff the node holds a commit vote (tid in all-log-tids).
     Votes(Vec<(Tid, bool)>),
     LogTids(Vec<Tid>),
+    Applied(Vec<Tid>),
     Stats(StatsReport),
     Directory(Directory),
     Registered {

@@ -523,11 +523,12 @@ async fn heartbeat_loop(node: Arc<Node>) {
                 .ok();
         }
         let Some(conn) = &manager else { continue };
+        let sent_ms = node.now_ms();
         let report = node
             .participant
             .lock()
             .expect("participant poisoned")
-            .heartbeat(node.now_ms());
+            .heartbeat(sent_ms);
         let req = Request::Heartbeat {
             node: node.cfg.id,
             uncertain: report.uncertain,
@@ -542,14 +543,14 @@ async fn heartbeat_loop(node: Arc<Node>) {
                 node.participant
                     .lock()
                     .expect("participant poisoned")
-                    .on_heartbeat_ack(epoch, incarnation, &gc);
+                    .on_heartbeat_ack(sent_ms, epoch, incarnation, &gc);
             }
             Ok(_) | Err(_) => {
                 // Reports may be lost: treat the manager as new so they are sent again.
                 node.participant
                     .lock()
                     .expect("participant poisoned")
-                    .on_heartbeat_ack(0, u64::MAX, &[]);
+                    .on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[]);
                 manager = None;
             }
         }

@@ -816,13 +816,22 @@ impl<R> Participant<R> {
     }
 
     /// The manager relayed `gc`: every participant of these tids applied them durably.
-    /// A new manager incarnation lost earlier reports, so they are sent again.
-    pub fn on_heartbeat_ack(&mut self, epoch: u64, incarnation: u64, gc: &[Tid]) {
+    /// A new manager incarnation lost the reports sent before `sent_ms` (the time of the
+    /// heartbeat this acknowledges), so those are sent again.
+    pub fn on_heartbeat_ack(&mut self, sent_ms: u64, epoch: u64, incarnation: u64, gc: &[Tid]) {
         self.set_epoch(epoch);
         if incarnation != self.manager_incarnation {
             self.manager_incarnation = incarnation;
-            self.to_report
-                .extend(self.reported.drain().map(|(tid, (p, _))| (tid, p)));
+            let lost: Vec<Tid> = self
+                .reported
+                .iter()
+                .filter(|(_, (_, at))| *at < sent_ms)
+                .map(|(t, _)| *t)
+                .collect();
+            for tid in lost {
+                let (p, _) = self.reported.remove(&tid).expect("present");
+                self.to_report.push((tid, p));
+            }
         }
         for tid in gc {
             self.gc_confirmed(*tid);

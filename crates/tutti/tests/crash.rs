@@ -59,7 +59,7 @@ impl Clients {
         let out = self
             .dir
             .join(format!("client-{id}-{}.out", self.incarnations[i]));
-        let kind = if id % 2 == 0 { "cas" } else { "add" };
+        let kind = if id.is_multiple_of(2) { "cas" } else { "add" };
         let child = Command::new(common::exe())
             .args([
                 "workload",

@@ -1,0 +1,306 @@
+//! A coordinator that dies between the phases, and bad input of every kind, against real
+//! memory node processes.
+
+mod common;
+
+use rand::{Rng, RngCore};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use tutti_client::{ClientOptions, Cluster, ExecError, Minitx};
+use tutti_wire::{
+    Connection, ErrorCode, ExecPrepare, Item, Request, Response, Tid, Vote, FRAME_BYTES_MAX_DEFAULT,
+};
+
+async fn raw(c: &common::TestCluster, node: u16) -> Connection {
+    let addr = &c
+        .local
+        .file
+        .nodes
+        .iter()
+        .find(|n| n.id == node)
+        .unwrap()
+        .addr;
+    Connection::connect(addr, FRAME_BYTES_MAX_DEFAULT)
+        .await
+        .unwrap()
+}
+
+fn prepare(t: Tid, participants: Vec<u16>, items: Vec<Item>) -> Request {
+    let read_only = !items.iter().any(Item::writes);
+    Request::ExecPrepare(ExecPrepare {
+        tid: t,
+        participants,
+        class: "raw".into(),
+        read_only,
+        items,
+    })
+}
+
+async fn vote(conn: &Connection, req: &Request) -> Vote {
+    match conn.call(req).await.unwrap() {
+        Response::Vote(v) => v.vote,
+        other => panic!("expected a vote, got {other:?}"),
+    }
+}
+
+fn w(v: u8) -> Item {
+    Item::Write {
+        addr: 0,
+        bytes: vec![v; 8],
+    }
+}
+
+#[test]
+fn coordinator_crash_between_phases_is_recovered_by_the_manager() {
+    let rt = common::runtime();
+    let c = common::start(
+        "coord-crash",
+        2,
+        "log",
+        &["--timeout-uncertain-ms", "1000"],
+        &[],
+    );
+    rt.block_on(async {
+        let cluster = common::ready(&c).await;
+        let epoch = 1;
+        let coordinator = rand::thread_rng().gen();
+        // Orphan 1: both participants voted COMMIT-OK, then the coordinator vanished.
+        // The minitransaction is committed (every vote is in a log) and must become visible.
+        let (n1, n2) = (raw(&c, 1).await, raw(&c, 2).await);
+        let t1 = Tid {
+            epoch,
+            coordinator,
+            seq: 1,
+        };
+        assert_eq!(
+            vote(&n1, &prepare(t1, vec![1, 2], vec![w(0xaa)])).await,
+            Vote::CommitOk
+        );
+        assert_eq!(
+            vote(&n2, &prepare(t1, vec![1, 2], vec![w(0xaa)])).await,
+            Vote::CommitOk
+        );
+        drop((n1, n2));
+        // Meanwhile its locks are held: a short-deadline minitransaction on them times out.
+        let short = Cluster::connect(
+            &c.local.file.manager,
+            ClientOptions {
+                deadline: Duration::from_millis(300),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        let err = short
+            .exec_and_commit(&Minitx::new().write(1, 0, vec![1; 8]))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
+        // The recovery coordinator commits it within the timeout (plus a heartbeat or two).
+        let start = Instant::now();
+        let cas = Minitx::new()
+            .compare(1, 0, vec![0xaa; 8])
+            .compare(2, 0, vec![0xaa; 8])
+            .write(1, 0, vec![1; 8])
+            .write(2, 0, vec![1; 8]);
+        let out = cluster.exec_and_commit(&cas).await.unwrap();
+        assert!(
+            out.committed,
+            "the orphan committed, so its values are visible: {out:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "recovered in {:?}",
+            start.elapsed()
+        );
+
+        // Orphan 2: only node 1 was asked before the crash. Recovery forces node 2 to abort,
+        // so the minitransaction aborts and a late EXEC&PREPARE from the slow coordinator
+        // is refused with ABORT-FORCED.
+        let n1 = raw(&c, 1).await;
+        let t2 = Tid {
+            epoch,
+            coordinator,
+            seq: 2,
+        };
+        assert_eq!(
+            vote(&n1, &prepare(t2, vec![1, 2], vec![w(0xbb)])).await,
+            Vote::CommitOk
+        );
+        drop(n1);
+        let read = Minitx::new().read(1, 0, 8).write(2, 8, vec![0; 8]);
+        let out = cluster.exec_and_commit(&read).await.unwrap();
+        assert_eq!(out.reads[0], vec![1; 8], "the half-prepared orphan aborted");
+        let n2 = raw(&c, 2).await;
+        assert_eq!(
+            vote(&n2, &prepare(t2, vec![1, 2], vec![w(0xbb)])).await,
+            Vote::AbortForced
+        );
+        common::assert_idle(&cluster, Duration::from_secs(5)).await;
+    });
+}
+
+#[test]
+fn bad_input_gets_an_error_and_the_node_keeps_serving() {
+    let rt = common::runtime();
+    let c = common::start("bad-input", 2, "log", &[], &["--epoch-period-s", "1"]);
+    rt.block_on(async {
+        let cluster = common::ready(&c).await;
+        // A well-behaved client works throughout.
+        let healthy = {
+            let cluster = cluster.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                let until = Instant::now() + Duration::from_secs(6);
+                while Instant::now() < until {
+                    let tx = Minitx::new().add(1, 4096, 1).add(2, 4096, 1);
+                    assert!(cluster.exec_and_commit(&tx).await.unwrap().committed);
+                    n += 1;
+                }
+                n
+            })
+        };
+        let addr = c.local.file.nodes[0].addr.clone();
+        tokio::task::spawn_blocking(move || garbage(&addr))
+            .await
+            .unwrap();
+
+        // Out-of-range addresses, unknown nodes, limits: clear errors.
+        let size = 64u64 << 20;
+        let err = cluster
+            .exec_and_commit(&Minitx::new().write(1, size - 4, vec![0; 8]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ExecError::Rejected { node: 1, message } if message.contains("outside")),
+            "{err}"
+        );
+        let err = cluster
+            .exec_and_commit(&Minitx::new().read(9, 0, 8))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecError::UnknownNode(9)), "{err}");
+        let err = cluster
+            .exec_and_commit(&Minitx::new().write(1, 0, vec![0; (1 << 20) + 1]))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecError::Invalid(_)), "{err}");
+        let many = (0..4097).fold(Minitx::new(), |tx, i| tx.read(1, i * 8, 8));
+        assert!(matches!(
+            cluster.exec_and_commit(&many).await.unwrap_err(),
+            ExecError::Invalid(_)
+        ));
+        let n1 = raw(&c, 1).await;
+        let t = Tid {
+            epoch: 1,
+            coordinator: 5,
+            seq: 1,
+        };
+        match n1.call(&prepare(t, vec![2, 3], vec![w(1)])).await {
+            Err(tutti_wire::RpcError::Remote {
+                code: ErrorCode::UnknownNode,
+                ..
+            }) => {}
+            other => panic!("wrong node: {other:?}"),
+        }
+        // Stale epochs: once the epoch is 3 or more, a tid of epoch 1 votes abort.
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = cluster.stats().await;
+            if stats
+                .iter()
+                .all(|(_, s)| s.as_ref().is_ok_and(|s| s.epoch >= 3))
+            {
+                break;
+            }
+            assert!(Instant::now() < until, "epochs did not advance");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(
+            vote(&n1, &prepare(Tid { seq: 2, ..t }, vec![1], vec![w(1)])).await,
+            Vote::AbortEpoch
+        );
+        assert!(
+            cluster
+                .exec_and_commit(&Minitx::new().write(1, 0, vec![2; 8]))
+                .await
+                .unwrap()
+                .committed,
+            "clients learn the epoch and go on"
+        );
+        assert!(healthy.await.unwrap() > 10);
+    });
+}
+
+/// Random bytes, truncated frames and oversized frames on a node's port.
+fn garbage(addr: &str) {
+    let mut rng = rand::thread_rng();
+    let mut sessions: Vec<Vec<u8>> = (0..40)
+        .map(|i| {
+            let mut bytes = vec![0u8; rng.gen_range(4..4096)];
+            rng.fill_bytes(&mut bytes);
+            if i % 2 == 0 {
+                // A plausible length prefix over random content.
+                let len = (bytes.len() as u32).saturating_sub(4);
+                bytes[..4].copy_from_slice(&len.to_be_bytes());
+            }
+            bytes
+        })
+        .collect();
+    sessions.push([&100u32.to_be_bytes()[..], &[1, 2, 3]].concat()); // truncated
+    sessions.push(0x7fff_ffffu32.to_be_bytes().to_vec()); // oversized
+    sessions.push([&20u32.to_be_bytes()[..], &[0xff; 20]].concat());
+    for bytes in sessions {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let _ = s.write_all(&bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    }
+}
+
+#[test]
+fn malformed_cli_items_are_refused_with_a_reason() {
+    for item in [
+        "read:1:0",
+        "cmp:1:0:abc",
+        "cmpop:1:0:about:3",
+        "write:0:0:00",
+        "add:1:0:one",
+        "peek:1:0:1",
+    ] {
+        let out = std::process::Command::new(common::exe())
+            .args([
+                "txn",
+                "--cluster",
+                "127.0.0.1:1",
+                "--deadline-ms",
+                "100",
+                item,
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{item} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("item 0"), "{item}: {stderr}");
+    }
+    let out = std::process::Command::new(common::exe())
+        .args([
+            "txn",
+            "--cluster",
+            "127.0.0.1:1",
+            "--deadline-ms",
+            "300",
+            "read:1:0:8",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the manager"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

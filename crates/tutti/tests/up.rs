@@ -1,0 +1,121 @@
+//! `tutti up` end to end: starts a cluster, serves `tutti txn`, stops every child on
+//! SIGTERM, and comes back on the same data directory with the data intact.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn up(data: &std::path::Path) -> (Child, String) {
+    let mut child = Command::new(common::exe())
+        .args(["up", "--nodes", "2", "--size", "16M", "--data"])
+        .arg(data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("tutti up prints its manager").unwrap();
+    let manager = first.rsplit(' ').next().unwrap().to_string();
+    assert!(first.contains("up; manager at"), "{first}");
+    std::thread::spawn(move || for _ in lines {});
+    (child, manager)
+}
+
+fn txn(cluster: &str, items: &[&str]) -> serde_json::Value {
+    let out = Command::new(common::exe())
+        .args(["txn", "--cluster", cluster])
+        .args(items)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn sigterm_and_wait(child: &mut Child) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let until = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < until, "tutti up did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn children_alive(data: &std::path::Path) -> usize {
+    let needle = data.display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|c| {
+            String::from_utf8_lossy(c).contains(&needle)
+                && !String::from_utf8_lossy(c).contains("\0up\0")
+        })
+        .count()
+}
+
+#[test]
+fn up_serves_stops_cleanly_and_restarts_with_data_intact() {
+    let data = common::scratch("up");
+    let (mut child, manager) = up(&data);
+    let out = txn(
+        &manager,
+        &["write:1:0:68656c6c6f", "write:2:0x10:0100000000000000"],
+    );
+    assert_eq!(out["committed"], true);
+    let dir = data.display().to_string();
+    let out = txn(
+        &dir,
+        &["cmpop:2:0x10:lt:10", "add:2:0x10:5", "read:2:0x10:8"],
+    );
+    assert_eq!(
+        out,
+        serde_json::json!({"committed": true, "reads": ["0100000000000000"], "failed_compares": []})
+    );
+    let stats = Command::new(common::exe())
+        .args(["stats", "--json", "--cluster", &dir])
+        .output()
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats.as_array().unwrap().len(), 2);
+    sigterm_and_wait(&mut child);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        children_alive(&data),
+        0,
+        "every child stopped with tutti up"
+    );
+
+    let (mut child, _) = up(&data);
+    let out = txn(&dir, &["read:1:0:5", "read:2:0x10:8"]);
+    assert_eq!(
+        out["reads"],
+        serde_json::json!(["68656c6c6f", "0600000000000000"])
+    );
+    sigterm_and_wait(&mut child);
+    std::fs::remove_dir_all(&data).unwrap();
+}
+
+#[test]
+fn up_refuses_to_reshape_an_existing_cluster() {
+    let data = common::scratch("up-reshape");
+    let (mut child, _) = up(&data);
+    sigterm_and_wait(&mut child);
+    let out = Command::new(common::exe())
+        .args(["up", "--nodes", "3", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("2-node"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&data).unwrap();
+}

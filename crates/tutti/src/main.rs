@@ -289,10 +289,29 @@ fn init_tracing(default: &str) {
         .init();
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    // A memory node is one event loop plus its log writer thread: on a machine shared by
+    // several nodes, extra worker threads only add wake-ups and migrations.
+    let runtime = match cli.command {
+        Command::Memnode(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    };
+    match runtime {
+        Ok(rt) => rt.block_on(run(cli.command)),
+        Err(e) => {
+            eprintln!("tutti: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> ExitCode {
+    let result = match command {
         Command::Memnode(a) => {
             init_tracing("info");
             memnode(a).await
@@ -455,6 +474,7 @@ async fn stats(a: StatsArgs) -> Result<(), String> {
                 Ok(s) => serde_json::json!({
                     "node": id, "serving": s.serving, "epoch": s.epoch, "uncertain": s.uncertain,
                     "locks_held": s.locks_held, "log_bytes": s.log_bytes, "log_records_live": s.log_records_live,
+                    "log_syncs": s.log_syncs, "log_records_appended": s.log_records_appended,
                     "classes": s.classes.iter().map(|c| serde_json::json!({
                         "class": c.class,
                         "windows": s.windows_s.iter().zip(&c.windows).map(|(w, l)| serde_json::json!({
@@ -503,7 +523,7 @@ async fn stats(a: StatsArgs) -> Result<(), String> {
                         );
                     }
                 }
-                println!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live);
+                println!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live, s.log_syncs, s.log_records_appended);
             }
             Err(e) => println!("{id:>4} unreachable: {e}"),
         }

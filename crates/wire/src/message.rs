@@ -199,6 +199,10 @@ pub struct StatsReport {
     pub uncertain: u64,
     pub locks_held: u64,
     pub log_bytes: u64,
+    /// Since the node started: fdatasyncs of the redo log and records appended (group
+    /// commit packs `log_records_appended / log_syncs` records into each sync).
+    pub log_syncs: u64,
+    pub log_records_appended: u64,
     pub log_records_live: u64,
     pub epoch: u64,
     /// False while the node recovers (stages 1–3 of Fig. 8).

@@ -160,7 +160,10 @@ impl Cluster {
         let mut out = Vec::new();
         for node in self.nodes() {
             let result = match self.conn(node.id).await {
-                Ok(c) => match c.call(&Request::Stats).await {
+                Ok(c) => match c
+                    .call_within(&Request::Stats, self.inner.opts.deadline)
+                    .await
+                {
                     Ok(Response::Stats(s)) => Ok(s),
                     Ok(_) => Err(RpcError::Unexpected {
                         addr: node.addr.clone(),
@@ -366,7 +369,15 @@ impl Cluster {
             addr: format!("node {node}"),
             reason: "not in the directory".into(),
         })?;
-        let conn = Arc::new(Connection::connect(&addr, self.inner.opts.frame_bytes_max).await?);
+        let connect = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect(&addr, self.inner.opts.frame_bytes_max),
+        );
+        let timed_out = |_| RpcError::Timeout {
+            addr: addr.clone(),
+            ms: CONNECT_TIMEOUT.as_millis() as u64,
+        };
+        let conn = Arc::new(connect.await.map_err(timed_out)??);
         self.inner
             .conns
             .lock()
@@ -385,9 +396,25 @@ impl Cluster {
     }
 }
 
+/// How long a connection attempt to a memory node may take before it counts as a failure.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long one directory request may take.
+const DIRECTORY_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn fetch_directory(manager: &str, frame_bytes_max: usize) -> Result<Directory, RpcError> {
-    let conn = Connection::connect(manager, frame_bytes_max).await?;
-    match conn.call(&Request::Directory).await? {
+    let connect = tokio::time::timeout(
+        DIRECTORY_TIMEOUT,
+        Connection::connect(manager, frame_bytes_max),
+    );
+    let conn = connect.await.map_err(|_| RpcError::Timeout {
+        addr: manager.to_string(),
+        ms: DIRECTORY_TIMEOUT.as_millis() as u64,
+    })??;
+    match conn
+        .call_within(&Request::Directory, DIRECTORY_TIMEOUT)
+        .await?
+    {
         Response::Directory(d) => Ok(d),
         _ => Err(RpcError::Unexpected {
             addr: manager.to_string(),

@@ -76,6 +76,9 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
     move |source| NodeError::Io { what, source }
 }
 
+/// How long a node waits for the manager or a peer before trying again.
+const RPC_TIMEOUT: Duration = Duration::from_secs(5);
+
 enum LogCmd {
     Append(Vec<(Lsn, LogRecord)>),
     Truncate(Lsn),
@@ -156,7 +159,10 @@ impl Node {
 
     async fn refresh_directory(&self) -> Result<(), RpcError> {
         let manager = Connection::connect(&self.cfg.manager, self.cfg.frame_bytes_max).await?;
-        match manager.call(&Request::Directory).await? {
+        match manager
+            .call_within(&Request::Directory, RPC_TIMEOUT)
+            .await?
+        {
             Response::Directory(d) => {
                 let mut dir = self.directory.lock().expect("directory poisoned");
                 for n in d.nodes {
@@ -404,7 +410,7 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
     loop {
         let result = async {
             let manager = Connection::connect(&node.cfg.manager, node.cfg.frame_bytes_max).await?;
-            manager.call(&req).await
+            manager.call_within(&req, RPC_TIMEOUT).await
         }
         .await;
         match result {
@@ -501,7 +507,7 @@ async fn call_until_ok(node: &Node, q: NodeId, req: &Request) -> Response {
     let mut delay = Duration::from_millis(20);
     loop {
         let result = match node.peer(q).await {
-            Ok(conn) => conn.call(req).await,
+            Ok(conn) => conn.call_within(req, RPC_TIMEOUT).await,
             Err(e) => {
                 let _ = node.refresh_directory().await;
                 Err(e)
@@ -537,7 +543,7 @@ async fn heartbeat_loop(node: Arc<Node>) {
             uncertain: report.uncertain,
             applied: report.applied,
         };
-        match conn.call(&req).await {
+        match conn.call_within(&req, RPC_TIMEOUT).await {
             Ok(Response::HeartbeatAck {
                 epoch,
                 incarnation,
@@ -606,7 +612,10 @@ async fn collect_stale_reports(node: Arc<Node>) {
         for (q, tids) in by_peer {
             let asked: HashSet<Tid> = tids.iter().copied().collect();
             let applied: HashSet<Tid> = match node.peer(q).await {
-                Ok(conn) => match conn.call(&Request::Applied { tids }).await {
+                Ok(conn) => match conn
+                    .call_within(&Request::Applied { tids }, RPC_TIMEOUT)
+                    .await
+                {
                     Ok(Response::Applied(a)) => a.into_iter().collect(),
                     _ => HashSet::new(),
                 },

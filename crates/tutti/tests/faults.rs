@@ -251,6 +251,18 @@ fn garbage(addr: &str) {
     sessions.push([&100u32.to_be_bytes()[..], &[1, 2, 3]].concat()); // truncated
     sessions.push(0x7fff_ffffu32.to_be_bytes().to_vec()); // oversized
     sessions.push([&20u32.to_be_bytes()[..], &[0xff; 20]].concat());
+    // A client that pipelines thousands of requests and never reads a reply.
+    let flood: Vec<u8> = (1..=20_000u64)
+        .flat_map(|id| {
+            let frame = tutti_wire::encode_envelope(id, &Request::Stats);
+            [(frame.len() as u32).to_be_bytes().to_vec(), frame.to_vec()].concat()
+        })
+        .collect();
+    let mut flooder = TcpStream::connect(addr).unwrap();
+    flooder
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let _ = flooder.write_all(&flood);
     for bytes in sessions {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
@@ -259,6 +271,7 @@ fn garbage(addr: &str) {
         let mut sink = Vec::new();
         let _ = s.read_to_end(&mut sink);
     }
+    drop(flooder);
 }
 
 #[test]

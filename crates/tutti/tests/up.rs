@@ -37,6 +37,23 @@ fn txn(cluster: &str, items: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// GET the Prometheus text of a node, at the metrics address `tutti up` recorded.
+fn scrape(data: &std::path::Path, node: usize) -> String {
+    use std::io::{Read, Write};
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
+    let addr = file["nodes"][node - 1]["metrics"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out
+}
+
 fn sigterm_and_wait(child: &mut Child) {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -83,6 +100,12 @@ fn up_serves_stops_cleanly_and_restarts_with_data_intact() {
         .unwrap();
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
     assert_eq!(stats.as_array().unwrap().len(), 2);
+    let metrics = scrape(&data, 2);
+    assert!(metrics.contains("tutti_serving{node=\"2\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("tutti_load_committed{node=\"2\",class=\"txn\",window=\"60s\"} 2"),
+        "{metrics}"
+    );
     sigterm_and_wait(&mut child);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(

@@ -31,6 +31,8 @@ pub enum RpcError {
     },
     #[error("{addr} sent an unexpected reply")]
     Unexpected { addr: String },
+    #[error("{addr} did not answer within {ms} ms")]
+    Timeout { addr: String, ms: u64 },
 }
 
 pub fn codec(frame_bytes_max: usize) -> LengthDelimitedCodec {
@@ -154,6 +156,21 @@ impl Connection {
         }
     }
 
+    /// `call`, giving up after `timeout` (the request may still be executed).
+    pub async fn call_within(
+        &self,
+        req: &Request,
+        timeout: std::time::Duration,
+    ) -> Result<Response, RpcError> {
+        match tokio::time::timeout(timeout, self.call(req)).await {
+            Ok(result) => result,
+            Err(_) => Err(RpcError::Timeout {
+                addr: self.addr.clone(),
+                ms: timeout.as_millis() as u64,
+            }),
+        }
+    }
+
     /// Sends `req` without waiting for (or expecting) a reply.
     pub async fn send_one_way(&self, req: &Request) -> Result<(), RpcError> {
         self.frames
@@ -171,7 +188,9 @@ impl Connection {
 
 /// Serves one accepted connection: decodes requests and hands each to `handle` with the id
 /// to reply to; replies sent on the returned channel are written back in batches. A frame
-/// that does not decode gets an error reply and closes the connection.
+/// that does not decode gets an error reply and closes the connection. At most
+/// `IN_FLIGHT_MAX` requests await their reply: past that the connection is not read until
+/// replies drain, so a client that never reads cannot grow the server's memory.
 pub async fn serve_connection<H, F>(stream: TcpStream, frame_bytes_max: usize, mut handle: H)
 where
     H: FnMut(u64, Request, Replies) -> F,
@@ -180,17 +199,22 @@ where
     stream.set_nodelay(true).ok();
     let (rd, wr) = stream.into_split();
     let (replies, mut replies_rx) = mpsc::unbounded_channel::<(u64, Response)>();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT_MAX));
+    let released = in_flight.clone();
     let writer = tokio::spawn(async move {
         let mut sink = FramedWrite::new(wr, codec(frame_bytes_max));
         while let Some((id, resp)) = replies_rx.recv().await {
             if sink.feed(encode_envelope(id, &resp)).await.is_err() {
                 return;
             }
+            let mut answered = usize::from(id != ONE_WAY);
             while let Ok((id, resp)) = replies_rx.try_recv() {
                 if sink.feed(encode_envelope(id, &resp)).await.is_err() {
                     return;
                 }
+                answered += usize::from(id != ONE_WAY);
             }
+            released.add_permits(answered);
             if SinkExt::<Bytes>::flush(&mut sink).await.is_err() {
                 return;
             }
@@ -207,7 +231,15 @@ where
             None => break,
         };
         match decode_envelope::<Request>(&frame) {
-            Ok((id, req)) => handle(id, req, replies.clone()).await,
+            Ok((id, req)) => {
+                if id != ONE_WAY {
+                    match in_flight.acquire().await {
+                        Ok(permit) => permit.forget(),
+                        Err(_) => break,
+                    }
+                }
+                handle(id, req, replies.clone()).await
+            }
             Err(e) => {
                 let _ = replies.send((ONE_WAY, bad_request(e.to_string())));
                 break;

@@ -27,8 +27,13 @@ impl Plan {
         &self.nodes
     }
 
+    /// No item writes: nothing is logged and a retry after a lost reply is harmless.
+    pub fn read_only(&self) -> bool {
+        !self.groups.iter().flatten().any(|(_, item)| item.writes())
+    }
+
     pub fn requests(&self, tid: Tid, class: &str) -> Vec<(NodeId, Request)> {
-        let read_only = !self.groups.iter().flatten().any(|(_, item)| item.writes());
+        let read_only = self.read_only();
         self.nodes
             .iter()
             .zip(&self.groups)

@@ -106,8 +106,9 @@ fn handle(manager: &Arc<Manager>, req: Request) -> Response {
             node,
             addr,
             size_bytes,
+            durable,
             rebooted,
-        } => state.register(node, addr, size_bytes, rebooted),
+        } => state.register(node, addr, size_bytes, durable, rebooted),
         Request::Directory => Response::Directory(state.directory(manager.cfg.failure_timeout_ms)),
         Request::Heartbeat {
             node,

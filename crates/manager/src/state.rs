@@ -21,6 +21,7 @@ struct Persisted {
 struct PersistedNode {
     addr: String,
     size_bytes: u64,
+    durable: bool,
 }
 
 /// Tids to recover together, grouped by participant for one REQUEST-ABORT per node.
@@ -115,6 +116,7 @@ impl ManagerState {
         node: NodeId,
         addr: String,
         size_bytes: u64,
+        durable: bool,
         rebooted: bool,
     ) -> Response {
         if node == 0 {
@@ -123,7 +125,11 @@ impl ManagerState {
                 message: "node ids start at 1".into(),
             };
         }
-        let entry = PersistedNode { addr, size_bytes };
+        let entry = PersistedNode {
+            addr,
+            size_bytes,
+            durable,
+        };
         if self.persisted.nodes.get(&node) != Some(&entry) {
             self.persisted.nodes.insert(node, entry);
             if let Err(e) = self.persist() {
@@ -161,6 +167,7 @@ impl ManagerState {
                 id,
                 addr: n.addr.clone(),
                 size_bytes: n.size_bytes,
+                durable: n.durable,
                 alive: self
                     .last_seen
                     .get(&id)
@@ -262,7 +269,7 @@ mod tests {
     fn directory_and_epoch_survive_restart() {
         let dir = std::env::temp_dir().join(format!("tutti-mgr2-{}", std::process::id()));
         let mut s = ManagerState::open(&dir).unwrap();
-        s.register(4, "127.0.0.1:9".into(), 4096, false);
+        s.register(4, "127.0.0.1:9".into(), 4096, true, false);
         s.advance_epoch();
         drop(s);
         let s = ManagerState::open(&dir).unwrap();

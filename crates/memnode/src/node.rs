@@ -404,6 +404,7 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
         node: node.cfg.id,
         addr,
         size_bytes: node.cfg.size_bytes,
+        durable: node.cfg.mode == Mode::Log,
         rebooted,
     };
     let mut delay = Duration::from_millis(50);

@@ -149,6 +149,9 @@ pub struct Participant<R> {
     forced_abort: HashMap<Tid, Lsn>,
     next_lsn: Lsn,
     synced_lsn: Lsn,
+    /// The last record that a reply may depend on (Prepare or ForcedAbort): answers about
+    /// votes wait for it, not for lazily written Decided records.
+    votes_lsn: Lsn,
     deferred: VecDeque<(Lsn, Deferred<R>)>,
     applied_unflushed: Vec<Tid>,
     to_report: Vec<(Tid, Vec<NodeId>)>,
@@ -175,6 +178,7 @@ impl<R> Participant<R> {
             forced_abort: HashMap::new(),
             next_lsn,
             synced_lsn: next_lsn - 1,
+            votes_lsn: next_lsn - 1,
             deferred: VecDeque::new(),
             applied_unflushed: Vec::new(),
             to_report: Vec::new(),
@@ -317,7 +321,7 @@ impl<R> Participant<R> {
             Request::RequestAbort { tids } => self.request_abort(&mut acts, reply_to, id, tids),
             Request::LogTids => {
                 let tids = self.log_tids.keys().copied().collect();
-                let lsn = self.next_lsn - 1;
+                let lsn = self.votes_lsn;
                 self.after(
                     &mut acts,
                     lsn,
@@ -691,7 +695,7 @@ impl<R> Participant<R> {
                 self.forced_abort.insert(tid, lsn);
             }
         }
-        let lsn = self.next_lsn - 1;
+        let lsn = self.votes_lsn;
         self.after(
             acts,
             lsn,
@@ -731,6 +735,9 @@ impl<R> Participant<R> {
         assert_eq!(self.cfg.mode, Mode::Log, "ram mode never logs");
         let lsn = self.next_lsn;
         self.next_lsn += 1;
+        if record.needs_sync() {
+            self.votes_lsn = lsn;
+        }
         acts.append.push((lsn, record));
         lsn
     }
@@ -1018,6 +1025,38 @@ mod tests {
         assert_eq!(p.space().read(8, 8), &9u64.to_le_bytes());
         let s = p.stats(0);
         assert_eq!((s.uncertain, s.locks_held), (0, 0));
+    }
+
+    #[test]
+    fn vote_queries_do_not_wait_for_lazy_decided_records() {
+        let mut p = node(2, Mode::Log);
+        let acts = prepare(&mut p, tid(1), vec![1, 2], vec![write(8, 9)]);
+        p.on_synced(0, acts.append[0].0);
+        let acts = p.on_request(
+            0,
+            1,
+            0,
+            Request::Decision {
+                tid: tid(1),
+                commit: true,
+            },
+        );
+        assert_eq!(
+            acts.append.len(),
+            1,
+            "a Decided record, not synced on its own"
+        );
+        let acts = p.on_request(
+            0,
+            1,
+            7,
+            Request::RequestAbort {
+                tids: vec![(tid(1), vec![1, 2])],
+            },
+        );
+        assert!(
+            matches!(&acts.replies[..], [(_, 7, Response::Votes(v))] if v == &vec![(tid(1), true)])
+        );
     }
 
     #[test]

@@ -164,6 +164,9 @@ pub struct NodeInfo {
     pub id: NodeId,
     pub addr: String,
     pub size_bytes: u64,
+    /// `log` mode: a commit vote survives the node's crash, so a lost reply can be resolved
+    /// by asking the node (REQUEST-ABORT). A `ram` node forgets one-phase commits.
+    pub durable: bool,
     pub alive: bool,
 }
 
@@ -230,6 +233,7 @@ pub enum Request {
         node: NodeId,
         addr: String,
         size_bytes: u64,
+        durable: bool,
         rebooted: bool,
     },
     /// Anyone → manager.

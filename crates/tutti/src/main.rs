@@ -291,12 +291,15 @@ fn init_tracing(default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // A memory node is one event loop plus its log writer thread: on a machine shared by
-    // several nodes, extra worker threads only add wake-ups and migrations.
+    // A memory node is one event loop plus its log writer thread, and the benchmark client
+    // one event loop: on a machine shared by several processes, extra worker threads only
+    // add wake-ups and migrations.
     let runtime = match cli.command {
-        Command::Memnode(_) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
+        Command::Memnode(_) | Command::Bench { .. } => {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
         _ => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build(),

@@ -6,22 +6,30 @@ use crate::{ExecError, Minitx, Outcome};
 use std::collections::BTreeMap;
 use tutti_wire::{ErrorCode, ExecPrepare, Item, NodeId, Request, Response, Tid, Vote, VoteReply};
 
-/// Items grouped by memory node (`π_q` in Fig. 4), remembering each item's position.
-pub struct Plan {
+/// Items grouped by memory node (`π_q` in Fig. 4), as positions in the minitransaction.
+pub struct Plan<'a> {
+    tx: &'a Minitx,
     nodes: Vec<NodeId>,
-    groups: Vec<Vec<(usize, Item)>>,
+    groups: Vec<Vec<usize>>,
+    read_only: bool,
 }
 
-pub fn split(tx: &Minitx) -> Plan {
-    let mut by_node: BTreeMap<NodeId, Vec<(usize, Item)>> = BTreeMap::new();
-    for (i, (node, item)) in tx.items.iter().enumerate() {
-        by_node.entry(*node).or_default().push((i, item.clone()));
+pub fn split(tx: &Minitx) -> Plan<'_> {
+    let mut by_node: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
+    for (i, (node, _)) in tx.items.iter().enumerate() {
+        by_node.entry(*node).or_default().push(i);
     }
     let (nodes, groups) = by_node.into_iter().unzip();
-    Plan { nodes, groups }
+    let read_only = !tx.items.iter().any(|(_, item)| item.writes());
+    Plan {
+        tx,
+        nodes,
+        groups,
+        read_only,
+    }
 }
 
-impl Plan {
+impl Plan<'_> {
     /// Participants `D`, sorted.
     pub fn nodes(&self) -> &[NodeId] {
         &self.nodes
@@ -29,22 +37,24 @@ impl Plan {
 
     /// No item writes: nothing is logged and a retry after a lost reply is harmless.
     pub fn read_only(&self) -> bool {
-        !self.groups.iter().flatten().any(|(_, item)| item.writes())
+        self.read_only
     }
 
-    pub fn requests(&self, tid: Tid, class: &str) -> Vec<(NodeId, Request)> {
-        let read_only = self.read_only();
+    fn item(&self, position: usize) -> &Item {
+        &self.tx.items[position].1
+    }
+
+    pub fn requests(&self, tid: Tid) -> Vec<(NodeId, Request)> {
         self.nodes
             .iter()
             .zip(&self.groups)
             .map(|(&node, group)| {
-                let items = group.iter().map(|(_, item)| item.clone()).collect();
                 let ep = ExecPrepare {
                     tid,
                     participants: self.nodes.clone(),
-                    class: class.to_string(),
-                    read_only,
-                    items,
+                    class: self.tx.class_name().to_string(),
+                    read_only: self.read_only,
+                    items: group.iter().map(|&i| self.item(i).clone()).collect(),
                 };
                 (node, Request::ExecPrepare(ep))
             })
@@ -63,15 +73,15 @@ impl Plan {
         for ((node, group), reply) in self.nodes.iter().zip(&self.groups).zip(replies) {
             let positions = group
                 .iter()
-                .filter(|(_, it)| matches!(it, Item::Read { .. }))
-                .map(|(i, _)| *i);
+                .copied()
+                .filter(|&i| matches!(self.item(i), Item::Read { .. }));
             match reply {
                 NodeReply::Vote(v) => {
                     reads.extend(positions.zip(v.reads.iter().cloned()));
                     failed.extend(
                         v.failed_compares
                             .iter()
-                            .filter_map(|&k| group.get(k as usize).map(|(i, _)| *i)),
+                            .filter_map(|&k| group.get(k as usize).copied()),
                     );
                 }
                 _ if positions.clone().next().is_none() => {}

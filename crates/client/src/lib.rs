@@ -200,7 +200,7 @@ impl Cluster {
         loop {
             attempts += 1;
             let tid = self.next_tid();
-            let last = match self.attempt(tid, &plan, tx, until).await? {
+            let last = match self.attempt(tid, &plan, until).await? {
                 Ok(outcome) => return Ok(outcome),
                 Err(reason) => reason,
             };
@@ -225,11 +225,10 @@ impl Cluster {
     async fn attempt(
         &self,
         tid: Tid,
-        plan: &coordinator::Plan,
-        tx: &Minitx,
+        plan: &coordinator::Plan<'_>,
         until: Instant,
     ) -> Result<Result<Outcome, String>, ExecError> {
-        let requests = plan.requests(tid, tx.class_name());
+        let requests = plan.requests(tid);
         let calls = requests
             .iter()
             .map(|(node, req)| self.call_until(*node, req, until));
@@ -278,7 +277,7 @@ impl Cluster {
     async fn resolve_unknown(
         &self,
         tid: Tid,
-        plan: &coordinator::Plan,
+        plan: &coordinator::Plan<'_>,
         replies: &[NodeReply],
         until: Instant,
     ) -> Tally {
@@ -320,7 +319,7 @@ impl Cluster {
         dir.nodes.iter().any(|n| n.id == node && n.durable)
     }
 
-    async fn decide(&self, tid: Tid, plan: &coordinator::Plan, commit: bool) {
+    async fn decide(&self, tid: Tid, plan: &coordinator::Plan<'_>, commit: bool) {
         for &node in plan.nodes() {
             if let Ok(conn) = self.conn(node).await {
                 let _ = conn.send_one_way(&Request::Decision { tid, commit }).await;

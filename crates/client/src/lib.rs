@@ -22,31 +22,14 @@ pub use minitx::{Minitx, Outcome};
 
 use coordinator::{split, NodeReply};
 use rand::Rng;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+pub use tutti_wire::Limits;
 use tutti_wire::{
-    Connection, Directory, NodeId, NodeInfo, Request, Response, RpcError, StatsReport, Tid,
+    Connection, Connections, Directory, NodeId, NodeInfo, Request, Response, RpcError, StatsReport,
+    Tid,
 };
-
-/// Limits checked before anything is sent; raise them together with the memory nodes'.
-#[derive(Clone, Copy, Debug)]
-pub struct ClientLimits {
-    pub item_bytes_max: u64,
-    pub minitx_bytes_max: u64,
-    pub items_max: usize,
-}
-
-impl Default for ClientLimits {
-    fn default() -> Self {
-        ClientLimits {
-            item_bytes_max: 1 << 20,
-            minitx_bytes_max: 16 << 20,
-            items_max: 4096,
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -54,7 +37,8 @@ pub struct ClientOptions {
     pub deadline: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
-    pub limits: ClientLimits,
+    /// Checked before anything is sent; raise them together with the memory nodes'.
+    pub limits: Limits,
     pub frame_bytes_max: usize,
 }
 
@@ -64,7 +48,7 @@ impl Default for ClientOptions {
             deadline: Duration::from_secs(10),
             backoff_initial: Duration::from_micros(200),
             backoff_max: Duration::from_millis(100),
-            limits: ClientLimits::default(),
+            limits: Limits::default(),
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
         }
     }
@@ -98,7 +82,7 @@ struct Inner {
     manager: String,
     opts: ClientOptions,
     directory: Mutex<Directory>,
-    conns: Mutex<HashMap<NodeId, Arc<Connection>>>,
+    conns: Connections,
     coordinator: u64,
     seq: AtomicU64,
     epoch: AtomicU64,
@@ -129,12 +113,13 @@ impl Cluster {
             delay = (delay * 2).min(Duration::from_millis(500));
         };
         let epoch = AtomicU64::new(directory.epoch);
+        let frame_bytes_max = opts.frame_bytes_max;
         Ok(Cluster {
             inner: Arc::new(Inner {
                 manager: manager.to_string(),
                 opts,
                 directory: Mutex::new(directory),
-                conns: Mutex::default(),
+                conns: Connections::new(frame_bytes_max, CONNECT_TIMEOUT),
                 coordinator: rand::thread_rng().gen(),
                 seq: AtomicU64::new(1),
                 epoch,
@@ -359,15 +344,8 @@ impl Cluster {
     }
 
     async fn conn(&self, node: NodeId) -> Result<Arc<Connection>, RpcError> {
-        if let Some(c) = self
-            .inner
-            .conns
-            .lock()
-            .expect("conns poisoned")
-            .get(&node)
-            .filter(|c| !c.is_closed())
-        {
-            return Ok(c.clone());
+        if let Some(c) = self.inner.conns.cached(node) {
+            return Ok(c);
         }
         let addr = {
             let dir = self.inner.directory.lock().expect("directory poisoned");
@@ -375,26 +353,12 @@ impl Cluster {
                 .iter()
                 .find(|n| n.id == node)
                 .map(|n| n.addr.clone())
-        }
-        .ok_or_else(|| RpcError::Connect {
+        };
+        let addr = addr.ok_or_else(|| RpcError::Connect {
             addr: format!("node {node}"),
             reason: "not in the directory".into(),
         })?;
-        let connect = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            Connection::connect(&addr, self.inner.opts.frame_bytes_max),
-        );
-        let timed_out = |_| RpcError::Timeout {
-            addr: addr.clone(),
-            ms: CONNECT_TIMEOUT.as_millis() as u64,
-        };
-        let conn = Arc::new(connect.await.map_err(timed_out)??);
-        self.inner
-            .conns
-            .lock()
-            .expect("conns poisoned")
-            .insert(node, conn.clone());
-        Ok(conn)
+        self.inner.conns.get(node, &addr).await
     }
 
     /// Best effort: keeps the cached directory if the manager is down.

@@ -1,7 +1,7 @@
 //! The minitransaction builder and its outcome.
 
-use crate::{ClientLimits, ExecError};
-use tutti_wire::{CmpOp, Item, NodeId, CLASS_BYTES_MAX};
+use crate::ExecError;
+use tutti_wire::{CmpOp, Item, Limits, NodeId, CLASS_BYTES_MAX};
 
 /// Items of one minitransaction, each addressed by (memory node, address). Reads and
 /// compares see the state before the minitransaction; writes and adds apply in item order
@@ -62,50 +62,18 @@ impl Minitx {
         &self.items
     }
 
-    pub(crate) fn check(&self, limits: &ClientLimits) -> Result<(), ExecError> {
-        let bad = |m: String| Err(ExecError::Invalid(m));
-        if self.items.is_empty() {
-            return bad("a minitransaction needs at least one item".into());
-        }
-        if self.items.len() > limits.items_max {
-            return bad(format!(
-                "{} items, over the limit of {}",
-                self.items.len(),
-                limits.items_max
-            ));
+    pub(crate) fn check(&self, limits: &Limits) -> Result<(), ExecError> {
+        if let Some(i) = self.items.iter().position(|(node, _)| *node == 0) {
+            return Err(ExecError::Invalid(format!("item {i}: node ids start at 1")));
         }
         if self.class_name().len() > CLASS_BYTES_MAX {
-            return bad(format!("class name longer than {CLASS_BYTES_MAX} bytes"));
+            return Err(ExecError::Invalid(format!(
+                "class name longer than {CLASS_BYTES_MAX} bytes"
+            )));
         }
-        let mut total = 0u64;
-        for (i, (node, item)) in self.items.iter().enumerate() {
-            if *node == 0 {
-                return bad(format!("item {i}: node ids start at 1"));
-            }
-            let len = item.len();
-            if len == 0 || len > limits.item_bytes_max {
-                return bad(format!(
-                    "item {i}: {len} bytes, outside 1..={}",
-                    limits.item_bytes_max
-                ));
-            }
-            if let Item::Compare { op, bytes, .. } = item {
-                if *op != CmpOp::Eq && bytes.len() != 8 {
-                    return bad(format!("item {i}: ordered compares take an 8-byte operand"));
-                }
-            }
-            if item.addr().checked_add(len).is_none() {
-                return bad(format!("item {i}: address range overflows"));
-            }
-            total += len;
-        }
-        if total > limits.minitx_bytes_max {
-            return bad(format!(
-                "items total {total} bytes, over the limit of {}",
-                limits.minitx_bytes_max
-            ));
-        }
-        Ok(())
+        limits
+            .check(self.items.iter().map(|(_, item)| item))
+            .map_err(ExecError::Invalid)
     }
 }
 

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tutti_wire::{serve_connection, Connection, NodeId, Request, Response, Tid};
+use tutti_wire::{serve, Connection, Connections, NodeId, Request, Response, Tid};
 
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
@@ -50,7 +50,7 @@ pub enum ManagerError {
 struct Manager {
     cfg: ManagerConfig,
     state: Mutex<ManagerState>,
-    conns: Mutex<HashMap<NodeId, Arc<Connection>>>,
+    conns: Connections,
 }
 
 /// Runs the manager until `shutdown` resolves. Prints nothing; logs through `tracing`.
@@ -66,37 +66,26 @@ pub async fn run(
             source,
         })?;
     tracing::info!(addr = %cfg.listen, epoch = state.epoch(), "manager listening");
+    let frame_bytes_max = cfg.frame_bytes_max;
     let manager = Arc::new(Manager {
         cfg,
         state: Mutex::new(state),
-        conns: Mutex::default(),
+        conns: Connections::new(frame_bytes_max, Duration::from_secs(1)),
     });
-    let acceptor = tokio::spawn(accept_loop(manager.clone(), listener));
+    let acceptor = {
+        let (manager, frame_bytes_max) = (manager.clone(), manager.cfg.frame_bytes_max);
+        tokio::spawn(serve(listener, frame_bytes_max, move |id, req, replies| {
+            let resp = handle(&manager, req);
+            if id != tutti_wire::ONE_WAY {
+                let _ = replies.send((id, resp));
+            }
+        }))
+    };
     let epochs = tokio::spawn(epoch_clock(manager.clone()));
     shutdown.await;
     acceptor.abort();
     epochs.abort();
     Ok(())
-}
-
-async fn accept_loop(manager: Arc<Manager>, listener: TcpListener) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let manager = manager.clone();
-        tokio::spawn(async move {
-            serve_connection(stream, manager.cfg.frame_bytes_max, |id, req, replies| {
-                let resp = handle(&manager, req);
-                if id != tutti_wire::ONE_WAY {
-                    let _ = replies.send((id, resp));
-                }
-                std::future::ready(())
-            })
-            .await;
-        });
-    }
 }
 
 fn handle(manager: &Arc<Manager>, req: Request) -> Response {
@@ -185,14 +174,8 @@ async fn recover(manager: Arc<Manager>, batch: RecoveryBatch) {
 }
 
 async fn connection(manager: &Manager, q: NodeId) -> Result<Arc<Connection>, tutti_wire::RpcError> {
-    if let Some(c) = manager
-        .conns
-        .lock()
-        .expect("conns poisoned")
-        .get(&q)
-        .filter(|c| !c.is_closed())
-    {
-        return Ok(c.clone());
+    if let Some(c) = manager.conns.cached(q) {
+        return Ok(c);
     }
     let addr = manager
         .state
@@ -203,13 +186,7 @@ async fn connection(manager: &Manager, q: NodeId) -> Result<Arc<Connection>, tut
             addr: format!("node {q}"),
             reason: "not registered".into(),
         })?;
-    let conn = Arc::new(Connection::connect(&addr, manager.cfg.frame_bytes_max).await?);
-    manager
-        .conns
-        .lock()
-        .expect("conns poisoned")
-        .insert(q, conn.clone());
-    Ok(conn)
+    manager.conns.get(q, &addr).await
 }
 
 async fn call(

@@ -11,4 +11,5 @@ pub mod space;
 pub mod stats;
 
 pub use node::{run, NodeConfig};
-pub use participant::{Config, Limits, Mode, Participant};
+pub use participant::{Config, Mode, Participant};
+pub use tutti_wire::Limits;

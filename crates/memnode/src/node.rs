@@ -2,7 +2,7 @@
 //! (group commit), checkpoints the image, heartbeats the manager, and performs stage 2 of
 //! recovery by asking peers. All protocol decisions are the `Participant`'s.
 
-use crate::participant::{Actions, Config, Limits, LogCounters, Mode, Participant};
+use crate::participant::{Actions, Config, LogCounters, Mode, Participant};
 use crate::redo_log::{encode_record, LogError, LogRecord, Lsn, RedoLog};
 use crate::space::Space;
 use std::collections::{HashMap, HashSet};
@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
-use tutti_wire::{serve_connection, Connection, NodeId, Replies, Request, Response, RpcError, Tid};
+use tutti_wire::{
+    Connection, Connections, Limits, NodeId, Replies, Request, Response, RpcError, Tid,
+};
 
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -90,7 +92,7 @@ struct Node {
     participant: Mutex<Participant<Replies>>,
     log: Option<mpsc::UnboundedSender<LogCmd>>,
     start: Instant,
-    peers: Mutex<HashMap<NodeId, Arc<Connection>>>,
+    peers: Connections,
     directory: Mutex<HashMap<NodeId, String>>,
 }
 
@@ -123,14 +125,8 @@ impl Node {
     }
 
     async fn peer(&self, id: NodeId) -> Result<Arc<Connection>, RpcError> {
-        if let Some(c) = self
-            .peers
-            .lock()
-            .expect("peers poisoned")
-            .get(&id)
-            .filter(|c| !c.is_closed())
-        {
-            return Ok(c.clone());
+        if let Some(c) = self.peers.cached(id) {
+            return Ok(c);
         }
         let known = |node: &Node| {
             node.directory
@@ -149,12 +145,7 @@ impl Node {
                 })?
             }
         };
-        let conn = Arc::new(Connection::connect(&addr, self.cfg.frame_bytes_max).await?);
-        self.peers
-            .lock()
-            .expect("peers poisoned")
-            .insert(id, conn.clone());
-        Ok(conn)
+        self.peers.get(id, &addr).await
     }
 
     async fn refresh_directory(&self) -> Result<(), RpcError> {
@@ -229,7 +220,7 @@ pub async fn run(
         participant: Mutex::new(participant),
         log: log.as_ref().map(|_| log_tx.clone()),
         start: Instant::now(),
-        peers: Mutex::default(),
+        peers: Connections::new(cfg.frame_bytes_max, RPC_TIMEOUT),
         directory: Mutex::default(),
     });
     let writer = log.map(|log| {
@@ -239,7 +230,15 @@ pub async fn run(
             .spawn(move || log_writer(node, log, log_rx))
             .expect("spawn the log writer")
     });
-    let acceptor = tokio::spawn(accept_loop(node.clone(), listener));
+    let acceptor = {
+        let node = node.clone();
+        let frame_bytes_max = cfg.frame_bytes_max;
+        tokio::spawn(tutti_wire::serve(
+            listener,
+            frame_bytes_max,
+            move |id, req, replies| node.step(|p, now| p.on_request(now, replies, id, req)),
+        ))
+    };
     tokio::spawn(register(node.clone(), listen_addr.clone(), rebooted));
     if let Some(addr) = cfg.metrics.clone() {
         tokio::spawn(serve_metrics(node.clone(), addr));
@@ -379,23 +378,6 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver
         for w in waiters {
             let _ = w.send(());
         }
-    }
-}
-
-async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let node = node.clone();
-        tokio::spawn(async move {
-            serve_connection(stream, node.cfg.frame_bytes_max, |id, req, replies| {
-                node.step(|p, now| p.on_request(now, replies, id, req));
-                std::future::ready(())
-            })
-            .await;
-        });
     }
 }
 

@@ -9,8 +9,8 @@ use crate::space::Space;
 use crate::stats::{Load, WINDOWS_S};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use tutti_wire::{
-    ErrorCode, ExecPrepare, Item, NodeId, Request, Response, StatsReport, Tid, Vote, VoteReply,
-    CLASS_BYTES_MAX,
+    ErrorCode, ExecPrepare, Item, Limits, NodeId, Request, Response, StatsReport, Tid, Vote,
+    VoteReply, CLASS_BYTES_MAX,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,24 +19,6 @@ pub enum Mode {
     Ram,
     /// Redo log synced at prepare, image written lazily: survives crashes of every node.
     Log,
-}
-
-/// Limits a minitransaction must respect; checked before anything is locked.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    pub item_bytes_max: u64,
-    pub minitx_bytes_max: u64,
-    pub items_max: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            item_bytes_max: 1 << 20,
-            minitx_bytes_max: 16 << 20,
-            items_max: 4096,
-        }
-    }
 }
 
 /// Plain writes `(address, bytes)` that a Prepare record carries.
@@ -366,21 +348,12 @@ impl<R> Participant<R> {
 
     fn validate(&self, ep: &ExecPrepare) -> Result<(), Response> {
         let bad = |m: String| Err(error(ErrorCode::BadRequest, m));
-        let limits = self.cfg.limits;
         if !ep.participants.contains(&self.cfg.id) {
-            return Err(error(
-                ErrorCode::UnknownNode,
-                format!("node {} is not a participant", self.cfg.id),
-            ));
+            let message = format!("node {} is not a participant", self.cfg.id);
+            return Err(error(ErrorCode::UnknownNode, message));
         }
         if ep.participants.windows(2).any(|w| w[0] >= w[1]) || ep.participants.contains(&0) {
             return bad("participants must be sorted, unique and non-zero".into());
-        }
-        if ep.items.is_empty() || ep.items.len() > limits.items_max {
-            return bad(format!(
-                "a minitransaction has 1 to {} items per node",
-                limits.items_max
-            ));
         }
         if ep.read_only && ep.items.iter().any(Item::writes) {
             return bad("a read-only minitransaction has write items".into());
@@ -388,40 +361,23 @@ impl<R> Participant<R> {
         if ep.class.len() > CLASS_BYTES_MAX {
             return bad(format!("class name longer than {CLASS_BYTES_MAX} bytes"));
         }
-        let mut total = 0u64;
-        for (i, item) in ep.items.iter().enumerate() {
-            let len = item.len();
-            if len == 0 || len > limits.item_bytes_max {
-                return bad(format!(
-                    "item {i}: length {len} outside 1..={}",
-                    limits.item_bytes_max
-                ));
+        self.cfg.limits.check(ep.items.iter()).or_else(bad)?;
+        match ep
+            .items
+            .iter()
+            .position(|item| !self.space.contains(item.addr(), item.len()))
+        {
+            None => Ok(()),
+            Some(i) => {
+                let item = &ep.items[i];
+                let (addr, len, size) = (item.addr(), item.len(), self.space.size_bytes());
+                let message = format!(
+                    "item {i}: [{addr}, +{len}) outside the {size} bytes of node {}",
+                    self.cfg.id
+                );
+                Err(error(ErrorCode::OutOfRange, message))
             }
-            if let Item::Compare { op, bytes, .. } = item {
-                if *op != tutti_wire::CmpOp::Eq && bytes.len() != 8 {
-                    return bad(format!("item {i}: ordered compares take an 8-byte operand"));
-                }
-            }
-            if !self.space.contains(item.addr(), len) {
-                return Err(error(
-                    ErrorCode::OutOfRange,
-                    format!(
-                        "item {i}: [{}, +{len}) outside the {} bytes of node {}",
-                        item.addr(),
-                        self.space.size_bytes(),
-                        self.cfg.id
-                    ),
-                ));
-            }
-            total += len;
         }
-        if total > limits.minitx_bytes_max {
-            return bad(format!(
-                "items total {total} bytes, over {}",
-                limits.minitx_bytes_max
-            ));
-        }
-        Ok(())
     }
 
     fn exec_prepare(

@@ -181,21 +181,27 @@ async fn log_bytes(cluster: &Cluster) -> u64 {
         .sum()
 }
 
+/// A 4-node `log` cluster with the bank initialised, and no client started yet.
+fn bank_cluster(rt: &tokio::runtime::Runtime, name: &str) -> (common::TestCluster, Clients) {
+    let c = common::start(name, 4, "log", NODE_FLAGS, &[]);
+    rt.block_on(async {
+        let cluster = common::ready(&c).await;
+        bank().init(&cluster).await.unwrap();
+    });
+    let clients = Clients::new(&c.local.file.manager, &c.dir);
+    (c, clients)
+}
+
 #[test]
 fn random_kills_of_memory_nodes_and_clients_under_load() {
     let rt = common::runtime();
-    let mut c = common::start("crash-random", 4, "log", NODE_FLAGS, &[]);
+    let (mut c, mut clients) = bank_cluster(&rt, "crash-random");
     let seed: u64 = std::env::var("TUTTI_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| rand::thread_rng().gen());
     eprintln!("TUTTI_CRASH_SEED={seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    rt.block_on(async {
-        let cluster = common::ready(&c).await;
-        bank().init(&cluster).await.unwrap();
-    });
-    let mut clients = Clients::new(&c.local.file.manager, &c.dir);
     for id in 0..CLIENTS {
         clients.start(id);
     }
@@ -243,12 +249,7 @@ fn random_kills_of_memory_nodes_and_clients_under_load() {
 #[test]
 fn every_memory_node_killed_at_once_and_restarted() {
     let rt = common::runtime();
-    let mut c = common::start("crash-all", 4, "log", NODE_FLAGS, &[]);
-    rt.block_on(async {
-        let cluster = common::ready(&c).await;
-        bank().init(&cluster).await.unwrap();
-    });
-    let mut clients = Clients::new(&c.local.file.manager, &c.dir);
+    let (mut c, mut clients) = bank_cluster(&rt, "crash-all");
     for round in 0..3 {
         for id in 0..CLIENTS {
             clients.start(id);
@@ -274,12 +275,7 @@ fn every_memory_node_killed_at_once_and_restarted() {
 #[test]
 fn manager_killed_and_restarted_while_clients_work() {
     let rt = common::runtime();
-    let mut c = common::start("crash-manager", 4, "log", NODE_FLAGS, &[]);
-    rt.block_on(async {
-        let cluster = common::ready(&c).await;
-        bank().init(&cluster).await.unwrap();
-    });
-    let mut clients = Clients::new(&c.local.file.manager, &c.dir);
+    let (mut c, mut clients) = bank_cluster(&rt, "crash-manager");
     for id in 0..CLIENTS {
         clients.start(id);
     }

@@ -191,10 +191,9 @@ impl Connection {
 /// that does not decode gets an error reply and closes the connection. At most
 /// `IN_FLIGHT_MAX` requests await their reply: past that the connection is not read until
 /// replies drain, so a client that never reads cannot grow the server's memory.
-pub async fn serve_connection<H, F>(stream: TcpStream, frame_bytes_max: usize, mut handle: H)
+pub async fn serve_connection<H>(stream: TcpStream, frame_bytes_max: usize, mut handle: H)
 where
-    H: FnMut(u64, Request, Replies) -> F,
-    F: std::future::Future<Output = ()>,
+    H: FnMut(u64, Request, Replies),
 {
     stream.set_nodelay(true).ok();
     let (rd, wr) = stream.into_split();
@@ -238,7 +237,7 @@ where
                         Err(_) => break,
                     }
                 }
-                handle(id, req, replies.clone()).await
+                handle(id, req, replies.clone())
             }
             Err(e) => {
                 let _ = replies.send((ONE_WAY, bad_request(e.to_string())));
@@ -254,5 +253,79 @@ pub fn bad_request(message: String) -> Response {
     Response::Error {
         code: ErrorCode::BadRequest,
         message,
+    }
+}
+
+/// Accepts connections on `listener` forever and serves each with `handle`
+/// (see `serve_connection`).
+pub async fn serve<H>(listener: tokio::net::TcpListener, frame_bytes_max: usize, handle: H)
+where
+    H: Fn(u64, Request, Replies) + Send + Sync + 'static,
+{
+    let handle = Arc::new(handle);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors or a transient error: let the condition pass.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            continue;
+        };
+        let handle = handle.clone();
+        tokio::spawn(serve_connection(
+            stream,
+            frame_bytes_max,
+            move |id, req, replies| handle(id, req, replies),
+        ));
+    }
+}
+
+/// Open connections to memory nodes by id, made on first use and replaced once closed.
+pub struct Connections {
+    frame_bytes_max: usize,
+    connect_timeout: std::time::Duration,
+    open: Mutex<HashMap<crate::NodeId, Arc<Connection>>>,
+}
+
+impl Connections {
+    pub fn new(frame_bytes_max: usize, connect_timeout: std::time::Duration) -> Self {
+        Connections {
+            frame_bytes_max,
+            connect_timeout,
+            open: Mutex::default(),
+        }
+    }
+
+    /// The open connection to `node`, if there is one.
+    pub fn cached(&self, node: crate::NodeId) -> Option<Arc<Connection>> {
+        self.open
+            .lock()
+            .expect("connections poisoned")
+            .get(&node)
+            .filter(|c| !c.is_closed())
+            .cloned()
+    }
+
+    /// The open connection to `node`, or a new one to `addr`.
+    pub async fn get(&self, node: crate::NodeId, addr: &str) -> Result<Arc<Connection>, RpcError> {
+        if let Some(c) = self.cached(node) {
+            return Ok(c);
+        }
+        let timeout = self.connect_timeout;
+        let conn =
+            match tokio::time::timeout(timeout, Connection::connect(addr, self.frame_bytes_max))
+                .await
+            {
+                Ok(conn) => Arc::new(conn?),
+                Err(_) => {
+                    return Err(RpcError::Timeout {
+                        addr: addr.to_string(),
+                        ms: timeout.as_millis() as u64,
+                    })
+                }
+            };
+        self.open
+            .lock()
+            .expect("connections poisoned")
+            .insert(node, conn.clone());
+        Ok(conn)
     }
 }

@@ -5,8 +5,10 @@
 
 pub mod conn;
 pub mod frame;
+pub mod limits;
 pub mod message;
 
-pub use conn::{bad_request, serve_connection, Connection, Replies, RpcError};
+pub use conn::{bad_request, serve, serve_connection, Connection, Connections, Replies, RpcError};
 pub use frame::{decode_envelope, encode_envelope, FrameError, FRAME_BYTES_MAX_DEFAULT, ONE_WAY};
+pub use limits::Limits;
 pub use message::*;

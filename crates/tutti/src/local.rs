@@ -338,20 +338,28 @@ impl Drop for LocalCluster {
     }
 }
 
-/// Reads the manager address from `ADDR` or from a cluster.json path.
+/// Reads the manager address from `ADDR` or from a cluster.json path (or its directory).
 pub fn manager_addr(cluster: &str) -> Result<String, LocalError> {
     let path = Path::new(cluster);
-    let json = if path.is_dir() {
+    let host_port = cluster
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if host_port && !path.exists() {
+        return Ok(cluster.to_string());
+    }
+    let json = if path.is_dir() || !cluster.ends_with(".json") {
         path.join("cluster.json")
     } else {
         path.to_path_buf()
     };
-    if json.is_file() {
-        let file: ClusterFile = serde_json::from_reader(
-            File::open(&json).map_err(io(format!("open {}", json.display())))?,
-        )
-        .map_err(|e| LocalError::Config(format!("{}: {e}", json.display())))?;
-        return Ok(file.manager);
+    if !json.is_file() {
+        return Err(LocalError::Config(format!(
+            "--cluster {cluster}: no {} (is `tutti up` running there?) and not an address like 127.0.0.1:7700",
+            json.display()
+        )));
     }
-    Ok(cluster.to_string())
+    let file: ClusterFile =
+        serde_json::from_reader(File::open(&json).map_err(io(format!("open {}", json.display())))?)
+            .map_err(|e| LocalError::Config(format!("{}: {e}", json.display())))?;
+    Ok(file.manager)
 }

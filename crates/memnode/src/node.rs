@@ -51,7 +51,7 @@ impl NodeConfig {
             metrics: None,
             timeout_uncertain_ms: 2_000,
             heartbeat_interval_ms: 200,
-            checkpoint_interval_ms: 500,
+            checkpoint_interval_ms: 2_000,
             log_segment_bytes: crate::redo_log::SEGMENT_BYTES_MAX_DEFAULT,
             limits: Limits::default(),
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,

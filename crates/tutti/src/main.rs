@@ -196,7 +196,7 @@ struct MemnodeArgs {
     #[arg(long, default_value_t = 2_000)]
     timeout_uncertain_ms: u64,
     /// How often the image is flushed and the log head collected.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 2_000)]
     checkpoint_interval_ms: u64,
     /// Redo log segment size; garbage collection deletes whole segments.
     #[arg(long, default_value = "64M", value_parser = parse_size)]

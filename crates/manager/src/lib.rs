@@ -3,16 +3,17 @@
 //! (Sinfonia Fig. 7), the relay of "applied" sets for log garbage collection (§4.6), and the
 //! epoch clock. It holds no application data and is not on the minitransaction path.
 
+mod recovery;
 mod state;
 
+pub use recovery::Recovery;
 pub use state::{ManagerState, RecoveryBatch};
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tutti_wire::{serve, Connection, Connections, NodeId, Request, Response, Tid};
+use tutti_wire::{serve, Connection, Connections, NodeId, Request, Response};
 
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
@@ -131,38 +132,31 @@ async fn epoch_clock(manager: Arc<Manager>) {
 
 /// The recovery coordinator of Fig. 7 for a batch of tids: one REQUEST-ABORT per node, then
 /// DECISION (commit iff every participant holds a commit vote) to every participant.
+/// Drives a `Recovery` over TCP. A node that cannot be reached ends the attempt without a
+/// decision; the participants report the tids again and a later attempt retries.
 async fn recover(manager: Arc<Manager>, batch: RecoveryBatch) {
-    let mut votes: HashMap<Tid, bool> = batch.tids.iter().map(|(t, _)| (*t, true)).collect();
-    let mut reached_all = true;
-    for (&q, tids) in &batch.by_node {
-        match call(&manager, q, &Request::RequestAbort { tids: tids.clone() }).await {
-            Ok(Response::Votes(vs)) => {
-                for (tid, ok) in vs {
-                    if let Some(v) = votes.get_mut(&tid) {
-                        *v &= ok;
-                    }
-                }
-            }
+    let (mut recovery, requests) = Recovery::start(batch);
+    let mut decisions = None;
+    for (q, req) in requests {
+        match call(&manager, q, &req).await {
+            Ok(Response::Votes(votes)) => decisions = recovery.on_votes(q, &votes),
             other => {
                 tracing::warn!(
                     node = q,
                     "recovery: no votes ({:?}); retried at the next report",
                     other.err()
                 );
-                reached_all = false;
+                break;
             }
         }
     }
-    if reached_all {
-        for (tid, participants) in &batch.tids {
-            let commit = votes[tid];
-            for &q in participants {
-                if let Ok(conn) = connection(&manager, q).await {
-                    let _ = conn
-                        .send_one_way(&Request::Decision { tid: *tid, commit })
-                        .await;
-                }
+    if let Some(decisions) = decisions {
+        for (q, decision) in decisions {
+            if let Ok(conn) = connection(&manager, q).await {
+                let _ = conn.send_one_way(&decision).await;
             }
+        }
+        for (tid, commit) in recovery.outcomes() {
             tracing::info!(%tid, commit, "recovered a minitransaction");
         }
     }
@@ -170,7 +164,7 @@ async fn recover(manager: Arc<Manager>, batch: RecoveryBatch) {
         .state
         .lock()
         .expect("manager state poisoned")
-        .recovery_done(&batch);
+        .recovery_done(recovery.batch());
 }
 
 async fn connection(manager: &Manager, q: NodeId) -> Result<Arc<Connection>, tutti_wire::RpcError> {

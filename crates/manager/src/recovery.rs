@@ -5,7 +5,7 @@
 
 use crate::state::RecoveryBatch;
 use std::collections::{BTreeSet, HashMap};
-use tutti_wire::{NodeId, Request, Tid};
+use tutti_wire::{NodeId, Outgoing, Request, Tid};
 
 pub struct Recovery {
     batch: RecoveryBatch,
@@ -15,7 +15,7 @@ pub struct Recovery {
 
 impl Recovery {
     /// Phase 1 (Fig. 7 lines 32–34): the REQUEST-ABORT to send to each node.
-    pub fn start(batch: RecoveryBatch) -> (Recovery, Vec<(NodeId, Request)>) {
+    pub fn start(batch: RecoveryBatch) -> (Recovery, Outgoing) {
         let requests = batch
             .by_node
             .iter()
@@ -35,7 +35,7 @@ impl Recovery {
 
     /// Node `q` answered. When it was the last one, returns phase 2: the DECISION for every
     /// participant of every tid (Fig. 7 lines 35–36).
-    pub fn on_votes(&mut self, q: NodeId, votes: &[(Tid, bool)]) -> Option<Vec<(NodeId, Request)>> {
+    pub fn on_votes(&mut self, q: NodeId, votes: &[(Tid, bool)]) -> Option<Outgoing> {
         if !self.waiting.remove(&q) {
             return None;
         }

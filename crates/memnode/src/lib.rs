@@ -6,6 +6,7 @@
 pub mod node;
 pub mod participant;
 pub mod range_locks;
+pub mod recovery;
 pub mod redo_log;
 pub mod space;
 pub mod stats;

@@ -3,6 +3,7 @@
 //! recovery by asking peers. All protocol decisions are the `Participant`'s.
 
 use crate::participant::{Actions, Config, LogCounters, Mode, Participant};
+use crate::recovery::Stage2;
 use crate::redo_log::{encode_record, LogError, LogRecord, Lsn, RedoLog};
 use crate::space::Space;
 use std::collections::{HashMap, HashSet};
@@ -424,62 +425,30 @@ async fn recover_stage2(node: &Node) {
         return;
     }
     tracing::info!(tids = undecided.len(), "stage 2: asking peers for outcomes");
-    let me = node.cfg.id;
-    let peers: HashSet<NodeId> = undecided
-        .iter()
-        .flat_map(|(_, d)| d.iter().copied())
-        .filter(|&q| q != me)
-        .collect();
-    let mut held: HashMap<NodeId, HashSet<Tid>> = HashMap::new();
-    for &q in &peers {
-        if let Response::LogTids(tids) = call_until_ok(node, q, &Request::LogTids).await {
-            held.insert(q, tids.into_iter().collect());
+    let (mut stage2, queries) = Stage2::start(node.cfg.id, undecided);
+    let mut requests = Vec::new();
+    for (q, query) in queries {
+        if let Response::LogTids(tids) = call_until_ok(node, q, &query).await {
+            requests = stage2.on_log_tids(q, tids).unwrap_or_default();
         }
     }
-    let mut ask: HashMap<NodeId, Vec<(Tid, Vec<NodeId>)>> = HashMap::new();
-    for (tid, d) in &undecided {
-        for &q in d.iter().filter(|&&q| q != me) {
-            if !held[&q].contains(tid) {
-                ask.entry(q).or_default().push((*tid, d.clone()));
-            }
+    for (q, request) in requests {
+        if let Response::Votes(votes) = call_until_ok(node, q, &request).await {
+            stage2.on_votes(q, &votes);
         }
     }
-    let mut refused: HashSet<Tid> = HashSet::new();
-    for (q, tids) in ask {
-        for chunk in tids.chunks(crate::participant::BATCH_TIDS_MAX) {
-            if let Response::Votes(votes) = call_until_ok(
-                node,
-                q,
-                &Request::RequestAbort {
-                    tids: chunk.to_vec(),
-                },
-            )
-            .await
-            {
-                refused.extend(votes.into_iter().filter(|(_, ok)| !ok).map(|(t, _)| t));
-            }
-        }
-    }
-    let outcomes: Vec<(Tid, bool)> = undecided
-        .iter()
-        .map(|(tid, _)| (*tid, !refused.contains(tid)))
-        .collect();
+    assert!(stage2.done(), "every peer answered");
+    let (outcomes, decisions) = stage2.outcomes();
     node.step(|p, _| p.resolve(&outcomes));
-    for ((tid, d), (_, commit)) in undecided.iter().zip(&outcomes) {
-        for &q in d.iter().filter(|&&q| q != me) {
-            if let Ok(conn) = node.peer(q).await {
-                let _ = conn
-                    .send_one_way(&Request::Decision {
-                        tid: *tid,
-                        commit: *commit,
-                    })
-                    .await;
-            }
+    for (q, decision) in decisions {
+        if let Ok(conn) = node.peer(q).await {
+            let _ = conn.send_one_way(&decision).await;
         }
     }
+    let committed = outcomes.iter().filter(|o| o.1).count();
     tracing::info!(
-        committed = outcomes.iter().filter(|o| o.1).count(),
-        aborted = refused.len(),
+        committed,
+        aborted = outcomes.len() - committed,
         "stage 2 done"
     );
 }

@@ -212,6 +212,9 @@ pub struct StatsReport {
     pub serving: bool,
 }
 
+/// Requests a state machine asks its driver to send, each to a memory node.
+pub type Outgoing = Vec<(NodeId, Request)>;
+
 #[derive(Encode, Decode, Clone, Debug)]
 pub enum Request {
     /// Coordinator → participant, phase 1.

@@ -4,7 +4,9 @@
 
 use crate::{ExecError, Minitx, Outcome};
 use std::collections::BTreeMap;
-use tutti_wire::{ErrorCode, ExecPrepare, Item, NodeId, Request, Response, Tid, Vote, VoteReply};
+use tutti_wire::{
+    ErrorCode, ExecPrepare, Item, NodeId, Outgoing, Request, Response, Tid, Vote, VoteReply,
+};
 
 /// Items grouped by memory node (`π_q` in Fig. 4), as positions in the minitransaction.
 pub struct Plan<'a> {
@@ -173,6 +175,53 @@ pub fn tally(nodes: &[NodeId], replies: &[NodeReply]) -> Tally {
         (None, true, _) => Tally::AbortCompare,
         (None, false, Some(node)) => Tally::Unknown { node },
         (None, false, None) => Tally::Commit,
+    }
+}
+
+/// A vote was lost with its connection and no participant voted abort: the outcome is
+/// already fixed by the votes on record, so ask each silent node with REQUEST-ABORT (which
+/// forces an abort if it never voted). A ram node's one-phase commit leaves no record to
+/// ask about, so that case is `Err(Tally::Unknown)` at once.
+pub fn lost_vote_queries(
+    plan: &Plan<'_>,
+    tid: Tid,
+    replies: &[NodeReply],
+    durable: impl Fn(NodeId) -> bool,
+) -> Result<Outgoing, Tally> {
+    if let [node] = plan.nodes() {
+        if !plan.read_only() && !durable(*node) {
+            return Err(Tally::Unknown { node: *node });
+        }
+    }
+    let participants = plan.nodes().to_vec();
+    Ok(plan
+        .nodes()
+        .iter()
+        .zip(replies)
+        .filter(|(_, reply)| matches!(reply, NodeReply::Lost(_)))
+        .map(|(&node, _)| {
+            (
+                node,
+                Request::RequestAbort {
+                    tids: vec![(tid, participants.clone())],
+                },
+            )
+        })
+        .collect())
+}
+
+/// The decision once the silent nodes answered `lost_vote_queries`: commit iff every
+/// participant holds a commit vote.
+pub fn resolve(replies: &[NodeReply], answers: &[(Tid, bool)]) -> Tally {
+    let voted_ok = replies.iter().all(|r| match r {
+        NodeReply::Vote(v) => v.vote == Vote::CommitOk,
+        NodeReply::Lost(_) => true,
+        _ => false,
+    });
+    if voted_ok && answers.iter().all(|(_, ok)| *ok) {
+        Tally::Commit
+    } else {
+        Tally::Retry("a node's reply was lost and recovery aborted the attempt".into())
     }
 }
 

@@ -266,37 +266,19 @@ impl Cluster {
         replies: &[NodeReply],
         until: Instant,
     ) -> Tally {
-        let participants = plan.nodes().to_vec();
-        if let [node] = participants[..] {
-            // A ram node commits a one-phase minitransaction without a trace: asking it
-            // afterwards cannot tell "committed" from "never arrived".
-            if !plan.read_only() && !self.durable(node) {
-                return Tally::Unknown { node };
+        let queries = match coordinator::lost_vote_queries(plan, tid, replies, |n| self.durable(n))
+        {
+            Ok(queries) => queries,
+            Err(tally) => return tally,
+        };
+        let mut answers = Vec::new();
+        for (node, query) in queries {
+            match self.call_until(node, &query, until).await {
+                NodeReply::Other(Response::Votes(votes)) => answers.extend(votes),
+                _ => return Tally::Unknown { node },
             }
         }
-        let mut all_ok = true;
-        for (node, reply) in plan.nodes().iter().zip(replies) {
-            if !matches!(reply, NodeReply::Lost(_)) {
-                continue;
-            }
-            let req = Request::RequestAbort {
-                tids: vec![(tid, participants.clone())],
-            };
-            match self.call_until(*node, &req, until).await {
-                NodeReply::Other(Response::Votes(v)) => all_ok &= v.iter().all(|(_, ok)| *ok),
-                _ => return Tally::Unknown { node: *node },
-            }
-        }
-        let others_ok = replies.iter().all(|r| match r {
-            NodeReply::Vote(v) => v.vote == tutti_wire::Vote::CommitOk,
-            NodeReply::Lost(_) => true,
-            _ => false,
-        });
-        if all_ok && others_ok {
-            Tally::Commit
-        } else {
-            Tally::Retry("a node's reply was lost and recovery aborted the attempt".into())
-        }
+        coordinator::resolve(replies, &answers)
     }
 
     fn durable(&self, node: NodeId) -> bool {

@@ -31,7 +31,8 @@ pub struct RecoveryBatch {
 }
 
 pub struct ManagerState {
-    path: PathBuf,
+    /// Where the directory and epoch are persisted; `None` keeps them in memory only.
+    path: Option<PathBuf>,
     persisted: Persisted,
     incarnation: u64,
     last_seen: HashMap<NodeId, Instant>,
@@ -69,16 +70,9 @@ impl ManagerState {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
             | 1;
-        let state = ManagerState {
-            path,
-            persisted,
-            incarnation,
-            last_seen: HashMap::new(),
-            rebooted: HashSet::new(),
-            applied: HashMap::new(),
-            gc_out: HashMap::new(),
-            recovering: HashSet::new(),
-        };
+        let mut state = ManagerState::in_memory(persisted.epoch, incarnation);
+        state.path = Some(path);
+        state.persisted = persisted;
         state.persist().map_err(|source| ManagerError::Io {
             what: "write manager.json".into(),
             source,
@@ -86,13 +80,33 @@ impl ManagerState {
         Ok(state)
     }
 
+    /// A manager whose state lives in memory only (for simulation), starting at `epoch`.
+    pub fn in_memory(epoch: u64, incarnation: u64) -> ManagerState {
+        ManagerState {
+            path: None,
+            persisted: Persisted {
+                epoch,
+                nodes: BTreeMap::new(),
+            },
+            incarnation,
+            last_seen: HashMap::new(),
+            rebooted: HashSet::new(),
+            applied: HashMap::new(),
+            gc_out: HashMap::new(),
+            recovering: HashSet::new(),
+        }
+    }
+
     fn persist(&self) -> std::io::Result<()> {
-        let tmp = self.path.with_extension("json.tmp");
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let tmp = path.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(&self.persisted).map_err(std::io::Error::other)?;
         std::fs::write(&tmp, bytes)?;
         std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
-        std::fs::File::open(self.path.parent().expect("state file has a directory"))?.sync_all()
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(path.parent().expect("state file has a directory"))?.sync_all()
     }
 
     pub fn epoch(&self) -> u64 {

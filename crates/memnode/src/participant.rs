@@ -302,7 +302,7 @@ impl<R> Participant<R> {
         match req {
             Request::RequestAbort { tids } => self.request_abort(&mut acts, reply_to, id, tids),
             Request::LogTids => {
-                let tids = self.log_tids.keys().copied().collect();
+                let tids = sorted(self.log_tids.keys().copied());
                 let lsn = self.votes_lsn;
                 self.after(
                     &mut acts,
@@ -751,12 +751,12 @@ impl<R> Participant<R> {
             .map_or(self.next_lsn, |(&lsn, _)| lsn);
         let epoch = self.epoch;
         self.forced_abort.retain(|tid, _| tid.epoch + 2 > epoch);
-        let carried: Vec<Tid> = self
-            .forced_abort
-            .iter()
-            .filter(|(_, &lsn)| lsn < live_from)
-            .map(|(t, _)| *t)
-            .collect();
+        let carried = sorted(
+            self.forced_abort
+                .iter()
+                .filter(|(_, &lsn)| lsn < live_from)
+                .map(|(t, _)| *t),
+        );
         for tid in carried {
             let lsn = self.append(&mut acts, LogRecord::ForcedAbort { tid });
             self.forced_abort.insert(tid, lsn);
@@ -769,15 +769,15 @@ impl<R> Participant<R> {
     /// (for its recovery coordinator) and newly durable multi-node tids (for GC).
     pub fn heartbeat(&mut self, now_ms: u64) -> HeartbeatReport {
         let timeout = self.cfg.timeout_uncertain_ms;
-        let uncertain = self
-            .uncertain
-            .iter()
-            .filter(|(_, u)| {
-                u.participants.len() > 1 && now_ms.saturating_sub(u.since_ms) >= timeout
-            })
-            .take(BATCH_TIDS_MAX)
-            .map(|(tid, u)| (*tid, u.participants.clone()))
-            .collect();
+        let mut uncertain = sorted(
+            self.uncertain
+                .iter()
+                .filter(|(_, u)| {
+                    u.participants.len() > 1 && now_ms.saturating_sub(u.since_ms) >= timeout
+                })
+                .map(|(tid, u)| (*tid, u.participants.clone())),
+        );
+        uncertain.truncate(BATCH_TIDS_MAX);
         let n = self.to_report.len().min(BATCH_TIDS_MAX);
         let applied: Vec<_> = self.to_report.drain(..n).collect();
         for (tid, participants) in &applied {
@@ -793,12 +793,12 @@ impl<R> Participant<R> {
         self.set_epoch(epoch);
         if incarnation != self.manager_incarnation {
             self.manager_incarnation = incarnation;
-            let lost: Vec<Tid> = self
-                .reported
-                .iter()
-                .filter(|(_, (_, at))| *at < sent_ms)
-                .map(|(t, _)| *t)
-                .collect();
+            let lost = sorted(
+                self.reported
+                    .iter()
+                    .filter(|(_, (_, at))| *at < sent_ms)
+                    .map(|(t, _)| *t),
+            );
             for tid in lost {
                 let (p, _) = self.reported.remove(&tid).expect("present");
                 self.to_report.push((tid, p));
@@ -819,12 +819,14 @@ impl<R> Participant<R> {
     /// Reported tids still not collected after `age_ms`: the driver asks their peers whether
     /// they applied them, so that a relay lost with a manager crash cannot pin the log.
     pub fn reported_older_than(&self, now_ms: u64, age_ms: u64) -> Vec<(Tid, Vec<NodeId>)> {
-        self.reported
-            .iter()
-            .filter(|(_, (_, sent))| now_ms.saturating_sub(*sent) >= age_ms)
-            .take(BATCH_TIDS_MAX)
-            .map(|(tid, (p, _))| (*tid, p.clone()))
-            .collect()
+        let mut stale = sorted(
+            self.reported
+                .iter()
+                .filter(|(_, (_, sent))| now_ms.saturating_sub(*sent) >= age_ms)
+                .map(|(tid, (p, _))| (*tid, p.clone())),
+        );
+        stale.truncate(BATCH_TIDS_MAX);
+        stale
     }
 
     /// Every participant of these committed tids applied them: collect them.
@@ -855,6 +857,14 @@ impl<R> Participant<R> {
             serving: self.stage == Stage::Serving,
         }
     }
+}
+
+/// Items in order: hash-map iteration order must never reach an output, so that a
+/// simulated run is the same every time for the same seed.
+fn sorted<T: Ord>(items: impl Iterator<Item = T>) -> Vec<T> {
+    let mut v: Vec<T> = items.collect();
+    v.sort();
+    v
 }
 
 /// Copies the part of a pending write `[waddr, +wbytes)` that overlaps the 8 bytes at `addr`.

@@ -102,7 +102,7 @@ impl Plan<'_> {
 }
 
 /// What came back from one participant for EXEC&PREPARE.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum NodeReply {
     Vote(VoteReply),
     /// The node answered with an error: it did not vote.
@@ -210,18 +210,58 @@ pub fn lost_vote_queries(
         .collect())
 }
 
-/// The decision once the silent nodes answered `lost_vote_queries`: commit iff every
-/// participant holds a commit vote.
-pub fn resolve(replies: &[NodeReply], answers: &[(Tid, bool)]) -> Tally {
+/// Phase 2 of a committed minitransaction: DECISIONs (one-way) for one that writes, or, for
+/// a read-only one over several nodes, RELEASEs whose answers `released` must confirm. A
+/// single participant needs nothing.
+pub fn phase2(plan: &Plan<'_>, tid: Tid) -> Outgoing {
+    match plan.nodes() {
+        [_] => Vec::new(),
+        nodes if plan.read_only() => nodes
+            .iter()
+            .map(|&n| (n, Request::Release { tid }))
+            .collect(),
+        nodes => nodes
+            .iter()
+            .map(|&n| (n, Request::Decision { tid, commit: true }))
+            .collect(),
+    }
+}
+
+/// A read-only minitransaction over several nodes is serializable only if every participant
+/// still held its read locks when the last vote was cast; a participant that crashed or was
+/// decided by recovery meanwhile did not, and the reads must be retried.
+pub fn released(answers: &[Option<Response>]) -> Tally {
+    if answers
+        .iter()
+        .all(|a| matches!(a, Some(Response::Released { held: true })))
+    {
+        Tally::Commit
+    } else {
+        Tally::Retry("a participant lost its read locks before the release".into())
+    }
+}
+
+/// The decision once the silent nodes answered `lost_vote_queries`. Only "holds a commit
+/// vote" can be trusted: a node that answers "no vote" may have collected the tid after it
+/// committed everywhere (collected tids look like ones never seen), so a writing
+/// minitransaction is then `Unknown`, never retried; a read-only one may be retried.
+pub fn resolve(plan: &Plan<'_>, replies: &[NodeReply], answers: &[(Tid, bool)]) -> Tally {
     let voted_ok = replies.iter().all(|r| match r {
         NodeReply::Vote(v) => v.vote == Vote::CommitOk,
         NodeReply::Lost(_) => true,
         _ => false,
     });
     if voted_ok && answers.iter().all(|(_, ok)| *ok) {
-        Tally::Commit
-    } else {
-        Tally::Retry("a node's reply was lost and recovery aborted the attempt".into())
+        return Tally::Commit;
+    }
+    match plan
+        .nodes()
+        .iter()
+        .zip(replies)
+        .find(|(_, r)| matches!(r, NodeReply::Lost(_)))
+    {
+        Some((&node, _)) if !plan.read_only() => Tally::Unknown { node },
+        _ => Tally::Retry("a node's reply was lost and the read-only attempt aborted".into()),
     }
 }
 

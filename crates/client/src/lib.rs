@@ -230,8 +230,28 @@ impl Cluster {
         let multi = plan.nodes().len() > 1;
         match tally {
             Tally::Commit => {
-                if multi {
-                    self.decide(tid, plan, true).await;
+                let phase2 = coordinator::phase2(plan, tid);
+                if plan.read_only() && !phase2.is_empty() {
+                    let calls = phase2
+                        .iter()
+                        .map(|(node, req)| self.call_until(*node, req, until));
+                    let answers: Vec<Option<Response>> = futures::future::join_all(calls)
+                        .await
+                        .into_iter()
+                        .map(|r| match r {
+                            NodeReply::Other(resp) => Some(resp),
+                            _ => None,
+                        })
+                        .collect();
+                    if let Tally::Retry(reason) = coordinator::released(&answers) {
+                        return Ok(Err(reason));
+                    }
+                } else {
+                    for (node, decision) in phase2 {
+                        if let Ok(conn) = self.conn(node).await {
+                            let _ = conn.send_one_way(&decision).await;
+                        }
+                    }
                 }
                 plan.outcome(tid, &replies, true)
             }
@@ -278,7 +298,7 @@ impl Cluster {
                 _ => return Tally::Unknown { node },
             }
         }
-        coordinator::resolve(replies, &answers)
+        coordinator::resolve(plan, replies, &answers)
     }
 
     fn durable(&self, node: NodeId) -> bool {

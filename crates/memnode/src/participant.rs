@@ -335,6 +335,18 @@ impl<R> Participant<R> {
                 Err(resp) => acts.replies.push((reply_to, id, resp)),
             },
             Request::Decision { tid, commit } => self.decision(&mut acts, now_ms, tid, commit),
+            Request::Release { tid } => {
+                let held = self
+                    .uncertain
+                    .get(&tid)
+                    .is_some_and(|u| u.lsn.is_none() && u.writes.is_empty());
+                if held {
+                    let entry = self.uncertain.remove(&tid).expect("held");
+                    self.commit_applied(now_ms, tid, &entry);
+                }
+                acts.replies
+                    .push((reply_to, id, Response::Released { held }));
+            }
             Request::Register { .. } | Request::Directory | Request::Heartbeat { .. } => {
                 acts.replies.push((
                     reply_to,
@@ -437,7 +449,7 @@ impl<R> Participant<R> {
             ));
             return;
         }
-        if self.forced_abort.contains_key(&tid) {
+        if self.forced_abort.contains_key(&tid) && !planted(Bug::SkipForcedAbortCheck) {
             self.locks.release(tid);
             self.load.at(class, now_ms).forced_abort += 1;
             acts.replies.push((
@@ -513,12 +525,13 @@ impl<R> Participant<R> {
         );
         self.by_lsn.insert(lsn, tid);
         self.uncertain.insert(tid, entry);
-        let deferred = if single {
-            Deferred::OnePhase(tid, reply_to, id, ok)
+        if single {
+            self.after(acts, lsn, Deferred::OnePhase(tid, reply_to, id, ok));
+        } else if planted(Bug::CommitOkBeforeSync) {
+            acts.replies.push((reply_to, id, ok));
         } else {
-            Deferred::Reply(reply_to, id, ok)
-        };
-        self.after(acts, lsn, deferred);
+            self.after(acts, lsn, Deferred::Reply(reply_to, id, ok));
+        }
     }
 
     /// Compares and reads against the state before the minitransaction.
@@ -637,7 +650,9 @@ impl<R> Participant<R> {
         }
         let mut votes = Vec::with_capacity(tids.len());
         for (tid, _) in tids {
-            if self.log_tids.contains_key(&tid) {
+            // A read-only participant's commit vote is not logged but held (with its locks)
+            // in uncertain: it has chosen its vote, so it keeps it (Fig. 7).
+            if self.log_tids.contains_key(&tid) || self.uncertain.contains_key(&tid) {
                 votes.push((tid, true));
                 continue;
             }
@@ -724,7 +739,7 @@ impl<R> Participant<R> {
         for tid in cp.tids {
             if let Some(t) = self.log_tids.get_mut(&tid) {
                 t.durable = true;
-                if t.participants.len() == 1 {
+                if t.participants.len() == 1 || planted(Bug::GcBeforeAllApplied) {
                     t.gc_ok = true;
                 } else {
                     self.to_report.push((tid, t.participants.clone()));
@@ -857,6 +872,39 @@ impl<R> Participant<R> {
             serving: self.stage == Stage::Serving,
         }
     }
+}
+
+/// Deliberate protocol bugs that prove the simulator's checkers can fail. They exist only
+/// with the `planted-bugs` feature; without it `planted` is always false.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Bug {
+    /// EXEC&PREPARE ignores forced-abort (Fig. 4 line 17).
+    SkipForcedAbortCheck,
+    /// COMMIT-OK leaves before its Prepare record is synced.
+    CommitOkBeforeSync,
+    /// GC drops a committed tid as soon as this node applied it, not every participant.
+    GcBeforeAllApplied,
+}
+
+#[cfg(feature = "planted-bugs")]
+thread_local! {
+    static PLANTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
+}
+
+/// Plants `bug` (or none) in every participant of this thread.
+#[cfg(feature = "planted-bugs")]
+pub fn plant(bug: Option<Bug>) {
+    PLANTED.with(|p| p.set(bug));
+}
+
+#[cfg(feature = "planted-bugs")]
+fn planted(bug: Bug) -> bool {
+    PLANTED.with(|p| p.get() == Some(bug))
+}
+
+#[cfg(not(feature = "planted-bugs"))]
+fn planted(_: Bug) -> bool {
+    false
 }
 
 /// Items in order: hash-map iteration order must never reach an output, so that a
@@ -1023,6 +1071,53 @@ mod tests {
         assert!(
             matches!(&acts.replies[..], [(_, 7, Response::Votes(v))] if v == &vec![(tid(1), true)])
         );
+    }
+
+    #[test]
+    fn release_says_whether_read_locks_were_still_held() {
+        let mut p = node(1, Mode::Log);
+        let read = || vec![Item::Read { addr: 0, len: 8 }];
+        assert_eq!(
+            vote_of(&prepare(&mut p, tid(1), vec![1, 2], read())),
+            Vote::CommitOk
+        );
+        let acts = p.on_request(0, 1, 3, Request::Release { tid: tid(1) });
+        assert!(matches!(
+            acts.replies[..],
+            [(_, 3, Response::Released { held: true })]
+        ));
+        assert_eq!(p.stats(0).locks_held, 0);
+        // Recovery decided it first (or the node restarted): the locks were not held.
+        assert_eq!(
+            vote_of(&prepare(&mut p, tid(2), vec![1, 2], read())),
+            Vote::CommitOk
+        );
+        let acts = p.on_request(
+            0,
+            1,
+            4,
+            Request::RequestAbort {
+                tids: vec![(tid(2), vec![1, 2])],
+            },
+        );
+        assert!(
+            matches!(&acts.replies[..], [(_, 4, Response::Votes(v))] if v == &vec![(tid(2), true)]),
+            "a chosen read-only vote is kept"
+        );
+        p.on_request(
+            0,
+            1,
+            0,
+            Request::Decision {
+                tid: tid(2),
+                commit: false,
+            },
+        );
+        let acts = p.on_request(0, 1, 5, Request::Release { tid: tid(2) });
+        assert!(matches!(
+            acts.replies[..],
+            [(_, 5, Response::Released { held: false })]
+        ));
     }
 
     #[test]

@@ -221,6 +221,10 @@ pub enum Request {
     ExecPrepare(ExecPrepare),
     /// Coordinator or recovery coordinator → participant, phase 2; no reply.
     Decision { tid: Tid, commit: bool },
+    /// Coordinator → participant, phase 2 of a read-only minitransaction over several nodes
+    /// whose votes were all COMMIT-OK: release the read locks and say whether they were
+    /// still held (a crash or a recovery decision drops them, and with them isolation).
+    Release { tid: Tid },
     /// Recovery coordinator or recovering node → participant (Fig. 7, Fig. 8 stage 2),
     /// batched: one message carries every tid asked of this node.
     RequestAbort { tids: Vec<(Tid, Vec<NodeId>)> },
@@ -271,6 +275,9 @@ pub enum Response {
     Votes(Vec<(Tid, bool)>),
     LogTids(Vec<Tid>),
     Applied(Vec<Tid>),
+    Released {
+        held: bool,
+    },
     Stats(StatsReport),
     Directory(Directory),
     Registered {

@@ -1,0 +1,52 @@
+//! Many seeds of the full simulation must pass every checker; one seed twice must give the
+//! same trace.
+
+use tutti_sim::{reproduce_command, run, SimConfig};
+
+#[test]
+fn seeds_pass_every_checker() {
+    let seeds: u64 = std::env::var("TUTTI_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(500);
+    let cfg = SimConfig::default();
+    let mut failures = Vec::new();
+    let (mut committed, mut unknown, mut crashes) = (0, 0, 0);
+    for seed in 0..seeds {
+        let report = run(seed, &cfg);
+        committed += report.committed;
+        unknown += report.unknown;
+        crashes += report.node_crashes + report.coordinator_crashes;
+        if !report.violations.is_empty() {
+            failures.push(format!(
+                "seed {seed}: {:?}\n  reproduce: {}",
+                report.violations,
+                reproduce_command(seed)
+            ));
+        }
+    }
+    eprintln!(
+        "{seeds} seeds: {committed} committed, {unknown} unknown outcomes, {crashes} crashes"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failing seeds:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(committed > seeds * 10, "the workload made progress");
+    assert!(crashes > seeds, "faults were injected");
+}
+
+#[test]
+fn a_seed_replays_identically() {
+    let cfg = SimConfig::default();
+    for seed in [1, 77, 4242] {
+        let (a, b) = (run(seed, &cfg), run(seed, &cfg));
+        assert_eq!(
+            (a.trace_hash, a.events, a.end_us),
+            (b.trace_hash, b.events, b.end_us),
+            "seed {seed}"
+        );
+    }
+}

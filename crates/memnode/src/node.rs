@@ -399,10 +399,7 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
         .await;
         match result {
             Ok(Response::Registered { epoch, .. }) => {
-                node.participant
-                    .lock()
-                    .expect("participant poisoned")
-                    .set_epoch(epoch);
+                node.step(|p, _| p.set_epoch(epoch));
                 return;
             }
             Ok(_) => tracing::warn!("manager sent an unexpected reply to Register"),
@@ -501,17 +498,11 @@ async fn heartbeat_loop(node: Arc<Node>) {
                 incarnation,
                 gc,
             }) => {
-                node.participant
-                    .lock()
-                    .expect("participant poisoned")
-                    .on_heartbeat_ack(sent_ms, epoch, incarnation, &gc);
+                node.step(|p, _| p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc));
             }
             Ok(_) | Err(_) => {
                 // Reports may be lost: treat the manager as new so they are sent again.
-                node.participant
-                    .lock()
-                    .expect("participant poisoned")
-                    .on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[]);
+                node.step(|p, _| p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[]));
                 manager = None;
             }
         }

@@ -32,6 +32,10 @@ pub struct HeartbeatReport {
     pub applied: Vec<(Tid, Vec<NodeId>)>,
 }
 
+/// A forced-abort or epoch record this far behind the log head is appended again at a
+/// checkpoint, so that the segments before it can be deleted.
+const CARRY_DISTANCE_RECORDS: Lsn = 4096;
+
 /// Tids per `RequestAbort` batch and per heartbeat report.
 pub const BATCH_TIDS_MAX: usize = 65_536;
 
@@ -134,6 +138,8 @@ pub struct Participant<R> {
     /// The last record that a reply may depend on (Prepare or ForcedAbort): answers about
     /// votes wait for it, not for lazily written Decided records.
     votes_lsn: Lsn,
+    /// Lsn of the latest Epoch record (0: none); carried past the log head like forced-aborts.
+    epoch_lsn: Lsn,
     deferred: VecDeque<(Lsn, Deferred<R>)>,
     applied_unflushed: Vec<Tid>,
     to_report: Vec<(Tid, Vec<NodeId>)>,
@@ -161,6 +167,7 @@ impl<R> Participant<R> {
             next_lsn,
             synced_lsn: next_lsn - 1,
             votes_lsn: next_lsn - 1,
+            epoch_lsn: 0,
             deferred: VecDeque::new(),
             applied_unflushed: Vec::new(),
             to_report: Vec::new(),
@@ -221,6 +228,10 @@ impl<R> Participant<R> {
                 LogRecord::ForcedAbort { tid } => {
                     p.forced_abort.insert(tid, lsn);
                 }
+                LogRecord::Epoch { epoch } => {
+                    p.epoch = p.epoch.max(epoch);
+                    p.epoch_lsn = lsn;
+                }
             }
         }
         p
@@ -234,8 +245,17 @@ impl<R> Participant<R> {
         self.epoch
     }
 
-    pub fn set_epoch(&mut self, epoch: u64) {
-        self.epoch = self.epoch.max(epoch);
+    /// Moves to `epoch` if it is newer; in `log` mode the epoch is logged (synced before any
+    /// reply that relies on it) so that it never regresses across a restart.
+    pub fn set_epoch(&mut self, epoch: u64) -> Actions<R> {
+        let mut acts = Actions::default();
+        if epoch > self.epoch {
+            self.epoch = epoch;
+            if self.cfg.mode == Mode::Log {
+                self.epoch_lsn = self.append(&mut acts, LogRecord::Epoch { epoch });
+            }
+        }
+        acts
     }
 
     pub fn set_log_counters(&mut self, log: LogCounters) {
@@ -760,23 +780,35 @@ impl<R> Participant<R> {
             self.by_lsn.pop_first();
             self.log_tids.remove(&tid);
         }
-        let live_from = self
+        let head = self
             .by_lsn
             .first_key_value()
             .map_or(self.next_lsn, |(&lsn, _)| lsn);
         let epoch = self.epoch;
         self.forced_abort.retain(|tid, _| tid.epoch + 2 > epoch);
+        // Forced-aborts and the epoch must outlive the records around them. Far behind the
+        // head they are appended again so that old segments can go; near it, truncation
+        // simply stops at them (no rewrite on every checkpoint of an idle node).
+        let carry_below = head.saturating_sub(CARRY_DISTANCE_RECORDS);
         let carried = sorted(
             self.forced_abort
                 .iter()
-                .filter(|(_, &lsn)| lsn < live_from)
+                .filter(|(_, &lsn)| lsn < carry_below)
                 .map(|(t, _)| *t),
         );
         for tid in carried {
             let lsn = self.append(&mut acts, LogRecord::ForcedAbort { tid });
             self.forced_abort.insert(tid, lsn);
         }
-        acts.truncate_below = Some(live_from);
+        if self.epoch_lsn != 0 && self.epoch_lsn < carry_below {
+            self.epoch_lsn = self.append(&mut acts, LogRecord::Epoch { epoch: self.epoch });
+        }
+        let kept = self
+            .forced_abort
+            .values()
+            .copied()
+            .chain((self.epoch_lsn != 0).then_some(self.epoch_lsn));
+        acts.truncate_below = Some(kept.fold(head, Lsn::min));
         acts
     }
 
@@ -804,8 +836,14 @@ impl<R> Participant<R> {
     /// The manager relayed `gc`: every participant of these tids applied them durably.
     /// A new manager incarnation lost the reports sent before `sent_ms` (the time of the
     /// heartbeat this acknowledges), so those are sent again.
-    pub fn on_heartbeat_ack(&mut self, sent_ms: u64, epoch: u64, incarnation: u64, gc: &[Tid]) {
-        self.set_epoch(epoch);
+    pub fn on_heartbeat_ack(
+        &mut self,
+        sent_ms: u64,
+        epoch: u64,
+        incarnation: u64,
+        gc: &[Tid],
+    ) -> Actions<R> {
+        let acts = self.set_epoch(epoch);
         if incarnation != self.manager_incarnation {
             self.manager_incarnation = incarnation;
             let lost = sorted(
@@ -822,6 +860,7 @@ impl<R> Participant<R> {
         for tid in gc {
             self.gc_confirmed(*tid);
         }
+        acts
     }
 
     fn gc_confirmed(&mut self, tid: Tid) {
@@ -1203,7 +1242,7 @@ mod tests {
                 tids: vec![(tid(3), vec![1, 2])],
             },
         );
-        p.set_epoch(3);
+        let _ = p.set_epoch(3);
         assert_eq!(
             vote_of(&prepare(&mut p, tid(4), vec![1], vec![write(0, 1)])),
             Vote::AbortEpoch
@@ -1216,6 +1255,38 @@ mod tests {
         let cp = p.checkpoint_begin();
         p.checkpoint_done(cp);
         assert!(p.forced_abort.is_empty());
+    }
+
+    #[test]
+    fn the_epoch_survives_a_restart_so_skipped_forced_aborts_stay_safe() {
+        let mut p = node(1, Mode::Log);
+        let acts = p.set_epoch(3);
+        let records: Vec<(Lsn, LogRecord)> = acts.append.clone();
+        assert_eq!(records, vec![(1, LogRecord::Epoch { epoch: 3 })]);
+        // A RequestAbort for an epoch-1 tid records no forced-abort (it is stale) ...
+        let acts = p.on_request(
+            0,
+            1,
+            2,
+            Request::RequestAbort {
+                tids: vec![(tid(1), vec![1, 2])],
+            },
+        );
+        assert!(acts.append.is_empty());
+        // ... so after a restart the node must still know the epoch, or a late EXEC&PREPARE
+        // of that tid would vote COMMIT-OK.
+        let cfg = Config {
+            id: 1,
+            mode: Mode::Log,
+            timeout_uncertain_ms: 100,
+            limits: Limits::default(),
+        };
+        let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 2, records);
+        p.finish_recovery();
+        assert_eq!(
+            vote_of(&prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)])),
+            Vote::AbortEpoch
+        );
     }
 
     #[test]
@@ -1328,13 +1399,13 @@ mod tests {
         assert_eq!(acts.truncate_below, Some(1), "tid 1 waits for node 2");
         let report = p.heartbeat(0);
         assert_eq!(report.applied, vec![(tid(1), vec![1, 2])]);
-        p.on_heartbeat_ack(1, 1, 42, &[tid(1)]);
+        let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)]);
         let cp = p.checkpoint_begin();
         let acts = p.checkpoint_done(cp);
         assert_eq!(
             acts.truncate_below,
-            Some(p.next_lsn),
-            "everything is collectable"
+            Some(4),
+            "everything but the epoch record (lsn 4) is collectable"
         );
         assert_eq!(p.stats(0).log_records_live, 0);
     }

@@ -30,6 +30,9 @@ pub enum LogRecord {
     Decided { tid: Tid, commit: bool },
     /// The tid must abort if its coordinator ever asks (Fig. 7); synced before replying.
     ForcedAbort { tid: Tid },
+    /// The node's epoch reached `epoch`. Forced-aborts of stale tids are skipped or dropped
+    /// on the strength of the epoch, so it must never go back across a restart (§4.6).
+    Epoch { epoch: u64 },
 }
 
 impl LogRecord {

@@ -113,7 +113,8 @@ fn apply(world: &mut World, id: NodeId, acts: Actions<Endpoint>) {
         node.written.push((lsn, record));
     }
     if let Some(below) = acts.truncate_below {
-        if needs_sync {
+        // The real writer truncates only after syncing the batches queued before it.
+        if needs_sync || node.written.iter().any(|(_, r)| r.needs_sync()) {
             node.pending_truncate = Some((below, node.next_lsn - 1));
         } else {
             node.truncate(below);
@@ -236,7 +237,9 @@ pub(crate) fn heartbeat(world: &mut World, id: NodeId, incarnation: u64) {
         .collect();
     for pending in unanswered {
         if let Some(Pending::Heartbeat { sent_ms }) = node.pending.remove(&pending) {
-            p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[]);
+            // An epoch of 0 never advances anything, so there is nothing to carry out.
+            let acts = p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[]);
+            assert!(acts.append.is_empty() && acts.replies.is_empty());
         }
     }
     let report = p.heartbeat(now);
@@ -275,7 +278,8 @@ pub(crate) fn deliver(world: &mut World, id: NodeId, from: Endpoint, msg: Msg) {
                     gc,
                 } = resp
                 {
-                    p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc);
+                    let acts = p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc);
+                    apply(world, id, acts);
                 }
             }
             Some(Pending::Stage2 { index: i }) => stage2_answer(world, id, i, resp),

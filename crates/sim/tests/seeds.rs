@@ -50,3 +50,21 @@ fn a_seed_replays_identically() {
         );
     }
 }
+
+/// Seeds that broke an invariant before a fix (docs/simulation.md lists which bug each
+/// caught); they must keep passing.
+#[test]
+fn regression_seeds_stay_fixed() {
+    let cfg = SimConfig::default();
+    for seed in [
+        4, 40, 191, 282, 784, 671, 806, 873, 903, 20468, 64798, 71751, 31661, 35453, 36071, 75528,
+    ] {
+        let report = run(seed, &cfg);
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:?}\n  reproduce: {}",
+            report.violations,
+            reproduce_command(seed)
+        );
+    }
+}

@@ -58,6 +58,7 @@ fn regression_seeds_stay_fixed() {
     let cfg = SimConfig::default();
     for seed in [
         4, 40, 191, 282, 784, 671, 806, 873, 903, 20468, 64798, 71751, 31661, 35453, 36071, 75528,
+        62060, 62782,
     ] {
         let report = run(seed, &cfg);
         assert!(

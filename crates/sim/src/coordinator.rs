@@ -221,13 +221,7 @@ fn begin_attempt(world: &mut World, c: usize) {
             },
         );
     } else {
-        world.at(
-            REPLY_TIMEOUT_US,
-            Event::CoordinatorTimeout {
-                coordinator: c,
-                attempt: id,
-            },
-        );
+        arm_timeout(world, c, id);
     }
     world.coordinators[c].attempt = Some(attempt);
     for (node, msg) in sends {
@@ -335,30 +329,17 @@ pub(crate) fn timeout(world: &mut World, c: usize, attempt_id: u64) {
         Some((_, waiting)) => {
             // Ask again, as `call_until` does until the deadline.
             let again: Vec<(NodeId, Request)> = std::mem::take(waiting).into_values().collect();
-            for (node, req) in again {
-                let id = world.new_id();
-                let co = &mut world.coordinators[c];
-                let (_, waiting) = co
-                    .attempt
-                    .as_mut()
-                    .expect("attempt")
-                    .resolving
-                    .as_mut()
-                    .expect("resolving");
-                waiting.insert(id, (node, req.clone()));
-                world.send(
-                    Endpoint::Coordinator(c),
-                    Endpoint::Node(node),
-                    Msg::Req { id, req },
-                );
-            }
-            world.at(
-                REPLY_TIMEOUT_US,
-                Event::CoordinatorTimeout {
-                    coordinator: c,
-                    attempt: attempt_id,
-                },
-            );
+            let ids = send_requests(world, c, again.clone());
+            let co = &mut world.coordinators[c];
+            let resolving = co
+                .attempt
+                .as_mut()
+                .expect("attempt")
+                .resolving
+                .as_mut()
+                .expect("resolving");
+            resolving.1 = ids.into_iter().zip(again).collect();
+            arm_timeout(world, c, attempt_id);
         }
     }
 }
@@ -377,28 +358,17 @@ fn proceed(world: &mut World, c: usize) {
         Err(tally) => finalize(world, c, tally),
         Ok(queries) => {
             let attempt_id = attempt.id;
-            let mut waiting = BTreeMap::new();
-            let mut sends = Vec::new();
-            for (node, req) in queries {
-                let msg_id = world.new_id();
-                waiting.insert(msg_id, (node, req.clone()));
-                sends.push((node, Msg::Req { id: msg_id, req }));
-            }
+            let waiting: BTreeMap<u64, (NodeId, Request)> =
+                send_requests(world, c, queries.clone())
+                    .into_iter()
+                    .zip(queries)
+                    .collect();
             world.coordinators[c]
                 .attempt
                 .as_mut()
                 .expect("attempt")
                 .resolving = Some((Vec::new(), waiting));
-            for (node, msg) in sends {
-                world.send(Endpoint::Coordinator(c), Endpoint::Node(node), msg);
-            }
-            world.at(
-                REPLY_TIMEOUT_US,
-                Event::CoordinatorTimeout {
-                    coordinator: c,
-                    attempt: attempt_id,
-                },
-            );
+            arm_timeout(world, c, attempt_id);
         }
     }
 }
@@ -416,26 +386,38 @@ fn settle(world: &mut World, c: usize, tally: Tally) {
         return finalize(world, c, tally);
     }
     let (tid, attempt_id, n) = (attempt.tid, attempt.id, plan.nodes().len());
-    let mut waiting = BTreeMap::new();
-    let mut sends = Vec::new();
-    for (i, (node, req)) in coordinator::phase2(&plan, tid).into_iter().enumerate() {
-        let msg_id = world.new_id();
-        waiting.insert(msg_id, i);
-        sends.push((node, Msg::Req { id: msg_id, req }));
-    }
+    let ids = send_requests(world, c, coordinator::phase2(&plan, tid));
+    let waiting = ids.into_iter().enumerate().map(|(i, id)| (id, i)).collect();
     world.coordinators[c]
         .attempt
         .as_mut()
         .expect("attempt")
         .releasing = Some((vec![None; n], waiting));
-    for (node, msg) in sends {
-        world.send(Endpoint::Coordinator(c), Endpoint::Node(node), msg);
-    }
+    arm_timeout(world, c, attempt_id);
+}
+
+/// Sends `requests` from coordinator `c`, each under a fresh message id (returned in order).
+fn send_requests(world: &mut World, c: usize, requests: Vec<(NodeId, Request)>) -> Vec<u64> {
+    requests
+        .into_iter()
+        .map(|(node, req)| {
+            let id = world.new_id();
+            world.send(
+                Endpoint::Coordinator(c),
+                Endpoint::Node(node),
+                Msg::Req { id, req },
+            );
+            id
+        })
+        .collect()
+}
+
+fn arm_timeout(world: &mut World, c: usize, attempt: u64) {
     world.at(
         REPLY_TIMEOUT_US,
         Event::CoordinatorTimeout {
             coordinator: c,
-            attempt: attempt_id,
+            attempt,
         },
     );
 }
@@ -530,13 +512,7 @@ pub(crate) fn resume(world: &mut World, c: usize, attempt_id: u64) {
     for (node, msg) in sends {
         world.send(Endpoint::Coordinator(c), Endpoint::Node(node), msg);
     }
-    world.at(
-        REPLY_TIMEOUT_US,
-        Event::CoordinatorTimeout {
-            coordinator: c,
-            attempt: attempt_id,
-        },
-    );
+    arm_timeout(world, c, attempt_id);
 }
 
 pub(crate) fn retry(world: &mut World, c: usize) {

@@ -177,24 +177,32 @@ pub(crate) fn sync_done(world: &mut World, id: NodeId, incarnation: u64) {
     apply(world, id, acts);
 }
 
+/// A node timer firing: re-arms itself (every `period_us` plus up to 40 % jitter) while the
+/// node keeps this incarnation; says whether the node is serving and so should act now.
+fn periodic(
+    world: &mut World,
+    id: NodeId,
+    incarnation: u64,
+    period_us: u64,
+    event: fn(NodeId, u64) -> Event,
+) -> bool {
+    if world.nodes[index(id)].incarnation != incarnation {
+        return false;
+    }
+    let next = period_us + world.rng.gen_range(0..period_us * 2 / 5);
+    world.at(next, event(id, incarnation));
+    world.nodes[index(id)].serving()
+}
+
 /// Flush the image, sync the log, then let the participant collect its log head.
 pub(crate) fn checkpoint(world: &mut World, id: NodeId, incarnation: u64) {
-    if world.nodes[index(id)].incarnation != incarnation {
+    if !periodic(world, id, incarnation, 50_000, |node, incarnation| {
+        Event::Checkpoint { node, incarnation }
+    }) {
         return;
     }
-    let next = 50_000 + world.rng.gen_range(0..20_000);
-    world.at(
-        next,
-        Event::Checkpoint {
-            node: id,
-            incarnation,
-        },
-    );
     let now = now_ms(world);
     let node = &mut world.nodes[index(id)];
-    if !node.serving() {
-        return;
-    }
     let p = node.participant.as_mut().expect("up");
     let cp = p.checkpoint_begin();
     node.image = p.space().read(0, SPACE_BYTES).to_vec();
@@ -211,22 +219,13 @@ pub(crate) fn checkpoint(world: &mut World, id: NodeId, incarnation: u64) {
 }
 
 pub(crate) fn heartbeat(world: &mut World, id: NodeId, incarnation: u64) {
-    if world.nodes[index(id)].incarnation != incarnation {
+    if !periodic(world, id, incarnation, 20_000, |node, incarnation| {
+        Event::Heartbeat { node, incarnation }
+    }) {
         return;
     }
-    let next = 20_000 + world.rng.gen_range(0..5_000);
-    world.at(
-        next,
-        Event::Heartbeat {
-            node: id,
-            incarnation,
-        },
-    );
     let now = now_ms(world);
     let node = &mut world.nodes[index(id)];
-    if !node.serving() {
-        return;
-    }
     let p = node.participant.as_mut().expect("up");
     // An unanswered heartbeat is a failed call: the real driver then resends its reports.
     let unanswered: Vec<u64> = node

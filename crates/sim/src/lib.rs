@@ -64,7 +64,17 @@ enum Event {
         node: NodeId,
     },
     Partition,
+    Cut {
+        node: NodeId,
+    },
+    Restore {
+        node: NodeId,
+    },
     Heal,
+    SlowDown,
+    SpeedUp {
+        node: NodeId,
+    },
     EpochTick,
     RecoveryTimeout {
         recovery: u64,
@@ -98,6 +108,8 @@ pub struct SimConfig {
     /// Mean time between memory node crashes while faults are on.
     pub crash_interval_us: u64,
     pub partition_interval_us: u64,
+    /// Mean time between slow-node episodes (one node's messages take 1–20 ms longer).
+    pub slow_interval_us: u64,
     /// Probability that a coordinator dies between the phases of a multi-node minitransaction.
     pub coordinator_crash_probability: f64,
     /// Probability that a coordinator stalls after its first EXEC&PREPARE for longer than the
@@ -121,6 +133,7 @@ impl Default for SimConfig {
             delay_us: (20, 2_000),
             crash_interval_us: 150_000,
             partition_interval_us: 300_000,
+            slow_interval_us: 300_000,
             coordinator_crash_probability: 0.03,
             slow_coordinator_probability: 0.03,
             epoch_interval_us: 400_000,
@@ -178,7 +191,10 @@ pub(crate) struct World {
     nodes: Vec<SimNode>,
     coordinators: Vec<SimCoordinator>,
     manager: Manager,
-    isolated: Option<NodeId>,
+    /// Nodes cut off from everyone (a partition, or a swizzle in progress).
+    cut: std::collections::BTreeSet<NodeId>,
+    /// Nodes whose every message takes 1–20 ms longer.
+    slow: std::collections::BTreeSet<NodeId>,
     /// `TUTTI_SIM_TRACE=1` prints every event (for debugging one seed).
     print_trace: bool,
     node_crashes: u64,
@@ -209,7 +225,8 @@ impl World {
                 recoveries: BTreeMap::new(),
                 asked: BTreeMap::new(),
             },
-            isolated: None,
+            cut: Default::default(),
+            slow: Default::default(),
             print_trace: std::env::var_os("TUTTI_SIM_TRACE").is_some(),
             node_crashes: 0,
             coordinator_crashes: 0,
@@ -231,6 +248,8 @@ impl World {
         world.at(first_crash, Event::Crash);
         let first_partition = world.rng.gen_range(0..partition * 2);
         world.at(first_partition, Event::Partition);
+        let first_slow = world.rng.gen_range(0..world.cfg.slow_interval_us * 2);
+        world.at(first_slow, Event::SlowDown);
         world.at(epoch, Event::EpochTick);
         world
     }
@@ -259,13 +278,20 @@ impl World {
     /// Sends `msg`, subject to the network's faults. EXEC&PREPARE is never duplicated: TCP
     /// does not duplicate, and coordinators never resend one (they retry with a new tid).
     fn send(&mut self, from: Endpoint, to: Endpoint, msg: Msg) {
-        let cut = self
-            .isolated
-            .is_some_and(|n| from == Endpoint::Node(n) || to == Endpoint::Node(n));
+        let touches = |set: &std::collections::BTreeSet<NodeId>| {
+            set.iter()
+                .any(|&n| from == Endpoint::Node(n) || to == Endpoint::Node(n))
+        };
+        let (cut, slow) = (touches(&self.cut), touches(&self.slow));
         if cut || (self.faults_on() && self.rng.gen_bool(self.cfg.drop_probability)) {
             return;
         }
         let (lo, hi) = self.cfg.delay_us;
+        let (lo, hi) = if slow {
+            (lo + 1_000, hi + 20_000)
+        } else {
+            (lo, hi)
+        };
         let duplicable = !matches!(
             msg,
             Msg::Req {
@@ -322,7 +348,7 @@ impl World {
         !self.faults_on()
             && self.coordinators.iter().all(|c| c.done())
             && self.nodes.iter().all(|n| n.quiet())
-            && self.isolated.is_none()
+            && self.cut.is_empty()
     }
 
     fn run(&mut self) {
@@ -373,13 +399,30 @@ impl World {
             Event::Restart { node } => node::restart(self, node),
             Event::Partition => {
                 if self.faults_on() {
-                    self.isolated = Some(self.rng.gen_range(1..=self.cfg.nodes));
-                    let length = self.rng.gen_range(20_000..200_000);
-                    self.at(length, Event::Heal);
+                    self.partition();
                 }
             }
+            Event::Cut { node } => {
+                self.cut.insert(node);
+            }
+            Event::Restore { node } => {
+                self.cut.remove(&node);
+            }
+            Event::SlowDown => {
+                if self.faults_on() {
+                    let node = self.rng.gen_range(1..=self.cfg.nodes);
+                    self.slow.insert(node);
+                    let length = self.rng.gen_range(50_000..300_000);
+                    self.at(length, Event::SpeedUp { node });
+                    let next = self.rng.gen_range(0..self.cfg.slow_interval_us * 2);
+                    self.at(next, Event::SlowDown);
+                }
+            }
+            Event::SpeedUp { node } => {
+                self.slow.remove(&node);
+            }
             Event::Heal => {
-                self.isolated = None;
+                self.cut.clear();
                 if self.faults_on() {
                     let next = self.rng.gen_range(0..self.cfg.partition_interval_us * 2);
                     self.at(next, Event::Partition);
@@ -409,6 +452,33 @@ impl World {
                 attempt,
             } => coordinator::resume(self, coordinator, attempt),
         }
+    }
+
+    /// Either one node cut off for a while, or a swizzle (FoundationDB): a random subset of
+    /// nodes cut off one by one, then restored one by one in another random order.
+    fn partition(&mut self) {
+        use rand::seq::SliceRandom;
+        if self.rng.gen_bool(0.5) {
+            let node = self.rng.gen_range(1..=self.cfg.nodes);
+            self.cut.insert(node);
+            let length = self.rng.gen_range(20_000..200_000);
+            self.at(length, Event::Heal);
+            return;
+        }
+        let mut nodes: Vec<NodeId> = (1..=self.cfg.nodes).collect();
+        nodes.shuffle(&mut self.rng);
+        nodes.truncate(self.rng.gen_range(1..=nodes.len()));
+        let mut at = 0;
+        for &node in &nodes {
+            at += self.rng.gen_range(5_000..30_000);
+            self.at(at, Event::Cut { node });
+        }
+        nodes.shuffle(&mut self.rng);
+        for &node in &nodes {
+            at += self.rng.gen_range(5_000..30_000);
+            self.at(at, Event::Restore { node });
+        }
+        self.at(at + 1, Event::Heal);
     }
 
     fn manager_deliver(&mut self, from: Endpoint, msg: Msg) {

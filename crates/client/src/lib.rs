@@ -136,10 +136,6 @@ impl Cluster {
             .clone()
     }
 
-    pub fn options(&self) -> &ClientOptions {
-        &self.inner.opts
-    }
-
     /// Load statistics of every memory node in the directory.
     pub async fn stats(&self) -> Vec<(NodeId, Result<StatsReport, RpcError>)> {
         let mut out = Vec::new();

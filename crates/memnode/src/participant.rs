@@ -241,10 +241,6 @@ impl<R> Participant<R> {
         self.stage
     }
 
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
     /// Moves to `epoch` if it is newer; in `log` mode the epoch is logged (synced before any
     /// reply that relies on it) so that it never regresses across a restart.
     pub fn set_epoch(&mut self, epoch: u64) -> Actions<R> {

@@ -259,15 +259,6 @@ impl LocalCluster {
         out
     }
 
-    pub fn is_running(&self, name: &str) -> bool {
-        match name.strip_prefix("node-") {
-            Some(id) => id
-                .parse()
-                .is_ok_and(|id: NodeId| self.nodes.contains_key(&id)),
-            None => self.manager.is_some(),
-        }
-    }
-
     /// SIGTERM every child, wait up to 10 s, then SIGKILL what is left.
     pub fn stop_all(&mut self) {
         let mut children: Vec<Child> = std::mem::take(&mut self.nodes).into_values().collect();

@@ -114,6 +114,13 @@ impl SimCoordinator {
         }
     }
 
+    /// Attempt `id`, if it is still the current one of a coordinator that has not crashed.
+    fn live_attempt(&mut self, id: u64) -> Option<&mut Attempt> {
+        self.attempt
+            .as_mut()
+            .filter(|a| a.id == id && !self.crashed)
+    }
+
     pub(crate) fn done(&self) -> bool {
         self.next_k == self.ops_total && self.op.is_none() && !self.crashed
     }
@@ -306,14 +313,12 @@ fn flatten(replies: &[Option<NodeReply>]) -> Vec<NodeReply> {
 pub(crate) fn timeout(world: &mut World, c: usize, attempt_id: u64) {
     let now = world.now_us;
     let co = &mut world.coordinators[c];
-    let Some(attempt) = co
-        .attempt
-        .as_mut()
-        .filter(|a| a.id == attempt_id && !co.crashed)
-    else {
+    let Some(deadline) = co.op.as_ref().map(|op| op.deadline_us) else {
         return;
     };
-    let deadline = co.op.as_ref().expect("an operation").deadline_us;
+    let Some(attempt) = co.live_attempt(attempt_id) else {
+        return;
+    };
     if let Some((answers, _)) = attempt.releasing.as_ref() {
         let tally = coordinator::released(answers);
         return finalize(world, c, tally);
@@ -500,12 +505,7 @@ fn finalize(world: &mut World, c: usize, tally: Tally) {
 
 /// A stalled coordinator wakes up and sends the rest of phase 1.
 pub(crate) fn resume(world: &mut World, c: usize, attempt_id: u64) {
-    let co = &mut world.coordinators[c];
-    let Some(attempt) = co
-        .attempt
-        .as_mut()
-        .filter(|a| a.id == attempt_id && !co.crashed)
-    else {
+    let Some(attempt) = world.coordinators[c].live_attempt(attempt_id) else {
         return;
     };
     let sends = std::mem::take(&mut attempt.stalled);

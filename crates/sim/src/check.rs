@@ -10,6 +10,7 @@
 use crate::coordinator::{account, accounts, receipt, OpOutcome, INITIAL_BALANCE};
 use crate::World;
 use std::fmt;
+use tutti_wire::NodeId;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -27,8 +28,33 @@ fn violation(kind: &'static str, detail: String) -> Violation {
     Violation { kind, detail }
 }
 
+/// Checked whenever a memory node finishes recovery: every transfer already reported committed
+/// that touches the node is applied in its space (the node's vote was synced before the
+/// coordinator heard it, so a restart must bring the transfer back).
+pub(crate) fn after_recovery(world: &mut World, node: NodeId) {
+    let cfg = &world.cfg;
+    let p = world.nodes[usize::from(node) - 1]
+        .participant
+        .as_ref()
+        .expect("just recovered");
+    let mut found = Vec::new();
+    for (c, co) in world.coordinators.iter().enumerate() {
+        for (k, from, to, _, outcome) in co.transfers() {
+            let touches = account(cfg, from).0 == node || account(cfg, to).0 == node;
+            if outcome == OpOutcome::Committed
+                && touches
+                && p.space().read(receipt(cfg, c, k), 1)[0] != 1
+            {
+                let detail = format!("at {} µs node {node} recovered without coordinator {c}'s committed transfer {k}", world.now_us);
+                found.push(violation("durability", detail));
+            }
+        }
+    }
+    world.violations.extend(found);
+}
+
 pub(crate) fn final_state(world: &World) -> Vec<Violation> {
-    let mut out = Vec::new();
+    let mut out = world.violations.clone();
     let cfg = &world.cfg;
     if !world.finished() {
         let pending: Vec<usize> = (0..world.coordinators.len())

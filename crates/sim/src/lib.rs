@@ -200,6 +200,8 @@ pub(crate) struct World {
     node_crashes: u64,
     coordinator_crashes: u64,
     seed: u64,
+    /// Found by checks that run during the run (see `check::after_recovery`).
+    violations: Vec<Violation>,
 }
 
 const FNV_PRIME: u64 = 0x100_0000_01b3;
@@ -232,6 +234,7 @@ impl World {
             coordinator_crashes: 0,
             seed,
             cfg,
+            violations: Vec::new(),
         };
         for id in 1..=world.cfg.nodes {
             world.schedule_node_timers(id);

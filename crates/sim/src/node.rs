@@ -3,6 +3,7 @@
 //! was written but not synced and returns the image to its last flush; a process kill keeps
 //! both (they were in the page cache), as on Linux.
 
+use crate::check;
 use crate::coordinator::{initial_image, SPACE_BYTES};
 use crate::{Endpoint, Event, Msg, SimConfig, World};
 use rand::Rng;
@@ -328,6 +329,7 @@ pub(crate) fn restart(world: &mut World, id: NodeId) {
             .as_mut()
             .expect("up")
             .finish_recovery();
+        check::after_recovery(world, id);
         return;
     }
     let (stage2, queries) = Stage2::start(id, undecided);
@@ -410,6 +412,7 @@ fn stage2_answer(world: &mut World, id: NodeId, i: usize, resp: Response) {
         let acts = node.participant.as_mut().expect("up").resolve(&outcomes);
         node.participant.as_mut().expect("up").finish_recovery();
         apply(world, id, acts);
+        check::after_recovery(world, id);
         for (q, decision) in decisions {
             world.send(
                 Endpoint::Node(id),

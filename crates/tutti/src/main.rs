@@ -45,6 +45,11 @@ enum Command {
     /// thread per core and check every invariant. A failing seed prints the command that
     /// replays it; TUTTI_SIM_TRACE=1 prints every event of a run.
     Sim(SimArgs),
+    /// Randomized failure injection against real processes (after Ji's test engine): a
+    /// scratch 4-node log cluster and bank clients, with memory nodes, clients and the
+    /// manager killed (-9) and restarted at random intervals; then heal, verify every
+    /// invariant and print the table of faults done. Exit status 1 on any violation.
+    Chaos(ChaosArgs),
     /// Run a memory node (normally started by `tutti up`).
     Memnode(MemnodeArgs),
     /// Run the management node (normally started by `tutti up`).
@@ -177,6 +182,44 @@ enum Layout2 {
 }
 
 #[derive(Args)]
+struct ChaosArgs {
+    /// How long to inject faults, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    duration_s: f64,
+    /// Bank client processes.
+    #[arg(long, default_value_t = 6)]
+    clients: u64,
+    /// Seconds between memory node kills, as MIN-MAX.
+    #[arg(long, default_value = "1-4", value_parser = parse_range)]
+    node_kill_every_s: (f64, f64),
+    /// Seconds between client kills, as MIN-MAX.
+    #[arg(long, default_value = "1-4", value_parser = parse_range)]
+    client_kill_every_s: (f64, f64),
+    /// Seconds between manager kills, as MIN-MAX.
+    #[arg(long, default_value = "10-30", value_parser = parse_range)]
+    manager_kill_every_s: (f64, f64),
+    /// Seed of the fault schedule (random if not given).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep the cluster's data and logs here (default: a scratch directory, removed if the
+    /// run passes).
+    #[arg(long)]
+    data: Option<PathBuf>,
+}
+
+fn parse_range(s: &str) -> Result<(f64, f64), String> {
+    let (lo, hi) = s.split_once('-').ok_or("expected MIN-MAX, e.g. 1-4")?;
+    let (lo, hi): (f64, f64) = (
+        lo.trim().parse().map_err(|e| format!("{e}"))?,
+        hi.trim().parse().map_err(|e| format!("{e}"))?,
+    );
+    if lo < 0.0 || hi < lo {
+        return Err("expected 0 <= MIN <= MAX".into());
+    }
+    Ok((lo, hi))
+}
+
+#[derive(Args)]
 struct SimArgs {
     /// How many seeds to run.
     #[arg(long, default_value_t = 1000)]
@@ -305,6 +348,17 @@ fn init_tracing(default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Chaos(a) = cli.command {
+        // Chaos drives its own runtime between the processes it kills.
+        init_tracing("error");
+        return match chaos(a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tutti: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // A memory node is one event loop plus its log writer thread, and the benchmark client
     // one event loop: on a machine shared by several processes, extra worker threads only
     // add wake-ups and migrations.
@@ -360,6 +414,7 @@ async fn run(command: Command) -> ExitCode {
             init_tracing("error");
             bench_minitx(a).await
         }
+        Command::Chaos(_) => unreachable!("handled before the runtime starts"),
         Command::Sim(a) => {
             init_tracing("error");
             sim(a)
@@ -649,6 +704,54 @@ impl Drop for TempCluster {
     fn drop(&mut self) {
         self.0.stop_all();
         let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
+fn chaos(a: ChaosArgs) -> Result<(), String> {
+    use tutti::chaos::{ChaosConfig, Terminator};
+    let every = |(lo, hi): (f64, f64)| Terminator {
+        every: (Duration::from_secs_f64(lo), Duration::from_secs_f64(hi)),
+    };
+    let cfg = ChaosConfig {
+        duration: Duration::from_secs_f64(a.duration_s),
+        clients: a.clients.max(1),
+        nodes: every(a.node_kill_every_s),
+        clients_killer: every(a.client_kill_every_s),
+        manager: every(a.manager_kill_every_s),
+        seed: a.seed.unwrap_or_else(rand::random),
+    };
+    let scratch = a.data.is_none();
+    let dir = a.data.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("tutti-chaos-{}", std::process::id()))
+    });
+    if scratch {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    eprintln!(
+        "chaos: seed {} (replay the fault schedule with --seed), data in {}",
+        cfg.seed,
+        dir.display()
+    );
+    let report = tutti::chaos::run(&exe, &dir, &cfg, |line| eprint!("\rchaos: {line}   "))
+        .map_err(|e| e.to_string())?;
+    eprintln!();
+    print!("{}", report.table(&cfg));
+    if report.violations.is_empty() {
+        println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected)");
+        if scratch {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Ok(())
+    } else {
+        for v in &report.violations {
+            println!("VIOLATION: {v}");
+        }
+        Err(format!(
+            "{} invariant violations; data and logs kept in {}",
+            report.violations.len(),
+            dir.display()
+        ))
     }
 }
 

@@ -491,35 +491,61 @@ async fn up(a: UpArgs) -> Result<(), String> {
     );
     println!("tutti: Ctrl-C stops the cluster");
     let mut signal = Box::pin(shutdown_signal());
-    let mut restarts: std::collections::HashMap<String, u32> = Default::default();
-    loop {
+    // Per child: when it was last started, how many times in a row it died within
+    // QUICK_DEATH of a start, and when it is due to start again.
+    const QUICK_DEATH: Duration = Duration::from_secs(10);
+    const QUICK_DEATHS_MAX: u32 = 5;
+    let mut children: std::collections::HashMap<
+        String,
+        (std::time::Instant, u32, Option<std::time::Instant>),
+    > = Default::default();
+    let mut failure = None;
+    'supervise: loop {
         tokio::select! {
             _ = &mut signal => break,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
+        let now = std::time::Instant::now();
         for (name, status) in cluster.reap() {
-            let n = restarts.entry(name.clone()).or_default();
-            *n += 1;
+            let log = cluster.dir.join("logs").join(format!("{name}.log"));
+            let (started, quick, due) = children.entry(name.clone()).or_insert((now, 0, None));
+            *quick = if started.elapsed() < QUICK_DEATH {
+                *quick + 1
+            } else {
+                1
+            };
+            if *quick > QUICK_DEATHS_MAX {
+                failure = Some(format!(
+                    "{name} exited {quick} times right after starting ({status}); see {}",
+                    log.display()
+                ));
+                break 'supervise;
+            }
+            let delay = Duration::from_millis(200 << *quick).min(Duration::from_secs(10));
             eprintln!(
-                "tutti: {name} exited ({status}); restarting it (restart {n}); see {}",
-                cluster
-                    .dir
-                    .join("logs")
-                    .join(format!("{name}.log"))
-                    .display()
+                "tutti: {name} exited ({status}); restarting it in {delay:?}; see {}",
+                log.display()
             );
-            let started = match name.strip_prefix("node-").and_then(|id| id.parse().ok()) {
+            *due = Some(now + delay);
+        }
+        for (name, (started, _, due)) in children
+            .iter_mut()
+            .filter(|(_, c)| c.2.is_some_and(|d| d <= now))
+        {
+            *due = None;
+            *started = now;
+            let result = match name.strip_prefix("node-").and_then(|id| id.parse().ok()) {
                 Some(id) => cluster.start_node(id),
                 None => cluster.start_manager(),
             };
-            if let Err(e) = started {
+            if let Err(e) = result {
                 eprintln!("tutti: restarting {name}: {e}");
             }
         }
     }
     eprintln!("tutti: stopping");
     cluster.stop_all();
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }
 
 async fn txn(a: TxnArgs) -> Result<(), String> {

@@ -25,8 +25,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start a local cluster (a manager and N memory nodes as child processes) and keep it
-    /// running until Ctrl-C or SIGTERM. Restarting on the same --data keeps all data.
+    /// Start a local cluster and keep it running until Ctrl-C or SIGTERM.
+    ///
+    /// A manager and N memory nodes run as child processes. Restarting on the same --data
+    /// keeps all data.
     Up(UpArgs),
     /// Run one minitransaction and print its outcome as JSON.
     ///
@@ -41,14 +43,17 @@ enum Command {
         #[command(subcommand)]
         which: BenchCommand,
     },
-    /// Deterministic simulation: run seeds of a whole cluster under injected faults in one
-    /// thread per core and check every invariant. A failing seed prints the command that
-    /// replays it; TUTTI_SIM_TRACE=1 prints every event of a run.
+    /// Deterministic simulation of a whole cluster under injected faults.
+    ///
+    /// Runs seeds on every core and checks every invariant. A failing seed prints the command
+    /// that replays it; TUTTI_SIM_TRACE=1 prints every event of a run.
     Sim(SimArgs),
-    /// Randomized failure injection against real processes (after Ji's test engine): a
-    /// scratch 4-node log cluster and bank clients, with memory nodes, clients and the
-    /// manager killed (-9) and restarted at random intervals; then heal, verify every
-    /// invariant and print the table of faults done. Exit status 1 on any violation.
+    /// Randomized failure injection against real processes; verify and report.
+    ///
+    /// After Ji's test engine: a scratch 4-node log cluster and bank clients, with memory
+    /// nodes, clients and the manager killed (-9) and restarted at random intervals; then
+    /// heal, verify every invariant and print the table of faults done. Exit status 1 on any
+    /// violation.
     Chaos(ChaosArgs),
     /// Run a memory node (normally started by `tutti up`).
     Memnode(MemnodeArgs),

@@ -426,11 +426,21 @@ async fn recover_stage2(node: &Node) {
     let mut requests = Vec::new();
     for (q, query) in queries {
         if let Response::LogTids(tids) = call_until_ok(node, q, &query).await {
+            tracing::info!(
+                peer = q,
+                tids = tids.len(),
+                "stage 2: peer's all-log-tids received"
+            );
             requests = stage2.on_log_tids(q, tids).unwrap_or_default();
         }
     }
     for (q, request) in requests {
         if let Response::Votes(votes) = call_until_ok(node, q, &request).await {
+            tracing::info!(
+                peer = q,
+                votes = votes.len(),
+                "stage 2: peer's votes received"
+            );
             stage2.on_votes(q, &votes);
         }
     }
@@ -454,6 +464,8 @@ async fn recover_stage2(node: &Node) {
 /// a participant is down; so does recovery).
 async fn call_until_ok(node: &Node, q: NodeId, req: &Request) -> Response {
     let mut delay = Duration::from_millis(20);
+    let started = std::time::Instant::now();
+    let mut failures = 0u32;
     loop {
         let result = match node.peer(q).await {
             Ok(conn) => conn.call_within(req, RPC_TIMEOUT).await,
@@ -464,7 +476,21 @@ async fn call_until_ok(node: &Node, q: NodeId, req: &Request) -> Response {
         };
         match result {
             Ok(resp) => return resp,
-            Err(e) => tracing::debug!("peer {q}: {e}"),
+            Err(e) => {
+                failures += 1;
+                // Recovery waits for its peers; say so when it has waited long.
+                if failures.is_multiple_of(20) {
+                    let waited = started.elapsed();
+                    tracing::warn!(
+                        peer = q,
+                        ?waited,
+                        failures,
+                        "recovery still waiting for a peer: {e}"
+                    );
+                } else {
+                    tracing::debug!("peer {q}: {e}");
+                }
+            }
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(500));

@@ -317,8 +317,16 @@ impl<R> Participant<R> {
         let mut acts = Actions::default();
         match req {
             Request::RequestAbort { tids } => self.request_abort(&mut acts, reply_to, id, tids),
-            Request::LogTids => {
-                let tids = sorted(self.log_tids.keys().copied());
+            Request::LogTids { tids } if tids.len() > BATCH_TIDS_MAX => {
+                let message = format!("more than {BATCH_TIDS_MAX} tids");
+                acts.replies
+                    .push((reply_to, id, error(ErrorCode::BadRequest, message)));
+            }
+            Request::LogTids { tids } => {
+                let tids = tids
+                    .into_iter()
+                    .filter(|t| self.log_tids.contains_key(t))
+                    .collect();
                 let lsn = self.votes_lsn;
                 self.after(
                     &mut acts,
@@ -1152,6 +1160,31 @@ mod tests {
         assert!(matches!(
             acts.replies[..],
             [(_, 5, Response::Released { held: false })]
+        ));
+    }
+
+    #[test]
+    fn log_tids_answers_only_about_the_tids_asked() {
+        let mut p = node(2, Mode::Log);
+        let acts = prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)]);
+        p.on_synced(0, acts.append[0].0);
+        let acts = p.on_request(
+            0,
+            1,
+            9,
+            Request::LogTids {
+                tids: vec![tid(1), tid(2)],
+            },
+        );
+        assert!(matches!(&acts.replies[..], [(_, 9, Response::LogTids(t))] if t == &vec![tid(1)]));
+        let too_many = vec![tid(3); BATCH_TIDS_MAX + 1];
+        let acts = p.on_request(0, 1, 10, Request::LogTids { tids: too_many });
+        assert!(matches!(
+            acts.replies[0].2,
+            Response::Error {
+                code: ErrorCode::BadRequest,
+                ..
+            }
         ));
     }
 

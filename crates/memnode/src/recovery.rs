@@ -4,7 +4,7 @@
 //! refused it. The node driver runs it over TCP; a simulator can run it unchanged.
 
 use crate::participant::BATCH_TIDS_MAX;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use tutti_wire::{NodeId, Outgoing, Request, Tid};
 
 pub struct Stage2 {
@@ -24,21 +24,34 @@ enum Phase {
 }
 
 impl Stage2 {
-    /// Starts with the node's undecided tids; returns the LogTids queries to send (none if
+    /// Starts with the node's undecided tids; returns the LogTids queries to send: each peer
+    /// is asked which of the undecided tids it participates in it holds, in batches (none if
     /// there is nothing to decide).
     pub fn start(me: NodeId, undecided: Vec<(Tid, Vec<NodeId>)>) -> (Stage2, Outgoing) {
-        let peers: BTreeSet<NodeId> = undecided
-            .iter()
-            .flat_map(|(_, d)| d.iter().copied())
-            .filter(|&q| q != me)
-            .collect();
-        let queries = peers.iter().map(|&q| (q, Request::LogTids)).collect();
-        let phase = if peers.is_empty() {
+        let mut per_peer: BTreeMap<NodeId, Vec<Tid>> = BTreeMap::new();
+        for (tid, d) in &undecided {
+            for &q in d.iter().filter(|&&q| q != me) {
+                per_peer.entry(q).or_default().push(*tid);
+            }
+        }
+        let mut queries = Vec::new();
+        let mut waiting = BTreeMap::new();
+        for (q, tids) in per_peer {
+            for chunk in tids.chunks(BATCH_TIDS_MAX) {
+                queries.push((
+                    q,
+                    Request::LogTids {
+                        tids: chunk.to_vec(),
+                    },
+                ));
+                *waiting.entry(q).or_default() += 1;
+            }
+        }
+        let phase = if queries.is_empty() {
             Phase::Votes
         } else {
             Phase::LogTids
         };
-        let waiting = peers.into_iter().map(|q| (q, 1)).collect();
         let stage = Stage2 {
             me,
             undecided,
@@ -50,13 +63,18 @@ impl Stage2 {
         (stage, queries)
     }
 
-    /// Peer `q` sent its all-log-tids. Once every peer did, returns the REQUEST-ABORTs to send
-    /// (possibly none: then `done` holds).
+    /// Peer `q` answered one of its LogTids queries. Once every query is answered, returns
+    /// the REQUEST-ABORTs to send (possibly none: then `done` holds).
     pub fn on_log_tids(&mut self, q: NodeId, tids: Vec<Tid>) -> Option<Outgoing> {
-        if self.phase != Phase::LogTids || self.waiting.remove(&q).is_none() {
+        if self.phase != Phase::LogTids {
             return None;
         }
-        self.held.insert(q, tids.into_iter().collect());
+        let left = self.waiting.get_mut(&q)?;
+        *left -= 1;
+        if *left == 0 {
+            self.waiting.remove(&q);
+        }
+        self.held.entry(q).or_default().extend(tids);
         if !self.waiting.is_empty() {
             return None;
         }
@@ -143,6 +161,8 @@ mod tests {
         let undecided = vec![(tid(1), vec![1, 2, 3]), (tid(2), vec![1, 2])];
         let (mut s, queries) = Stage2::start(1, undecided);
         assert_eq!(queries.len(), 2);
+        // Each peer is asked only about the tids it takes part in: answers stay bounded.
+        assert!(matches!(&queries[1], (3, Request::LogTids { tids }) if tids == &vec![tid(1)]));
         assert!(s.on_log_tids(2, vec![tid(1), tid(2)]).is_none());
         let asks = s.on_log_tids(3, vec![]).unwrap();
         assert_eq!(asks.len(), 1, "only node 3 lacks a tid");

@@ -57,10 +57,10 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let frame = encode_envelope(7, &Request::LogTids);
+        let frame = encode_envelope(7, &Request::Stats);
         let (id, req): (u64, Request) = decode_envelope(&frame).unwrap();
         assert_eq!(id, 7);
-        assert!(matches!(req, Request::LogTids));
+        assert!(matches!(req, Request::Stats));
     }
 
     #[test]

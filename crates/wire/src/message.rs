@@ -228,8 +228,10 @@ pub enum Request {
     /// Recovery coordinator or recovering node → participant (Fig. 7, Fig. 8 stage 2),
     /// batched: one message carries every tid asked of this node.
     RequestAbort { tids: Vec<(Tid, Vec<NodeId>)> },
-    /// Recovering node → peer: the peer's all-log-tids (§4.5).
-    LogTids,
+    /// Recovering node → peer: which of these tids are in the peer's all-log-tids (§4.5),
+    /// asked only about the tids the recovering node must decide, so that the answer stays
+    /// bounded however long the peer's log is (at most `BATCH_TIDS_MAX` per request).
+    LogTids { tids: Vec<Tid> },
     /// Memory node → peer: which of these committed tids has the peer applied to its
     /// durable image (or already collected)? Backs up the manager's GC relay.
     Applied { tids: Vec<Tid> },

@@ -59,7 +59,9 @@ impl Clients {
             .dir
             .join(format!("client-{id}-{}.out", self.incarnations[i]));
         let kind = if id.is_multiple_of(2) { "cas" } else { "add" };
-        let child = Command::new(&self.exe)
+        let mut cmd = Command::new(&self.exe);
+        crate::local::die_with_parent(&mut cmd);
+        let child = cmd
             .args([
                 "workload",
                 "--cluster",

@@ -151,17 +151,7 @@ impl LocalCluster {
         let err = log.try_clone().map_err(io("open a log file"))?;
         let mut cmd = Command::new(&self.exe);
         cmd.args(&args).stdin(Stdio::null()).stdout(log).stderr(err);
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: prctl is async-signal-safe; it makes the child stop when we die, so a
-            // killed `tutti up` leaves no memory node behind.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                    Ok(())
-                });
-            }
-        }
+        die_with_parent(&mut cmd);
         cmd.spawn().map_err(io(format!("start {name}")))
     }
 
@@ -326,6 +316,19 @@ impl LocalCluster {
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop_all();
+    }
+}
+
+/// Makes the child receive SIGTERM when this process dies, so that a killed `tutti up` or
+/// `tutti chaos` leaves no memory node or client process behind.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe, as a pre_exec hook must be.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
     }
 }
 

@@ -429,7 +429,7 @@ async fn recover_stage2(node: &Node) {
             tracing::info!(
                 peer = q,
                 tids = tids.len(),
-                "stage 2: peer's all-log-tids received"
+                "stage 2: peer said which tids it holds"
             );
             requests = stage2.on_log_tids(q, tids).unwrap_or_default();
         }

@@ -452,14 +452,7 @@ fn finalize(world: &mut World, c: usize, tally: Tally) {
                     tid: attempt.tid,
                     commit,
                 };
-                world.send(
-                    Endpoint::Coordinator(c),
-                    Endpoint::Node(node),
-                    Msg::Req {
-                        id: 0,
-                        req: decision,
-                    },
-                );
+                world.send_one_way(Endpoint::Coordinator(c), Endpoint::Node(node), decision);
             }
         }
     };

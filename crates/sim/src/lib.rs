@@ -327,6 +327,11 @@ impl World {
         self.at(delay, Event::Deliver { from, to, msg });
     }
 
+    /// A request that expects no reply (message id 0), such as a DECISION.
+    fn send_one_way(&mut self, from: Endpoint, to: Endpoint, req: Request) {
+        self.send(from, to, Msg::Req { id: 0, req });
+    }
+
     fn schedule_node_timers(&mut self, id: NodeId) {
         let incarnation = self.nodes[usize::from(id) - 1].incarnation;
         let jitter = self.rng.gen_range(0..20_000);
@@ -522,14 +527,7 @@ impl World {
                 if let Some(decisions) = recovery.on_votes(q, &votes) {
                     let recovery = self.manager.recoveries.remove(&rid).expect("present");
                     for (q, decision) in decisions {
-                        self.send(
-                            Endpoint::Manager,
-                            Endpoint::Node(q),
-                            Msg::Req {
-                                id: 0,
-                                req: decision,
-                            },
-                        );
+                        self.send_one_way(Endpoint::Manager, Endpoint::Node(q), decision);
                     }
                     self.manager.state.recovery_done(recovery.batch());
                 }

@@ -414,14 +414,7 @@ fn stage2_answer(world: &mut World, id: NodeId, i: usize, resp: Response) {
         apply(world, id, acts);
         check::after_recovery(world, id);
         for (q, decision) in decisions {
-            world.send(
-                Endpoint::Node(id),
-                Endpoint::Node(q),
-                Msg::Req {
-                    id: 0,
-                    req: decision,
-                },
-            );
+            world.send_one_way(Endpoint::Node(id), Endpoint::Node(q), decision);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! (group commit), checkpoints the image, heartbeats the manager, and performs stage 2 of
 //! recovery by asking peers. All protocol decisions are the `Participant`'s.
 
-use crate::participant::{Actions, Config, LogCounters, Mode, Participant};
+use crate::participant::{Actions, Config, LogCounters, Mode, Participant, BATCH_TIDS_MAX};
 use crate::recovery::Stage2;
 use crate::redo_log::{encode_record, LogError, LogRecord, Lsn, RedoLog};
 use crate::space::Space;
@@ -579,18 +579,24 @@ async fn collect_stale_reports(node: Arc<Node>) {
         }
         let mut missing: HashSet<Tid> = HashSet::new();
         for (q, tids) in by_peer {
-            let asked: HashSet<Tid> = tids.iter().copied().collect();
-            let applied: HashSet<Tid> = match node.peer(q).await {
-                Ok(conn) => match conn
-                    .call_within(&Request::Applied { tids }, RPC_TIMEOUT)
-                    .await
-                {
-                    Ok(Response::Applied(a)) => a.into_iter().collect(),
-                    _ => HashSet::new(),
-                },
-                Err(_) => HashSet::new(),
-            };
-            missing.extend(asked.difference(&applied));
+            for batch in tids.chunks(BATCH_TIDS_MAX) {
+                let applied: HashSet<Tid> = match node.peer(q).await {
+                    Ok(conn) => match conn
+                        .call_within(
+                            &Request::Applied {
+                                tids: batch.to_vec(),
+                            },
+                            RPC_TIMEOUT,
+                        )
+                        .await
+                    {
+                        Ok(Response::Applied(a)) => a.into_iter().collect(),
+                        _ => HashSet::new(),
+                    },
+                    Err(_) => HashSet::new(),
+                };
+                missing.extend(batch.iter().filter(|t| !applied.contains(t)));
+            }
         }
         let done: Vec<Tid> = stale
             .iter()

@@ -765,7 +765,10 @@ impl<R> Participant<R> {
                 t.durable = true;
                 if t.participants.len() == 1 || planted(Bug::GcBeforeAllApplied) {
                     t.gc_ok = true;
-                } else {
+                } else if !t.gc_ok {
+                    // Already confirmed when the manager's relay outran this node's replay
+                    // after a restart: a report now would wait forever for peers that
+                    // collected the tid long ago.
                     self.to_report.push((tid, t.participants.clone()));
                 }
             }
@@ -876,25 +879,22 @@ impl<R> Participant<R> {
 
     /// Reported tids still not collected after `age_ms`: the driver asks their peers whether
     /// they applied them, so that a relay lost with a manager crash cannot pin the log.
+    /// All of them: the driver batches the questions.
     pub fn reported_older_than(&self, now_ms: u64, age_ms: u64) -> Vec<(Tid, Vec<NodeId>)> {
-        let mut stale = sorted(
+        sorted(
             self.reported
                 .iter()
                 .filter(|(_, (_, sent))| now_ms.saturating_sub(*sent) >= age_ms)
                 .map(|(tid, (p, _))| (*tid, p.clone())),
-        );
-        stale.truncate(BATCH_TIDS_MAX);
-        stale
+        )
     }
 
-    /// Every participant of these committed tids applied them: collect them.
+    /// Every participant of these reported tids applied them: collect them, and stop
+    /// waiting for a relay (also for tids this node collected meanwhile, which would
+    /// otherwise be asked about forever).
     pub fn applied_by_peers(&mut self, tids: &[Tid]) {
         for tid in tids {
-            if self
-                .log_tids
-                .get(tid)
-                .is_some_and(|t| t.outcome == Outcome::Commit)
-            {
+            if self.reported.remove(tid).is_some() {
                 self.gc_confirmed(*tid);
             }
         }
@@ -1437,6 +1437,76 @@ mod tests {
             "everything but the epoch record (lsn 4) is collectable"
         );
         assert_eq!(p.stats(0).log_records_live, 0);
+    }
+
+    #[test]
+    fn a_relay_that_outruns_the_replay_is_not_reported_again() {
+        let records = vec![
+            (
+                1,
+                LogRecord::Prepare {
+                    tid: tid(1),
+                    participants: vec![1, 2],
+                    writes: vec![(0, vec![1])],
+                },
+            ),
+            (
+                2,
+                LogRecord::Decided {
+                    tid: tid(1),
+                    commit: true,
+                },
+            ),
+        ];
+        let cfg = Config {
+            id: 1,
+            mode: Mode::Log,
+            timeout_uncertain_ms: 100,
+            limits: Limits::default(),
+        };
+        let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 3, records);
+        let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)]);
+        p.finish_recovery();
+        let cp = p.checkpoint_begin();
+        let _ = p.checkpoint_done(cp);
+        assert!(p.heartbeat(2).applied.is_empty(), "node 2 collected tid 1");
+        assert_eq!(p.stats(0).log_records_live, 0);
+    }
+
+    #[test]
+    fn stale_reports_are_settled_by_peers_even_after_collection() {
+        let mut p = node(1, Mode::Log);
+        for seq in 1..=3 {
+            let a = prepare(&mut p, tid(seq), vec![1, 2], vec![write(0, 1)]);
+            p.on_synced(0, a.append[0].0);
+            p.on_request(
+                0,
+                1,
+                0,
+                Request::Decision {
+                    tid: tid(seq),
+                    commit: true,
+                },
+            );
+        }
+        let cp = p.checkpoint_begin();
+        let _ = p.checkpoint_done(cp);
+        assert_eq!(p.heartbeat(0).applied.len(), 3);
+        let _ = p.on_heartbeat_ack(0, 1, 42, &[tid(1)]);
+        assert_eq!(p.reported_older_than(5, 10), vec![]);
+        assert_eq!(
+            p.reported_older_than(10, 10),
+            vec![(tid(2), vec![1, 2]), (tid(3), vec![1, 2])]
+        );
+        p.applied_by_peers(&[tid(1), tid(2)]);
+        assert_eq!(p.reported_older_than(10, 10), vec![(tid(3), vec![1, 2])]);
+        let cp = p.checkpoint_begin();
+        let acts = p.checkpoint_done(cp);
+        assert_eq!(
+            acts.truncate_below,
+            Some(5),
+            "tid 3 (lsn 5) still waits for node 2"
+        );
     }
 
     #[test]

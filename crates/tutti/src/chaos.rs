@@ -6,6 +6,8 @@
 
 use crate::bank::Bank;
 use crate::local::{LocalCluster, LocalError};
+use crate::proxy::{Process, Proxy};
+use crate::registers::RegisterOp;
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,6 +38,9 @@ pub struct Clients {
     running: Vec<Option<(Child, PathBuf)>>,
     pub seen: Vec<u64>,
     pub incarnations: Vec<u64>,
+    pub mix: Mix,
+    /// Extra flags of each client (its routes through the chaos proxy).
+    pub flags: Vec<Vec<String>>,
 }
 
 impl Clients {
@@ -48,6 +53,8 @@ impl Clients {
             running: (0..count).map(|_| None).collect(),
             seen: vec![0; count as usize],
             incarnations: vec![0; count as usize],
+            mix: Mix::TRANSFERS,
+            flags: vec![vec![]; count as usize],
         }
     }
 
@@ -61,23 +68,31 @@ impl Clients {
         let kind = if id.is_multiple_of(2) { "cas" } else { "add" };
         let mut cmd = Command::new(&self.exe);
         crate::local::die_with_parent(&mut cmd);
+        cmd.args([
+            "workload",
+            "--cluster",
+            &self.manager,
+            "--client-id",
+            &id.to_string(),
+        ])
+        .args([
+            "--clients",
+            &self.count.to_string(),
+            "--tasks",
+            &TASKS.to_string(),
+            "--kind",
+            kind,
+        ])
+        .args(["--seconds", "86400", "--deadline-ms", "30000"])
+        .args(["--mix", &self.mix.to_string()])
+        .args(&self.flags[i]);
+        if self.mix.has_registers() {
+            cmd.arg("--history").arg(
+                self.dir
+                    .join(format!("history-{id}-{}.jsonl", self.incarnations[i])),
+            );
+        }
         let child = cmd
-            .args([
-                "workload",
-                "--cluster",
-                &self.manager,
-                "--client-id",
-                &id.to_string(),
-            ])
-            .args([
-                "--clients",
-                &self.count.to_string(),
-                "--tasks",
-                &TASKS.to_string(),
-                "--kind",
-                kind,
-            ])
-            .args(["--seconds", "86400", "--deadline-ms", "30000"])
             .stdout(std::fs::File::create(&out)?)
             .stderr(Stdio::null())
             .spawn()?;
@@ -238,6 +253,113 @@ pub async fn log_bytes(cluster: &Cluster) -> u64 {
         .sum()
 }
 
+/// Relative frequencies of client operations, e.g. `transfer=4,read=2,write=1,cas=1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mix {
+    pub transfer: u32,
+    pub read: u32,
+    pub write: u32,
+    pub cas: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixOp {
+    Transfer,
+    Register(RegisterOp),
+}
+
+impl Mix {
+    /// Bank transfers only.
+    pub const TRANSFERS: Mix = Mix {
+        transfer: 1,
+        read: 0,
+        write: 0,
+        cas: 0,
+    };
+
+    fn weights(&self) -> [(MixOp, u32); 4] {
+        [
+            (MixOp::Transfer, self.transfer),
+            (MixOp::Register(RegisterOp::Read), self.read),
+            (MixOp::Register(RegisterOp::Write), self.write),
+            (MixOp::Register(RegisterOp::Cas), self.cas),
+        ]
+    }
+
+    pub fn pick(&self, rng: &mut impl Rng) -> MixOp {
+        let total: u32 = self.weights().iter().map(|(_, w)| w).sum();
+        let mut x = rng.gen_range(0..total);
+        for (op, w) in self.weights() {
+            if x < w {
+                return op;
+            }
+            x -= w;
+        }
+        unreachable!("x < total")
+    }
+
+    pub fn has_registers(&self) -> bool {
+        self.read + self.write + self.cas > 0
+    }
+}
+
+impl std::str::FromStr for Mix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Mix, String> {
+        let mut mix = Mix {
+            transfer: 0,
+            read: 0,
+            write: 0,
+            cas: 0,
+        };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, weight) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?}: expected OPERATION=WEIGHT"))?;
+            let weight: u32 = weight
+                .trim()
+                .parse()
+                .map_err(|e| format!("{part:?}: weight: {e}"))?;
+            let slot = match name.trim() {
+                "transfer" => &mut mix.transfer,
+                "read" => &mut mix.read,
+                "write" => &mut mix.write,
+                "cas" => &mut mix.cas,
+                other => {
+                    return Err(format!(
+                        "unknown operation {other:?} (use transfer, read, write, cas)"
+                    ))
+                }
+            };
+            *slot = weight;
+        }
+        if mix.weights().iter().all(|(_, w)| *w == 0) {
+            return Err("every weight is 0".into());
+        }
+        if mix
+            .weights()
+            .iter()
+            .map(|(_, w)| u64::from(*w))
+            .sum::<u64>()
+            > u64::from(u32::MAX)
+        {
+            return Err("weights too large".into());
+        }
+        Ok(mix)
+    }
+}
+
+impl std::fmt::Display for Mix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "transfer={},read={},write={},cas={}",
+            self.transfer, self.read, self.write, self.cas
+        )
+    }
+}
+
 /// One terminator: kills its kind of process at intervals drawn from `every`.
 #[derive(Clone, Copy, Debug)]
 pub struct Terminator {
@@ -248,10 +370,32 @@ pub struct Terminator {
 pub struct ChaosConfig {
     pub duration: Duration,
     pub clients: u64,
+    pub mix: Mix,
     pub nodes: Terminator,
     pub clients_killer: Terminator,
     pub manager: Terminator,
+    /// Time between partitions of a random pair of processes, and how long each lasts.
+    /// `None`: processes talk directly, without the proxy.
+    pub partitions: Option<(Terminator, Terminator)>,
+    /// The Go program that checks register histories with Porcupine.
+    pub linearizability_checker: PathBuf,
     pub seed: u64,
+}
+
+/// Where `tools/linearizability` is in the source tree this binary was built from.
+pub fn default_checker() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/linearizability")
+}
+
+/// Register operations of a run, by kind and outcome (from the history files).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OpCounts {
+    pub calls: u64,
+    pub ok: u64,
+    pub mismatch: u64,
+    pub aborted: u64,
+    /// Returned unknown, or never returned (the client was killed).
+    pub unknown: u64,
 }
 
 /// What a run did, for the report (Ji's Table 2: each fault, its configured interval, and how
@@ -261,7 +405,13 @@ pub struct ChaosReport {
     pub node_kills: u64,
     pub client_kills: u64,
     pub manager_kills: u64,
+    pub partitions: u64,
     pub transfers_seen_committed: u64,
+    pub reads: OpCounts,
+    pub writes: OpCounts,
+    pub cases: OpCounts,
+    /// Porcupine's verdict on the register history, e.g. "linearizable (41,012 operations)".
+    pub linearizability: Option<String>,
     pub log_peak_bytes: u64,
     pub log_after_bytes: u64,
     pub violations: Vec<String>,
@@ -276,39 +426,89 @@ impl ChaosReport {
                 t.every.1.as_secs_f64()
             )
         };
-        let rows = [
+        let weight = |w: u32| {
+            let total = cfg.mix.transfer + cfg.mix.read + cfg.mix.write + cfg.mix.cas;
+            format!(
+                "{:.0}% of ops, {} clients × {TASKS}",
+                100.0 * f64::from(w) / f64::from(total.max(1)),
+                cfg.clients
+            )
+        };
+        let ops = |c: &OpCounts| {
+            format!(
+                "{} ({} ok, {} mismatch, {} aborted, {} unknown)",
+                c.calls, c.ok, c.mismatch, c.aborted, c.unknown
+            )
+        };
+        let mut rows = vec![
             (
-                "kill -9 a memory node, restart it",
+                "kill -9 a memory node, restart it".to_string(),
                 interval(&cfg.nodes),
-                self.node_kills,
+                self.node_kills.to_string(),
             ),
             (
-                "kill -9 a client process, restart it",
+                "kill -9 a client process, restart it".into(),
                 interval(&cfg.clients_killer),
-                self.client_kills,
+                self.client_kills.to_string(),
             ),
             (
-                "kill -9 the manager, restart it",
+                "kill -9 the manager, restart it".into(),
                 interval(&cfg.manager),
-                self.manager_kills,
-            ),
-            (
-                "bank transfer (CAS or add), seen committed",
-                format!("{} clients × {TASKS} tasks, continuous", cfg.clients),
-                self.transfers_seen_committed,
+                self.manager_kills.to_string(),
             ),
         ];
+        if let Some((every, lasting)) = &cfg.partitions {
+            rows.push((
+                "partition two processes (blackhole)".into(),
+                format!(
+                    "{}, {:.1}–{:.1} s long",
+                    interval(every),
+                    lasting.every.0.as_secs_f64(),
+                    lasting.every.1.as_secs_f64()
+                ),
+                self.partitions.to_string(),
+            ));
+        }
+        rows.push((
+            "bank transfer, seen committed".into(),
+            weight(cfg.mix.transfer),
+            self.transfers_seen_committed.to_string(),
+        ));
+        for (name, w, c) in [
+            (
+                "register read (+ read of another key)",
+                cfg.mix.read,
+                &self.reads,
+            ),
+            (
+                "register write (+ read of another key)",
+                cfg.mix.write,
+                &self.writes,
+            ),
+            (
+                "register cas (+ read of another key)",
+                cfg.mix.cas,
+                &self.cases,
+            ),
+        ] {
+            if w > 0 {
+                rows.push((name.into(), weight(w), ops(c)));
+            }
+        }
         let mut out = format!(
-            "{:<44} {:<28} {:>8}\n",
+            "{:<40} {:<34} {}\n",
             "operation or fault", "configured", "done"
         );
         for (what, configured, done) in rows {
-            out += &format!("{what:<44} {configured:<28} {done:>8}\n");
+            out += &format!("{what:<40} {configured:<34} {done}\n");
         }
         out += &format!(
             "redo logs: {} bytes at peak, {} after GC\n",
             self.log_peak_bytes, self.log_after_bytes
         );
+        if let Some(l) = &self.linearizability {
+            out += &format!("register history (Porcupine): {l}\n");
+        }
         out
     }
 }
@@ -318,7 +518,8 @@ fn draw(rng: &mut impl Rng, t: &Terminator) -> Duration {
     Duration::from_millis(rng.gen_range(lo..=hi.max(lo)))
 }
 
-/// Runs the terminators against a fresh 4-node `log` cluster in `dir`, heals, and verifies.
+/// Runs the terminators and the partitioner against a fresh 4-node `log` cluster in `dir`,
+/// heals, and verifies.
 pub fn run(
     exe: &Path,
     dir: &Path,
@@ -338,6 +539,40 @@ pub fn run(
         manager_flags: vec![],
     };
     let mut local = LocalCluster::open(exe, dir, layout, true)?;
+    let mut clients = Clients::new(exe, &local.file.manager, dir, cfg.clients);
+    clients.mix = cfg.mix;
+    let proxy = match cfg.partitions {
+        Some(_) => {
+            let servers: Vec<(Process, String)> =
+                std::iter::once(("manager".into(), local.file.manager.clone()))
+                    .chain(
+                        local
+                            .file
+                            .nodes
+                            .iter()
+                            .map(|n| (format!("node-{}", n.id), n.addr.clone())),
+                    )
+                    .collect();
+            let client_names: Vec<Process> =
+                (0..cfg.clients).map(|i| format!("client-{i}")).collect();
+            let sources: Vec<Process> = servers
+                .iter()
+                .map(|(name, _)| name.clone())
+                .chain(client_names.iter().cloned())
+                .collect();
+            let proxy = rt
+                .block_on(Proxy::start(&sources, &servers))
+                .map_err(|e| LocalError::Config(format!("start the partition proxy: {e}")))?;
+            for (name, _) in &servers {
+                local
+                    .process_flags
+                    .insert(name.clone(), proxy.route_flags(name));
+            }
+            clients.flags = client_names.iter().map(|c| proxy.route_flags(c)).collect();
+            Some(proxy)
+        }
+        None => None,
+    };
     local.start_all()?;
     rt.block_on(async {
         let cluster = local.wait_ready(Duration::from_secs(60)).await?;
@@ -346,7 +581,6 @@ pub fn run(
             .await
             .map_err(|e| LocalError::Config(format!("bank init: {e}")))
     })?;
-    let mut clients = Clients::new(exe, &local.file.manager, dir, cfg.clients);
     clients
         .start_all()
         .map_err(|e| LocalError::Config(format!("start clients: {e}")))?;
@@ -358,6 +592,10 @@ pub fn run(
         draw(&mut rng, &cfg.clients_killer),
         draw(&mut rng, &cfg.manager),
     );
+    let mut next_partition = cfg
+        .partitions
+        .map_or(Duration::MAX, |(every, _)| draw(&mut rng, &every));
+    let mut cut: Vec<((Process, Process), Duration)> = Vec::new();
     while start.elapsed() < cfg.duration {
         std::thread::sleep(Duration::from_millis(50));
         let now = start.elapsed();
@@ -385,6 +623,29 @@ pub fn run(
             report.manager_kills += 1;
             next_manager = now + draw(&mut rng, &cfg.manager);
         }
+        if let (Some(proxy), Some((every, lasting))) = (&proxy, &cfg.partitions) {
+            cut.retain(|((a, b), until)| {
+                let keep = now < *until;
+                if !keep {
+                    proxy.set_cut(a, b, false);
+                }
+                keep
+            });
+            if now >= next_partition {
+                let pairs: Vec<_> = proxy
+                    .pairs()
+                    .into_iter()
+                    .filter(|p| !cut.iter().any(|(q, _)| q == p))
+                    .collect();
+                if !pairs.is_empty() {
+                    let (a, b) = pairs[rng.gen_range(0..pairs.len())].clone();
+                    proxy.set_cut(&a, &b, true);
+                    cut.push(((a, b), now + draw(&mut rng, lasting)));
+                    report.partitions += 1;
+                }
+                next_partition = now + draw(&mut rng, every);
+            }
+        }
         if let Ok(Ok(cluster)) = rt.block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(2),
@@ -395,13 +656,17 @@ pub fn run(
             report.log_peak_bytes = report.log_peak_bytes.max(rt.block_on(log_bytes(&cluster)));
         }
         progress(&format!(
-            "{:>4.0} s: {} node kills, {} client kills, {} manager kills, {} transfers",
+            "{:>4.0} s: {} node, {} client, {} manager kills, {} partitions, {} transfers",
             now.as_secs_f64(),
             report.node_kills,
             report.client_kills,
             report.manager_kills,
+            report.partitions,
             clients.progress() + clients.seen.iter().sum::<u64>()
         ));
+    }
+    if let Some(proxy) = &proxy {
+        proxy.heal_all();
     }
     clients.kill_all();
     report.transfers_seen_committed = clients.seen.iter().sum();
@@ -415,5 +680,25 @@ pub fn run(
         }
     });
     local.stop_all();
+    drop(proxy);
+    if cfg.mix.has_registers() {
+        progress("checking the register history with Porcupine…");
+        match crate::registers::check_histories(dir, &cfg.linearizability_checker) {
+            Ok(verdict) => {
+                report.reads = verdict.reads;
+                report.writes = verdict.writes;
+                report.cases = verdict.cases;
+                report.linearizability = Some(verdict.summary.clone());
+                if !verdict.linearizable {
+                    report
+                        .violations
+                        .push(format!("register history: {}", verdict.summary));
+                }
+            }
+            Err(e) => report
+                .violations
+                .push(format!("register history not checked: {e}")),
+        }
+    }
     Ok(report)
 }

@@ -66,6 +66,8 @@ pub struct LocalCluster {
     layout: Layout,
     manager: Option<Child>,
     nodes: BTreeMap<NodeId, Child>,
+    /// Extra flags for one process, by name (`manager`, `node-1`, …).
+    pub process_flags: BTreeMap<String, Vec<String>>,
 }
 
 fn free_port() -> Result<u16, LocalError> {
@@ -138,10 +140,12 @@ impl LocalCluster {
             layout,
             manager: None,
             nodes: BTreeMap::new(),
+            process_flags: BTreeMap::new(),
         })
     }
 
-    fn spawn(&self, name: &str, args: Vec<String>) -> Result<Child, LocalError> {
+    fn spawn(&self, name: &str, mut args: Vec<String>) -> Result<Child, LocalError> {
+        args.extend(self.process_flags.get(name).into_iter().flatten().cloned());
         let log_path = self.dir.join("logs").join(format!("{name}.log"));
         let log = OpenOptions::new()
             .create(true)

@@ -21,6 +21,17 @@ use tutti_memnode::{Limits, Mode, NodeConfig};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Dial FROM through VIA instead (repeatable): `tutti chaos` points each process at its
+    /// own fault-injecting proxy for every peer.
+    #[arg(long, global = true, hide = true, value_name = "FROM=VIA", value_parser = parse_route)]
+    route: Vec<(String, String)>,
+}
+
+fn parse_route(s: &str) -> Result<(String, String), String> {
+    let (from, via) = s
+        .split_once('=')
+        .ok_or("expected FROM=VIA, e.g. 127.0.0.1:7701=127.0.0.1:9001")?;
+    Ok((from.to_string(), via.to_string()))
 }
 
 #[derive(Subcommand)]
@@ -50,10 +61,12 @@ enum Command {
     Sim(SimArgs),
     /// Randomized failure injection against real processes; verify and report.
     ///
-    /// After Ji's test engine: a scratch 4-node log cluster and bank clients, with memory
-    /// nodes, clients and the manager killed (-9) and restarted at random intervals; then
-    /// heal, verify every invariant and print the table of faults done. Exit status 1 on any
-    /// violation.
+    /// After Ji's test engine: a scratch 4-node log cluster and client processes running a mix
+    /// of bank transfers and register operations, with memory nodes, clients and the manager
+    /// killed (-9) and restarted at random intervals and random pairs of processes
+    /// partitioned; then heal, verify every invariant, check the register history with
+    /// Porcupine (needs `go`) and print the table of faults and operations done. Exit status
+    /// 1 on any violation.
     Chaos(ChaosArgs),
     /// Run a memory node (normally started by `tutti up`).
     Memnode(MemnodeArgs),
@@ -203,6 +216,23 @@ struct ChaosArgs {
     /// Seconds between manager kills, as MIN-MAX.
     #[arg(long, default_value = "10-30", value_parser = parse_range)]
     manager_kill_every_s: (f64, f64),
+    /// Seconds between partitions of a random pair of processes, as MIN-MAX. Every process
+    /// then dials its peers through a fault-injecting proxy in this process.
+    #[arg(long, default_value = "5-20", value_parser = parse_range)]
+    partition_every_s: (f64, f64),
+    /// How long each partition lasts, in seconds, as MIN-MAX.
+    #[arg(long, default_value = "1-8", value_parser = parse_range)]
+    partition_for_s: (f64, f64),
+    /// Run without the proxy and without partitions.
+    #[arg(long)]
+    no_partitions: bool,
+    /// Relative frequencies of client operations: bank transfers, and reads, writes and
+    /// compare-and-swaps of registers whose history Porcupine checks.
+    #[arg(long, default_value = "transfer=2,read=1,write=1,cas=1")]
+    mix: tutti::chaos::Mix,
+    /// The directory of the Go program that checks register histories with Porcupine.
+    #[arg(long, default_value_os_t = tutti::chaos::default_checker())]
+    linearizability_checker: PathBuf,
     /// Seed of the fault schedule (random if not given).
     #[arg(long)]
     seed: Option<u64>,
@@ -304,6 +334,12 @@ struct WorkloadArgs {
     kind: TransferKind,
     #[arg(long, default_value_t = 60.0)]
     seconds: f64,
+    /// Relative frequencies of the operations.
+    #[arg(long, default_value = "transfer=1")]
+    mix: tutti::chaos::Mix,
+    /// Record register operations here (required if the mix has any).
+    #[arg(long)]
+    history: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -353,6 +389,10 @@ fn init_tracing(default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = tutti_wire::conn::set_routes(cli.route.into_iter().collect()) {
+        eprintln!("tutti: {e}");
+        return ExitCode::FAILURE;
+    }
     if let Command::Chaos(a) = cli.command {
         // Chaos drives its own runtime between the processes it kills.
         init_tracing("error");
@@ -749,6 +789,10 @@ fn chaos(a: ChaosArgs) -> Result<(), String> {
         nodes: every(a.node_kill_every_s),
         clients_killer: every(a.client_kill_every_s),
         manager: every(a.manager_kill_every_s),
+        partitions: (!a.no_partitions)
+            .then(|| (every(a.partition_every_s), every(a.partition_for_s))),
+        mix: a.mix,
+        linearizability_checker: a.linearizability_checker,
         seed: a.seed.unwrap_or_else(rand::random),
     };
     let scratch = a.data.is_none();
@@ -769,7 +813,7 @@ fn chaos(a: ChaosArgs) -> Result<(), String> {
     eprintln!();
     print!("{}", report.table(&cfg));
     if report.violations.is_empty() {
-        println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected)");
+        println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected, register history linearizable)");
         if scratch {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -875,6 +919,8 @@ async fn workload(a: WorkloadArgs) -> Result<(), String> {
     use std::io::Write;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
+    use tutti::chaos::MixOp;
+    use tutti::registers::{History, RegisterClient};
     let cluster = a.cluster.connect().await?;
     let bank = Bank {
         accounts: a.accounts,
@@ -882,29 +928,49 @@ async fn workload(a: WorkloadArgs) -> Result<(), String> {
         initial_balance: 1000,
         clients: a.clients,
     };
+    let history = match (&a.history, a.mix.has_registers()) {
+        (Some(path), _) => Some(Arc::new(
+            History::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+        )),
+        (None, true) => return Err("a mix with register operations needs --history".into()),
+        (None, false) => None,
+    };
     let committed = Arc::new(AtomicU64::new(0));
     let until = std::time::Instant::now() + Duration::from_secs_f64(a.seconds);
     let mut tasks = Vec::new();
-    for _ in 0..a.tasks {
-        let (cluster, committed) = (cluster.clone(), committed.clone());
-        let (client, kind) = (a.client_id, a.kind);
+    for task in 0..a.tasks {
+        let (cluster, committed, history) = (cluster.clone(), committed.clone(), history.clone());
+        let (client, kind, mix, nodes) = (a.client_id, a.kind, a.mix, a.nodes);
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::from_entropy();
+            let name = format!("{client}.{}.{task}", std::process::id());
+            let mut registers = history
+                .as_deref()
+                .map(|h| RegisterClient::new(&cluster, h, nodes, name));
             while std::time::Instant::now() < until {
-                match bank.transfer(&cluster, client, kind, &mut rng).await {
-                    Ok(true) => {
-                        let n = committed.fetch_add(1, Ordering::SeqCst) + 1;
-                        let mut out = std::io::stdout().lock();
-                        let _ = writeln!(out, "committed {n}");
-                        let _ = out.flush();
+                let op = mix.pick(&mut rng);
+                let line = match (op, registers.as_mut()) {
+                    (MixOp::Register(op), Some(r)) => {
+                        r.run(op, &mut rng).await;
+                        continue;
                     }
-                    Ok(false) => {}
-                    Err(e) => {
-                        let mut out = std::io::stdout().lock();
-                        let _ = writeln!(out, "error {e}");
-                        let _ = out.flush();
+                    (MixOp::Register(_), None) => unreachable!("checked above"),
+                    (MixOp::Transfer, _) => {
+                        match bank.transfer(&cluster, client, kind, &mut rng).await {
+                            Ok(true) => {
+                                format!(
+                                    "committed {}",
+                                    committed.fetch_add(1, Ordering::SeqCst) + 1
+                                )
+                            }
+                            Ok(false) => continue,
+                            Err(e) => format!("error {e}"),
+                        }
                     }
-                }
+                };
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
             }
         }));
     }

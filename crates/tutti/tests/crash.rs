@@ -1,7 +1,9 @@
 //! Crash safety with real processes in `log` mode: client processes run bank transfers
-//! while memory nodes, clients and the manager are killed with SIGKILL at random moments
-//! and restarted. Afterwards nothing a client saw commit is lost, money is conserved, no
-//! tid stays uncertain, no lock is held, and garbage collection shrinks the redo log.
+//! and register operations while memory nodes, clients and the manager are killed with
+//! SIGKILL at random moments and restarted, and pairs of processes are partitioned.
+//! Afterwards nothing a client saw commit is lost, money is conserved, no tid stays
+//! uncertain, no lock is held, garbage collection shrinks the redo log, and Porcupine finds
+//! the register history linearizable (and a corrupted copy of it not).
 
 mod common;
 
@@ -49,11 +51,14 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         .unwrap_or_else(|| rand::thread_rng().gen());
     eprintln!("TUTTI_CRASH_SEED={seed}");
     let cfg = ChaosConfig {
-        duration: Duration::from_secs(20),
+        duration: Duration::from_secs(60),
         clients: CLIENTS,
-        nodes: secs(0.2, 1.2),
-        clients_killer: secs(0.2, 1.2),
-        manager: secs(4.0, 8.0),
+        mix: "transfer=2,read=1,write=1,cas=1".parse().unwrap(),
+        nodes: secs(0.5, 3.0),
+        clients_killer: secs(0.5, 3.0),
+        manager: secs(8.0, 16.0),
+        partitions: Some((secs(2.0, 6.0), secs(0.5, 4.0))),
+        linearizability_checker: chaos::default_checker(),
         seed,
     };
     let report = chaos::run(&common::exe(), &dir, &cfg, |_| {}).unwrap();
@@ -65,8 +70,15 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         report.violations
     );
     assert!(
-        report.node_kills >= 5 && report.client_kills >= 5 && report.manager_kills >= 1,
+        report.node_kills >= 10
+            && report.client_kills >= 10
+            && report.manager_kills >= 2
+            && report.partitions >= 5,
         "{report:?}"
+    );
+    assert!(
+        report.writes.ok > 100 && report.cases.ok > 10 && report.reads.ok > 100,
+        "register operations committed: {report:?}"
     );
     assert!(
         report.transfers_seen_committed > 100,
@@ -76,7 +88,48 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         report.log_peak_bytes > 4 * chaos::SEGMENT_BYTES,
         "the run wrote more log than GC keeps: {report:?}"
     );
+    corrupted_history_is_not_linearizable(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The checker can fail: one read in the run's real history is made to return a value no
+/// one wrote.
+fn corrupted_history_is_not_linearizable(dir: &std::path::Path) {
+    use tutti::registers::{check_histories, history_files, Event, Out};
+    let files = history_files(dir).unwrap();
+    let corrupted = files.iter().any(|file| {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut done = false;
+        let lines: Vec<String> = text
+            .lines()
+            .map(|line| match serde_json::from_str::<Event>(line) {
+                Ok(Event::Return {
+                    id,
+                    t,
+                    out: Out::Ok,
+                    value: Some(_),
+                }) if !done => {
+                    done = true;
+                    serde_json::to_string(&Event::Return {
+                        id,
+                        t,
+                        out: Out::Ok,
+                        value: Some(0xDEAD_BEEF),
+                    })
+                    .unwrap()
+                }
+                _ => line.to_string(),
+            })
+            .collect();
+        if done {
+            std::fs::write(file, lines.join("\n") + "\n").unwrap();
+        }
+        done
+    });
+    assert!(corrupted, "the history holds a read");
+    let verdict = check_histories(dir, &chaos::default_checker()).unwrap();
+    assert!(!verdict.linearizable, "{}", verdict.summary);
+    eprintln!("corrupted history: {}", verdict.summary);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
@@ -55,14 +55,34 @@ pub struct Connection {
     closed: Arc<AtomicBool>,
 }
 
+/// Addresses this process dials through another one (`--route FROM=VIA`): `tutti chaos`
+/// points each process at its own fault-injecting proxy for every peer. Empty otherwise.
+static ROUTES: OnceLock<HashMap<String, String>> = OnceLock::new();
+
+/// Sets the routes of this process, once, before any connection is made.
+pub fn set_routes(routes: HashMap<String, String>) -> Result<(), String> {
+    ROUTES
+        .set(routes)
+        .map_err(|_| "routes are already set".to_string())
+}
+
+fn dial_address(addr: &str) -> &str {
+    ROUTES
+        .get()
+        .and_then(|r| r.get(addr))
+        .map_or(addr, String::as_str)
+}
+
 impl Connection {
+    /// Connects to `addr` (or the route set for it); errors name `addr`.
     pub async fn connect(addr: &str, frame_bytes_max: usize) -> Result<Connection, RpcError> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| RpcError::Connect {
-                addr: addr.to_string(),
-                reason: e.to_string(),
-            })?;
+        let stream =
+            TcpStream::connect(dial_address(addr))
+                .await
+                .map_err(|e| RpcError::Connect {
+                    addr: addr.to_string(),
+                    reason: e.to_string(),
+                })?;
         stream.set_nodelay(true).ok();
         let (rd, wr) = stream.into_split();
         let pending: Pending = Arc::default();

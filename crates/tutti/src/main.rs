@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tutti::bank::{Bank, TransferKind};
-use tutti::bench::{run_minitx, MinitxBench, Point};
+use tutti::bench::minitx::{run_minitx, MinitxBench};
+use tutti::bench::Point;
 use tutti::items::{parse_items, to_hex};
 use tutti::local::{manager_addr, Layout, LocalCluster};
 use tutti_client::{ClientOptions, Cluster};
@@ -163,6 +164,31 @@ enum BenchCommand {
     /// outstanding minitransactions swept. Without --cluster it starts (and removes) its own
     /// clusters: 1 node for 1PC, 4 nodes with spread 2 for 2PC, in each requested mode.
     Minitx(BenchMinitxArgs),
+    /// Everything in one run: the physical limits (loopback round trip, fdatasync), Fig. 16
+    /// on tutti (ram and log, 1PC and 2PC) and on Redis, PostgreSQL, etcd and an embedded
+    /// SQLite, each started here on loopback (installed with apt-get if missing). Writes
+    /// results/*.json and RESULTS.md under --out.
+    All(BenchAllArgs),
+}
+
+#[derive(Args)]
+struct BenchAllArgs {
+    /// A 2-minute pass: outstanding 1,16,64 for 1 s each.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    outstanding: Vec<usize>,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 50_000)]
+    items: u32,
+    /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
+    #[arg(long, default_value_os_t = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench"))]
+    out: PathBuf,
+    /// Measure tutti and the limits only.
+    #[arg(long)]
+    no_peers: bool,
 }
 
 #[derive(Args)]
@@ -459,6 +485,12 @@ async fn run(command: Command) -> ExitCode {
             init_tracing("error");
             bench_minitx(a).await
         }
+        Command::Bench {
+            which: BenchCommand::All(a),
+        } => {
+            init_tracing("error");
+            bench_all(a).await
+        }
         Command::Chaos(_) => unreachable!("handled before the runtime starts"),
         Command::Sim(a) => {
             init_tracing("error");
@@ -678,6 +710,56 @@ async fn stats(a: StatsArgs) -> Result<(), String> {
     Ok(())
 }
 
+async fn bench_all(a: BenchAllArgs) -> Result<(), String> {
+    use tutti::bench::suite::{self, SuiteConfig};
+    let (outstanding, seconds) = if a.quick {
+        (vec![1, 16, 64], 1.0)
+    } else {
+        (a.outstanding, a.seconds)
+    };
+    let cfg = SuiteConfig {
+        exe: std::env::current_exe().map_err(|e| e.to_string())?,
+        out: a.out,
+        scratch: std::env::temp_dir().join(format!("tutti-bench-all-{}", std::process::id())),
+        outstanding,
+        seconds_per_point: seconds,
+        items: a.items,
+        no_peers: a.no_peers,
+    };
+    let configs = if a.no_peers { 4 } else { 10 };
+    let bar = indicatif::ProgressBar::new((4 + configs * cfg.outstanding.len()) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} points {elapsed} {msg}")
+            .expect("a valid template"),
+    );
+    let mut progress = |p: &Point| {
+        bar.inc(1);
+        bar.set_message(format!(
+            "{} {} nodes={} outstanding={}: {:.0}/s",
+            p.system, p.mode, p.nodes, p.outstanding, p.throughput_per_s
+        ));
+    };
+    let result = suite::run(&cfg, &mut progress).await;
+    bar.finish();
+    let _ = std::fs::remove_dir_all(&cfg.scratch);
+    let points = result?;
+    let command = std::env::args()
+        .skip(1)
+        .fold("tutti".to_string(), |acc, a| acc + " " + &a);
+    suite::write(&cfg, &points, &command)?;
+    println!(
+        "{}",
+        serde_json::to_string(&points).expect("points serialise")
+    );
+    eprintln!(
+        "bench: {} points; wrote {} and {}",
+        points.len(),
+        cfg.out.join("results").display(),
+        cfg.out.join("RESULTS.md").display()
+    );
+    Ok(())
+}
+
 async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
     let (outstanding, seconds) = if a.quick {
         (vec![1, 16, 64], 1.0)
@@ -712,6 +794,7 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
                 outstanding: outstanding.clone(),
                 duration: Duration::from_secs_f64(seconds),
                 mode: mode.name().into(),
+                experiment: "fig16".into(),
             };
             let _local;
             let cluster = match &a.cluster {

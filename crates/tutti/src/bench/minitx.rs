@@ -2,10 +2,9 @@
 //! compare-and-swaps on 4-byte items drawn uniformly from 50,000 per node, spread over
 //! `spread` memory nodes; the sweep varies the number of outstanding minitransactions.
 
-use hdrhistogram::Histogram;
+use super::{Latencies, Point};
 use rand::seq::SliceRandom;
 use rand::Rng;
-use serde::Serialize;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,23 +24,8 @@ pub struct MinitxBench {
     pub outstanding: Vec<usize>,
     pub duration: Duration,
     pub mode: String,
-}
-
-/// One measured point, in the record format shared by every tutti benchmark.
-#[derive(Serialize, Clone, Debug)]
-pub struct Point {
-    pub experiment: &'static str,
-    pub system: &'static str,
-    pub mode: String,
-    pub nodes: usize,
-    pub spread: usize,
-    pub outstanding: usize,
-    pub throughput_per_s: f64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub committed: u64,
-    pub compare_failed: u64,
-    pub errors: u64,
+    /// The experiment points are labelled with (`fig16`, `fig18`, …).
+    pub experiment: String,
 }
 
 struct Mirror {
@@ -121,8 +105,7 @@ async fn run_point(
         let (cluster, b, mirror) = (cluster.clone(), b.clone(), mirror.clone());
         let (committed, failed, errors) = (committed.clone(), failed.clone(), errors.clone());
         tasks.push(tokio::spawn(async move {
-            let mut hist =
-                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+            let mut lat = Latencies::new();
             while Instant::now() < until {
                 let (tx, picks) = cas_minitx(&b, &mirror);
                 let t0 = Instant::now();
@@ -141,33 +124,29 @@ async fn run_point(
                         errors.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                let _ = hist.record(t0.elapsed().as_micros().max(1) as u64);
+                lat.record(t0.elapsed());
             }
-            hist
+            lat
         }));
     }
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+    let mut lat = Latencies::new();
     for t in tasks {
-        if let Ok(h) = t.await {
-            hist.add(h).expect("same bounds");
+        if let Ok(l) = t.await {
+            lat.add(&l);
         }
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    let committed = committed.load(Ordering::Relaxed);
-    Point {
-        experiment: "fig16",
-        system: "tutti",
-        mode: b.mode.clone(),
-        nodes: b.nodes.len(),
-        spread: b.spread,
+    let mut point = Point::new(
+        &b.experiment,
+        "tutti",
+        &b.mode,
+        b.nodes.len(),
+        b.spread,
         outstanding,
-        throughput_per_s: (committed as f64 / elapsed * 10.0).round() / 10.0,
-        p50_us: hist.value_at_quantile(0.5),
-        p99_us: hist.value_at_quantile(0.99),
-        committed,
-        compare_failed: failed.load(Ordering::Relaxed),
-        errors: errors.load(Ordering::Relaxed),
-    }
+    )
+    .measured(committed.load(Ordering::Relaxed), start.elapsed(), &lat);
+    point.compare_failed = failed.load(Ordering::Relaxed);
+    point.errors = errors.load(Ordering::Relaxed);
+    point
 }
 
 /// 3 CAS on distinct items over `spread` distinct nodes: (minitx, [(node index, item, new)]).

@@ -1,0 +1,95 @@
+//! `tutti bench`: Sinfonia's §7.1 experiments on this machine, next to the physical limits
+//! and the peers a user would pick instead (Redis, PostgreSQL, etcd, an embedded SQLite),
+//! every point in one JSON record format.
+
+pub mod limits;
+pub mod minitx;
+pub mod peers;
+pub mod suite;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// One measured point, in the record format shared by every benchmark.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Point {
+    pub experiment: String,
+    pub system: String,
+    pub mode: String,
+    pub nodes: usize,
+    pub spread: usize,
+    pub outstanding: usize,
+    pub throughput_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub committed: u64,
+    pub compare_failed: u64,
+    pub errors: u64,
+}
+
+impl Point {
+    pub fn new(
+        experiment: &str,
+        system: &str,
+        mode: &str,
+        nodes: usize,
+        spread: usize,
+        outstanding: usize,
+    ) -> Point {
+        Point {
+            experiment: experiment.into(),
+            system: system.into(),
+            mode: mode.into(),
+            nodes,
+            spread,
+            outstanding,
+            throughput_per_s: 0.0,
+            p50_us: 0.0,
+            p99_us: 0.0,
+            committed: 0,
+            compare_failed: 0,
+            errors: 0,
+        }
+    }
+
+    /// Fills in throughput (`ops` over `elapsed`) and latency percentiles.
+    pub fn measured(mut self, ops: u64, elapsed: Duration, lat: &Latencies) -> Point {
+        self.committed = ops;
+        self.throughput_per_s = (ops as f64 / elapsed.as_secs_f64() * 10.0).round() / 10.0;
+        self.p50_us = lat.quantile_us(0.5);
+        self.p99_us = lat.quantile_us(0.99);
+        self
+    }
+}
+
+/// Latencies in nanoseconds, from 100 ns to 60 s at 3 significant digits.
+pub struct Latencies(Histogram<u64>);
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Latencies {
+    pub fn new() -> Latencies {
+        Latencies(Histogram::new_with_bounds(100, 60_000_000_000, 3).expect("histogram bounds"))
+    }
+
+    pub fn record(&mut self, d: Duration) {
+        let _ = self.0.record((d.as_nanos() as u64).max(100));
+    }
+
+    pub fn add(&mut self, other: &Latencies) {
+        self.0.add(&other.0).expect("same bounds");
+    }
+
+    pub fn count(&self) -> u64 {
+        self.0.len()
+    }
+
+    pub fn quantile_us(&self, q: f64) -> f64 {
+        (self.0.value_at_quantile(q) as f64 / 100.0).round() / 10.0
+    }
+}

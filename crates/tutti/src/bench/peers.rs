@@ -1,0 +1,684 @@
+//! The Fig. 16 workload on the systems a user would pick instead of tutti, each started
+//! here on loopback with a scratch data directory and stopped by its PID: Redis (a Lua
+//! script, `appendfsync always` or no persistence), PostgreSQL (one transaction of three
+//! conditional UPDATEs, `synchronous_commit` on or off), etcd (one Txn, fsync always) and an
+//! embedded SQLite (WAL, `synchronous=FULL`). Each operation compare-and-swaps 3 of 50,000
+//! 4-byte items, like tutti's minitransaction.
+
+use super::{Latencies, Point};
+use base64::Engine;
+use rand::seq::index::sample;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A connection (or handle) of one client task: compare-and-swap three items at once.
+pub trait Session: Send + 'static {
+    /// `Ok(true)` swapped, `Ok(false)` some item did not hold its expected value.
+    fn cas3(
+        &mut self,
+        items: [(u32, u32, u32); 3],
+    ) -> impl Future<Output = Result<bool, String>> + Send;
+    fn read3(&mut self, keys: [u32; 3]) -> impl Future<Output = Result<[u32; 3], String>> + Send;
+}
+
+/// A server started by the bench, killed and its data removed when dropped.
+pub struct Daemon {
+    name: String,
+    child: Child,
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Daemon {
+    fn spawn(name: &str, dir: PathBuf, port: u16, cmd: &mut Command) -> Result<Daemon, String> {
+        let log = std::fs::File::create(dir.with_extension("log"))
+            .map_err(|e| format!("{name} log: {e}"))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting {name}: {e}"))?;
+        Ok(Daemon {
+            name: name.into(),
+            child,
+            dir,
+            port,
+        })
+    }
+
+    /// Waits until `ready` succeeds, or the daemon exits, or 60 s pass.
+    async fn wait<T, F: Future<Output = Result<T, String>>>(
+        &mut self,
+        ready: impl Fn() -> F,
+    ) -> Result<T, String> {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let err = match ready().await {
+                Ok(t) => return Ok(t),
+                Err(e) => e,
+            };
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "{} exited ({status}); see {}",
+                    self.name,
+                    self.dir.with_extension("log").display()
+                ));
+            }
+            if Instant::now() > until {
+                return Err(format!("{} not ready after 60 s: {err}", self.name));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+fn scratch(root: &Path, name: &str) -> Result<PathBuf, String> {
+    let dir = root.join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Finds `program`, installing the Debian `package` that has it if it is missing.
+pub fn ensure_installed(program: &str, package: &str) -> Result<PathBuf, String> {
+    let find = || {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .chain([PathBuf::from("/usr/lib/postgresql/15/bin")])
+                .map(|p| p.join(program))
+                .find(|p| p.is_file())
+        })
+    };
+    if let Some(p) = find() {
+        return Ok(p);
+    }
+    let install = |update: bool| {
+        if update {
+            let _ = Command::new("apt-get").args(["update", "-q"]).status();
+        }
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status()
+    };
+    if !matches!(install(false), Ok(s) if s.success()) {
+        let _ = install(true);
+    }
+    find().ok_or_else(|| {
+        format!("{program} not found and `apt-get install {package}` did not provide it")
+    })
+}
+
+/// Runs the Fig. 16 sweep on one peer: `open` makes one session per outstanding operation.
+pub async fn sweep<S: Session, F: Future<Output = Result<S, String>>>(
+    system: &str,
+    mode: &str,
+    items: u32,
+    outstanding: &[usize],
+    duration: Duration,
+    open: impl Fn() -> F,
+    mut progress: impl FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let mirror: Arc<Vec<AtomicU32>> = Arc::new((0..items).map(|_| AtomicU32::new(0)).collect());
+    let mut points = Vec::new();
+    for &n in outstanding {
+        let mut sessions = Vec::with_capacity(n);
+        for _ in 0..n {
+            sessions.push(open().await?);
+        }
+        let start = Instant::now();
+        let until = start + duration;
+        let (failed, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let mut tasks = Vec::new();
+        for mut s in sessions {
+            let (mirror, failed, errors) = (mirror.clone(), failed.clone(), errors.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Latencies::new();
+                let mut committed = 0u64;
+                while Instant::now() < until {
+                    let keys: Vec<u32> = sample(&mut rand::thread_rng(), items as usize, 3)
+                        .into_iter()
+                        .map(|k| k as u32)
+                        .collect();
+                    let keys = [keys[0], keys[1], keys[2]];
+                    let ops = keys.map(|k| {
+                        let old = mirror[k as usize].load(Ordering::Relaxed);
+                        (k, old, old.wrapping_add(1))
+                    });
+                    let t0 = Instant::now();
+                    match s.cas3(ops).await {
+                        Ok(true) => {
+                            lat.record(t0.elapsed());
+                            committed += 1;
+                            for (k, _, new) in ops {
+                                mirror[k as usize].store(new, Ordering::Relaxed);
+                            }
+                        }
+                        Ok(false) => {
+                            lat.record(t0.elapsed());
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            if let Ok(values) = s.read3(keys).await {
+                                for (k, v) in keys.iter().zip(values) {
+                                    mirror[*k as usize].store(v, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                }
+                (lat, committed)
+            }));
+        }
+        let mut lat = Latencies::new();
+        let mut committed = 0;
+        for t in tasks {
+            let (l, c) = t.await.map_err(|e| e.to_string())?;
+            lat.add(&l);
+            committed += c;
+        }
+        let mut point =
+            Point::new("fig16", system, mode, 1, 1, n).measured(committed, start.elapsed(), &lat);
+        point.compare_failed = failed.load(Ordering::Relaxed);
+        point.errors = errors.load(Ordering::Relaxed);
+        progress(&point);
+        points.push(point);
+    }
+    Ok(points)
+}
+
+// ---------------------------------------------------------------- Redis
+
+const REDIS_CAS3: &str = r"
+for i = 1, 3 do
+  if redis.call('GET', KEYS[i]) ~= ARGV[i] then return 0 end
+end
+for i = 1, 3 do redis.call('SET', KEYS[i], ARGV[i + 3]) end
+return 1";
+
+#[derive(Clone)]
+pub struct RedisSession {
+    con: redis::aio::MultiplexedConnection,
+    script: Arc<redis::Script>,
+}
+
+/// Starts `redis-server` with `appendfsync always` (`always`) or no persistence (`none`)
+/// and loads the items; sessions share one pipelined connection, as Redis clients do.
+pub async fn redis(root: &Path, mode: &str, items: u32) -> Result<(Daemon, RedisSession), String> {
+    let exe = ensure_installed("redis-server", "redis-server")?;
+    let dir = scratch(root, &format!("redis-{mode}"))?;
+    let port = free_port()?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ])
+    .arg("--dir")
+    .arg(&dir)
+    .args(match mode {
+        "always" => ["--appendonly", "yes", "--appendfsync", "always"],
+        _ => ["--appendonly", "no", "--appendfsync", "no"],
+    });
+    let mut daemon = Daemon::spawn("redis-server", dir, port, &mut cmd)?;
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+    let mut con = daemon
+        .wait(|| {
+            let client = client.clone();
+            async move {
+                let mut con = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut con)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(con)
+            }
+        })
+        .await?;
+    for chunk in (0..items).collect::<Vec<_>>().chunks(1000) {
+        let mut cmd = redis::cmd("MSET");
+        for k in chunk {
+            cmd.arg(format!("k{k}")).arg("0");
+        }
+        cmd.query_async::<()>(&mut con)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok((
+        daemon,
+        RedisSession {
+            con,
+            script: Arc::new(redis::Script::new(REDIS_CAS3)),
+        },
+    ))
+}
+
+impl Session for RedisSession {
+    async fn cas3(&mut self, items: [(u32, u32, u32); 3]) -> Result<bool, String> {
+        let mut inv = self.script.prepare_invoke();
+        for (k, _, _) in items {
+            inv.key(format!("k{k}"));
+        }
+        for (_, old, _) in items {
+            inv.arg(old.to_string());
+        }
+        for (_, _, new) in items {
+            inv.arg(new.to_string());
+        }
+        let swapped: i64 = inv
+            .invoke_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(swapped == 1)
+    }
+
+    async fn read3(&mut self, keys: [u32; 3]) -> Result<[u32; 3], String> {
+        let values: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(keys.map(|k| format!("k{k}")).to_vec())
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(parse3(values.into_iter().map(|v| v.unwrap_or_default())))
+    }
+}
+
+fn parse3(values: impl Iterator<Item = String>) -> [u32; 3] {
+    let mut out = [0u32; 3];
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = v.parse().unwrap_or(0);
+    }
+    out
+}
+
+// ---------------------------------------------------------------- PostgreSQL
+
+pub struct PostgresSession {
+    client: tokio_postgres::Client,
+    update: tokio_postgres::Statement,
+    select: tokio_postgres::Statement,
+}
+
+/// A scratch PostgreSQL cluster (`initdb`, run as the `postgres` user when this is root),
+/// `synchronous_commit` `on` or `off`, fsync on, and the items in table `kv`.
+pub async fn postgres(root: &Path, mode: &str, items: u32) -> Result<(Daemon, u16), String> {
+    let initdb = ensure_installed("initdb", "postgresql")?;
+    let postgres = initdb.with_file_name("postgres");
+    let dir = scratch(root, &format!("postgres-{mode}"))?;
+    let as_root = unsafe { libc::geteuid() } == 0;
+    let run_as = |exe: &Path| {
+        if as_root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        }
+    };
+    if as_root {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(root.join(format!("postgres-{mode}")))
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err("chown of the PostgreSQL data directory failed".into());
+        }
+        // The data directory's parents must be traversable by the postgres user.
+        let _ = Command::new("chmod").arg("o+x").arg(root).status();
+    }
+    let out = run_as(&initdb)
+        .args(["-D"])
+        .arg(&dir)
+        .args(["--auth=trust", "-U", "postgres", "--no-sync"])
+        .output()
+        .map_err(|e| format!("initdb: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let port = free_port()?;
+    let mut cmd = run_as(&postgres);
+    cmd.arg("-D")
+        .arg(&dir)
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(&dir)
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "max_connections=300",
+        ])
+        .args([
+            "-c",
+            "fsync=on",
+            "-c",
+            &format!("synchronous_commit={mode}"),
+        ])
+        .args(["-c", "shared_buffers=256MB"]);
+    let mut daemon = Daemon::spawn("postgres", dir, port, &mut cmd)?;
+    let client = daemon.wait(|| postgres_connect(port)).await?;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE kv (k int PRIMARY KEY, v bigint NOT NULL);
+             INSERT INTO kv SELECT g, 0 FROM generate_series(0, {}) g;",
+            items - 1
+        ))
+        .await
+        .map_err(pg_err)?;
+    client
+        .batch_execute("VACUUM ANALYZE kv")
+        .await
+        .map_err(pg_err)?;
+    Ok((daemon, port))
+}
+
+/// tokio-postgres displays server errors as just "db error": say what the server said.
+fn pg_err(e: tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("PostgreSQL: {}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+async fn postgres_connect(port: u16) -> Result<tokio_postgres::Client, String> {
+    let (client, conn) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .map_err(pg_err)?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// One connection per outstanding operation (PostgreSQL runs one transaction per
+/// connection); statements of a transaction are pipelined.
+pub async fn postgres_session(port: u16) -> Result<PostgresSession, String> {
+    let client = postgres_connect(port).await?;
+    let update = client
+        .prepare("UPDATE kv SET v = $3 WHERE k = $1 AND v = $2")
+        .await
+        .map_err(pg_err)?;
+    let select = client
+        .prepare("SELECT k, v FROM kv WHERE k = ANY($1)")
+        .await
+        .map_err(pg_err)?;
+    Ok(PostgresSession {
+        client,
+        update,
+        select,
+    })
+}
+
+impl Session for PostgresSession {
+    async fn cas3(&mut self, items: [(u32, u32, u32); 3]) -> Result<bool, String> {
+        let c = &self.client;
+        let args: Vec<(i32, i64, i64)> = items
+            .iter()
+            .map(|&(k, old, new)| (k as i32, i64::from(old), i64::from(new)))
+            .collect();
+        let params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 3]> = args
+            .iter()
+            .map(|(k, old, new)| [k as _, old as _, new as _])
+            .collect();
+        let (begin, a, b, d) = futures::join!(
+            c.batch_execute("BEGIN"),
+            c.execute(&self.update, &params[0]),
+            c.execute(&self.update, &params[1]),
+            c.execute(&self.update, &params[2]),
+        );
+        begin.map_err(pg_err)?;
+        let all = [a, b, d].into_iter().all(|r| matches!(r, Ok(1)));
+        c.batch_execute(if all { "COMMIT" } else { "ROLLBACK" })
+            .await
+            .map_err(pg_err)?;
+        Ok(all)
+    }
+
+    async fn read3(&mut self, keys: [u32; 3]) -> Result<[u32; 3], String> {
+        let ks: Vec<i32> = keys.iter().map(|&k| k as i32).collect();
+        let rows = self
+            .client
+            .query(&self.select, &[&ks])
+            .await
+            .map_err(pg_err)?;
+        let mut out = [0u32; 3];
+        for row in rows {
+            let (k, v): (i32, i64) = (row.get(0), row.get(1));
+            if let Some(i) = keys.iter().position(|&x| x as i32 == k) {
+                out[i] = v as u32;
+            }
+        }
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------- etcd
+
+#[derive(Clone)]
+pub struct EtcdSession {
+    http: reqwest::Client,
+    url: String,
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// A single-member etcd (it always fsyncs its WAL), driven through its JSON gateway with
+/// one HTTP connection per outstanding operation; the items are loaded in Txns of 128 puts.
+pub async fn etcd(root: &Path, items: u32) -> Result<(Daemon, EtcdSession), String> {
+    let exe = ensure_installed("etcd", "etcd-server")?;
+    let dir = scratch(root, "etcd")?;
+    let (port, peer) = (free_port()?, free_port()?);
+    let client_url = format!("http://127.0.0.1:{port}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--name", "bench", "--data-dir"])
+        .arg(dir.join("data"))
+        .args([
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+        ])
+        .args(["--initial-cluster", &format!("bench={peer_url}")])
+        .args(["--quota-backend-bytes", "8589934592"]);
+    let mut daemon = Daemon::spawn("etcd", dir, port, &mut cmd)?;
+    let session = EtcdSession {
+        http: reqwest::Client::builder()
+            .pool_max_idle_per_host(1024)
+            .build()
+            .map_err(|e| e.to_string())?,
+        url: format!("{client_url}/v3/kv/txn"),
+    };
+    let s = session.clone();
+    daemon
+        .wait(|| {
+            let s = s.clone();
+            async move { s.txn(serde_json::json!({})).await.map(|_| ()) }
+        })
+        .await?;
+    for chunk in (0..items).collect::<Vec<_>>().chunks(128) {
+        let puts: Vec<_> = chunk
+            .iter()
+            .map(|k| serde_json::json!({"requestPut": {"key": b64(&format!("k{k}")), "value": b64("0")}}))
+            .collect();
+        session.txn(serde_json::json!({ "success": puts })).await?;
+    }
+    Ok((daemon, session))
+}
+
+impl EtcdSession {
+    async fn txn(&self, body: serde_json::Value) -> Result<serde_json::Value, String> {
+        let resp = self
+            .http
+            .post(&self.url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("etcd answered {}", resp.status()));
+        }
+        resp.json().await.map_err(|e| e.to_string())
+    }
+}
+
+impl Session for EtcdSession {
+    async fn cas3(&mut self, items: [(u32, u32, u32); 3]) -> Result<bool, String> {
+        let compare: Vec<_> = items
+            .iter()
+            .map(|(k, old, _)| {
+                serde_json::json!({"key": b64(&format!("k{k}")), "target": "VALUE", "result": "EQUAL", "value": b64(&old.to_string())})
+            })
+            .collect();
+        let success: Vec<_> = items
+            .iter()
+            .map(|(k, _, new)| serde_json::json!({"requestPut": {"key": b64(&format!("k{k}")), "value": b64(&new.to_string())}}))
+            .collect();
+        let out = self
+            .txn(serde_json::json!({"compare": compare, "success": success}))
+            .await?;
+        Ok(out
+            .get("succeeded")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false))
+    }
+
+    async fn read3(&mut self, keys: [u32; 3]) -> Result<[u32; 3], String> {
+        let ranges: Vec<_> = keys
+            .iter()
+            .map(|k| serde_json::json!({"requestRange": {"key": b64(&format!("k{k}"))}}))
+            .collect();
+        let out = self.txn(serde_json::json!({"success": ranges})).await?;
+        let empty = vec![];
+        let responses = out
+            .get("responses")
+            .and_then(|r| r.as_array())
+            .unwrap_or(&empty);
+        Ok(parse3(responses.iter().map(|r| {
+            let range = r.get("response_range").or_else(|| r.get("responseRange"));
+            range
+                .and_then(|r| r.pointer("/kvs/0/value"))
+                .and_then(|v| v.as_str())
+                .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+                .and_then(|v| String::from_utf8(v).ok())
+                .unwrap_or_default()
+        })))
+    }
+}
+
+// ---------------------------------------------------------------- embedded SQLite
+
+#[derive(Clone)]
+pub struct SqliteSession {
+    db: Arc<Mutex<rusqlite::Connection>>,
+}
+
+/// An embedded single-node baseline (as the paper used Berkeley DB): SQLite in WAL mode
+/// with `synchronous=FULL`, one writer at a time.
+pub fn sqlite(root: &Path, items: u32) -> Result<(PathBuf, SqliteSession), String> {
+    let dir = scratch(root, "sqlite")?;
+    let db = rusqlite::Connection::open(dir.join("bench.db")).map_err(|e| e.to_string())?;
+    db.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;
+         CREATE TABLE kv (k INTEGER PRIMARY KEY, v INTEGER NOT NULL);",
+    )
+    .map_err(|e| e.to_string())?;
+    {
+        let tx = db.unchecked_transaction().map_err(|e| e.to_string())?;
+        let mut insert = tx
+            .prepare("INSERT INTO kv (k, v) VALUES (?1, 0)")
+            .map_err(|e| e.to_string())?;
+        for k in 0..items {
+            insert.execute([k]).map_err(|e| e.to_string())?;
+        }
+        drop(insert);
+        tx.commit().map_err(|e| e.to_string())?;
+    }
+    Ok((
+        dir,
+        SqliteSession {
+            db: Arc::new(Mutex::new(db)),
+        },
+    ))
+}
+
+impl Session for SqliteSession {
+    async fn cas3(&mut self, items: [(u32, u32, u32); 3]) -> Result<bool, String> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut db = db.lock().expect("sqlite poisoned");
+            let tx = db
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(|e| e.to_string())?;
+            for (k, old, new) in items {
+                let n = tx
+                    .prepare_cached("UPDATE kv SET v = ?3 WHERE k = ?1 AND v = ?2")
+                    .and_then(|mut s| s.execute([k, old, new]))
+                    .map_err(|e| e.to_string())?;
+                if n != 1 {
+                    return Ok(false);
+                }
+            }
+            tx.commit().map_err(|e| e.to_string())?;
+            Ok(true)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
+    async fn read3(&mut self, keys: [u32; 3]) -> Result<[u32; 3], String> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let db = db.lock().expect("sqlite poisoned");
+            let mut out = [0u32; 3];
+            for (o, k) in out.iter_mut().zip(keys) {
+                *o = db
+                    .prepare_cached("SELECT v FROM kv WHERE k = ?1")
+                    .and_then(|mut s| s.query_row([k], |r| r.get(0)))
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+}

@@ -1,0 +1,405 @@
+//! `tutti bench all`: the physical limits, Fig. 16 on tutti (`ram` and `log`, 1PC and 2PC)
+//! and the same workload on every peer, in one run; writes `results/*.json` and
+//! `RESULTS.md` (tables with the ratios to each peer and to the limits).
+
+use super::minitx::{run_minitx, MinitxBench};
+use super::{limits, peers, Point};
+use crate::local::{Layout, LocalCluster};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub struct SuiteConfig {
+    /// The `tutti` executable (memory nodes and managers are started from it).
+    pub exe: PathBuf,
+    /// Where `results/` and `RESULTS.md` go.
+    pub out: PathBuf,
+    /// Scratch data directories (removed afterwards).
+    pub scratch: PathBuf,
+    pub outstanding: Vec<usize>,
+    pub seconds_per_point: f64,
+    pub items: u32,
+    /// Skip the peers (Redis, PostgreSQL, etcd, SQLite).
+    pub no_peers: bool,
+}
+
+impl SuiteConfig {
+    fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds_per_point)
+    }
+}
+
+/// A local tutti cluster whose data is removed when dropped.
+pub struct ScratchCluster {
+    local: LocalCluster,
+    dir: PathBuf,
+    pub cluster: tutti_client::Cluster,
+}
+
+impl Drop for ScratchCluster {
+    fn drop(&mut self) {
+        self.local.stop_all();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl ScratchCluster {
+    pub async fn start(exe: &Path, dir: PathBuf, nodes: usize, mode: &str) -> Result<Self, String> {
+        let _ = std::fs::remove_dir_all(&dir);
+        let layout = Layout {
+            nodes,
+            mode: mode.into(),
+            size_bytes: 256 << 20,
+            node_flags: vec![],
+            manager_flags: vec![],
+        };
+        let mut local = LocalCluster::open(exe, &dir, layout, true).map_err(|e| e.to_string())?;
+        local.start_all().map_err(|e| e.to_string())?;
+        let cluster = match local.wait_ready(Duration::from_secs(30)).await {
+            Ok(c) => c,
+            Err(e) => {
+                local.stop_all();
+                return Err(e.to_string());
+            }
+        };
+        Ok(ScratchCluster {
+            local,
+            dir,
+            cluster,
+        })
+    }
+}
+
+/// Runs every experiment; `progress` sees each point as it is measured.
+pub async fn run(
+    cfg: &SuiteConfig,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    std::fs::create_dir_all(&cfg.scratch).map_err(|e| format!("{}: {e}", cfg.scratch.display()))?;
+    let mut points = Vec::new();
+    for connections in [1, 16] {
+        let p = limits::loopback(connections, cfg.duration())
+            .await
+            .map_err(|e| format!("loopback limit: {e}"))?;
+        progress(&p);
+        points.push(p);
+    }
+    for p in limits::fdatasync(&cfg.scratch, cfg.duration())
+        .map_err(|e| format!("fdatasync limit: {e}"))?
+    {
+        progress(&p);
+        points.push(p);
+    }
+    for mode in ["ram", "log"] {
+        for (nodes, spread) in [(1u16, 1usize), (4, 2)] {
+            let dir = cfg.scratch.join(format!("tutti-{mode}-{nodes}"));
+            let c = ScratchCluster::start(&cfg.exe, dir, nodes as usize, mode).await?;
+            let b = MinitxBench {
+                nodes: (1..=nodes).collect(),
+                spread,
+                items_per_node: u64::from(cfg.items),
+                cas_per_minitx: 3,
+                outstanding: cfg.outstanding.clone(),
+                duration: cfg.duration(),
+                mode: mode.into(),
+                experiment: "fig16".into(),
+            };
+            points.extend(
+                run_minitx(&c.cluster, &b, &mut *progress)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+    }
+    if !cfg.no_peers {
+        points.extend(run_peers(cfg, progress).await?);
+    }
+    Ok(points)
+}
+
+async fn run_peers(
+    cfg: &SuiteConfig,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let (root, items, out, d) = (&cfg.scratch, cfg.items, &cfg.outstanding, cfg.duration());
+    let mut points = Vec::new();
+    for mode in ["none", "always"] {
+        let (_daemon, session) = peers::redis(root, mode, items).await?;
+        let open = || {
+            let s = session.clone();
+            async move { Ok(s) }
+        };
+        points.extend(peers::sweep("redis", mode, items, out, d, open, &mut *progress).await?);
+    }
+    for mode in ["off", "on"] {
+        let (_daemon, port) = peers::postgres(root, mode, items).await?;
+        let open = || peers::postgres_session(port);
+        points.extend(peers::sweep("postgres", mode, items, out, d, open, &mut *progress).await?);
+    }
+    {
+        let (_daemon, session) = peers::etcd(root, items).await?;
+        let open = || {
+            let s = session.clone();
+            async move { Ok(s) }
+        };
+        points.extend(peers::sweep("etcd", "fsync", items, out, d, open, &mut *progress).await?);
+    }
+    {
+        let (dir, session) = peers::sqlite(root, items)?;
+        let open = || {
+            let s = session.clone();
+            async move { Ok(s) }
+        };
+        let result = peers::sweep("embedded", "sync", items, out, d, open, &mut *progress).await;
+        let _ = std::fs::remove_dir_all(dir);
+        points.extend(result?);
+    }
+    Ok(points)
+}
+
+/// Writes one JSON file per experiment under `out/results/` and `out/RESULTS.md`.
+pub fn write(cfg: &SuiteConfig, points: &[Point], command: &str) -> Result<(), String> {
+    let results = cfg.out.join("results");
+    std::fs::create_dir_all(&results).map_err(|e| format!("{}: {e}", results.display()))?;
+    let mut by_experiment: BTreeMap<&str, Vec<&Point>> = BTreeMap::new();
+    for p in points {
+        by_experiment.entry(&p.experiment).or_default().push(p);
+    }
+    for (experiment, ps) in &by_experiment {
+        let path = results.join(format!("{experiment}.json"));
+        let json = serde_json::to_string_pretty(ps).expect("points serialise");
+        std::fs::write(&path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let md = results_md(cfg, points, command);
+    let path = cfg.out.join("RESULTS.md");
+    std::fs::write(&path, md).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A line of Fig. 16: (system, mode, nodes).
+type Series = (&'static str, &'static str, usize);
+
+fn find<'a>(
+    points: &'a [Point],
+    system: &str,
+    mode: &str,
+    nodes: usize,
+    outstanding: usize,
+) -> Option<&'a Point> {
+    points.iter().find(|p| {
+        p.experiment == "fig16"
+            && p.system == system
+            && p.mode == mode
+            && p.nodes == nodes
+            && p.outstanding == outstanding
+    })
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or("?".into(), |kb| format!("{} GiB", kb >> 20));
+    format!("{cores} cores ({cpu}), {mem} RAM, Linux; clients, servers and peers all on this one machine over loopback")
+}
+
+fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# tutti benchmark results\n");
+    let _ = writeln!(
+        md,
+        "Generated by `{command}`; every number below was measured in that one run.\n"
+    );
+    let _ = writeln!(md, "- Machine: {}", machine());
+    let _ = writeln!(
+        md,
+        "- {} s per point, items drawn uniformly from {} per node; raw records in `results/*.json`.\n",
+        cfg.seconds_per_point, cfg.items
+    );
+    let _ = writeln!(md, "## Physical limits\n");
+    let _ = writeln!(
+        md,
+        "| limit | outstanding | ops/s | p50 µs | p99 µs |\n| --- | --- | --- | --- | --- |"
+    );
+    for p in points.iter().filter(|p| p.experiment == "limits") {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {} | {} |",
+            p.mode, p.outstanding, p.throughput_per_s, p.p50_us, p.p99_us
+        );
+    }
+    let limit = |mode: &str, outstanding: usize| {
+        points
+            .iter()
+            .find(|p| p.experiment == "limits" && p.mode == mode && p.outstanding == outstanding)
+    };
+    let _ = writeln!(md, "\n## Fig. 16: 3 compare-and-swaps per operation\n");
+    let _ = writeln!(
+        md,
+        "Throughput in operations per second (p50 / p99 latency in µs). tutti 1PC is one memory node; 2PC is 4 nodes with each minitransaction spread over 2.\n"
+    );
+    let columns: Vec<(&str, &str, usize)> = vec![
+        ("tutti", "ram", 1),
+        ("tutti", "ram", 4),
+        ("tutti", "log", 1),
+        ("tutti", "log", 4),
+        ("redis", "none", 1),
+        ("redis", "always", 1),
+        ("postgres", "off", 1),
+        ("postgres", "on", 1),
+        ("etcd", "fsync", 1),
+        ("embedded", "sync", 1),
+    ];
+    let present: Vec<_> = columns
+        .into_iter()
+        .filter(|(s, m, n)| {
+            points
+                .iter()
+                .any(|p| p.experiment == "fig16" && &p.system == s && &p.mode == m && p.nodes == *n)
+        })
+        .collect();
+    let header: Vec<String> = present
+        .iter()
+        .map(|(s, m, n)| match (*s, *n) {
+            ("tutti", 1) => format!("tutti {m} 1PC"),
+            ("tutti", _) => format!("tutti {m} 2PC"),
+            _ => format!("{s} {m}"),
+        })
+        .collect();
+    let _ = writeln!(md, "| outstanding | {} |", header.join(" | "));
+    let _ = writeln!(md, "| --- |{}", " --- |".repeat(header.len()));
+    for &o in &cfg.outstanding {
+        let cells: Vec<String> = present
+            .iter()
+            .map(|(s, m, n)| {
+                find(points, s, m, *n, o).map_or("–".into(), |p| {
+                    format!("{:.0} ({}/{})", p.throughput_per_s, p.p50_us, p.p99_us)
+                })
+            })
+            .collect();
+        let _ = writeln!(md, "| {o} | {} |", cells.join(" | "));
+    }
+    let _ = writeln!(md, "\n## Ratios\n");
+    let _ = writeln!(
+        md,
+        "Throughput ratios at each outstanding count (target in brackets).\n"
+    );
+    let ratios: [(&str, Series, Series); 7] = [
+        (
+            "tutti ram / Redis no persistence [≥ 1.5]",
+            ("tutti", "ram", 1),
+            ("redis", "none", 1),
+        ),
+        (
+            "tutti log / etcd [≥ 10]",
+            ("tutti", "log", 1),
+            ("etcd", "fsync", 1),
+        ),
+        (
+            "tutti log / Redis appendfsync always [≥ 2]",
+            ("tutti", "log", 1),
+            ("redis", "always", 1),
+        ),
+        (
+            "tutti log / PostgreSQL synchronous_commit=on [≥ 2]",
+            ("tutti", "log", 1),
+            ("postgres", "on", 1),
+        ),
+        (
+            "tutti log / embedded SQLite",
+            ("tutti", "log", 1),
+            ("embedded", "sync", 1),
+        ),
+        (
+            "tutti ram 2PC / 1PC [≥ 0.5]",
+            ("tutti", "ram", 4),
+            ("tutti", "ram", 1),
+        ),
+        (
+            "tutti log 2PC / 1PC [≥ 0.5]",
+            ("tutti", "log", 4),
+            ("tutti", "log", 1),
+        ),
+    ];
+    let _ = writeln!(
+        md,
+        "| ratio | {} |\n| --- |{}",
+        cfg.outstanding
+            .iter()
+            .map(|o| o.to_string())
+            .collect::<Vec<_>>()
+            .join(" | "),
+        " --- |".repeat(cfg.outstanding.len())
+    );
+    for (name, a, b) in ratios {
+        let cells: Vec<String> = cfg
+            .outstanding
+            .iter()
+            .map(|&o| {
+                match (
+                    find(points, a.0, a.1, a.2, o),
+                    find(points, b.0, b.1, b.2, o),
+                ) {
+                    (Some(x), Some(y)) if y.throughput_per_s > 0.0 => {
+                        format!("{:.2}", x.throughput_per_s / y.throughput_per_s)
+                    }
+                    _ => "–".into(),
+                }
+            })
+            .collect();
+        let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
+    }
+    let _ = writeln!(md, "\n## Against the physical limits\n");
+    if let (Some(rtt), Some(sync)) = (
+        limit("loopback-rtt-64B", 1),
+        limit("fdatasync-4KiB-preallocated", 1),
+    ) {
+        let _ = writeln!(
+            md,
+            "At 1 outstanding operation, latency over the limit: tutti ram 1PC p50 = {} × the loopback round trip ({} µs); tutti log 1PC p50 = {} × (loopback + one fdatasync of a preallocated file, {} µs).",
+            find(points, "tutti", "ram", 1, 1).map_or("–".into(), |p| format!("{:.1}", p.p50_us / rtt.p50_us)),
+            rtt.p50_us,
+            find(points, "tutti", "log", 1, 1).map_or("–".into(), |p| format!("{:.1}", p.p50_us / (rtt.p50_us + sync.p50_us))),
+            sync.p50_us,
+        );
+    }
+    if let Some(rtt16) = limit("loopback-rtt-64B", 16) {
+        let best = points
+            .iter()
+            .filter(|p| {
+                p.experiment == "fig16" && p.system == "tutti" && p.mode == "ram" && p.nodes == 1
+            })
+            .map(|p| p.throughput_per_s)
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            md,
+            "\nPeak tutti ram 1PC throughput is {:.2} × the 16-connection loopback ping-pong rate ({:.0}/s): each minitransaction is one request and one reply.",
+            best / rtt16.throughput_per_s.max(1.0),
+            rtt16.throughput_per_s
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n## Reproduce\n\n```sh\ncargo build --release -p tutti\n{command}\n```"
+    );
+    let _ = writeln!(
+        md,
+        "\nThe bench installs `redis-server` and `etcd-server` with apt-get if missing, starts every server on 127.0.0.1 with a scratch data directory, and stops it by its PID. The machine has 2 cores shared by the client, the servers and the peers: absolute numbers are bounded by that; compare ratios within one run."
+    );
+    md
+}

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tutti::bank::{Bank, TransferKind};
-use tutti::bench::minitx::{run_minitx, MinitxBench};
+use tutti::bench::minitx::{run_minitx, MinitxBench, MinitxKind};
 use tutti::bench::Point;
 use tutti::items::{parse_items, to_hex};
 use tutti::local::{manager_addr, Layout, LocalCluster};
@@ -727,7 +727,8 @@ async fn bench_all(a: BenchAllArgs) -> Result<(), String> {
         no_peers: a.no_peers,
     };
     let configs = if a.no_peers { 4 } else { 10 };
-    let bar = indicatif::ProgressBar::new((4 + configs * cfg.outstanding.len()) as u64);
+    let bar =
+        indicatif::ProgressBar::new((suite::FIXED_POINTS + configs * cfg.outstanding.len()) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} points {elapsed} {msg}")
             .expect("a valid template"),
@@ -747,6 +748,7 @@ async fn bench_all(a: BenchAllArgs) -> Result<(), String> {
         .skip(1)
         .fold("tutti".to_string(), |acc, a| acc + " " + &a);
     suite::write(&cfg, &points, &command)?;
+    suite::plot(&cfg.out)?;
     println!(
         "{}",
         serde_json::to_string(&points).expect("points serialise")
@@ -791,6 +793,7 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
                 spread,
                 items_per_node: a.items,
                 cas_per_minitx: 3,
+                kind: MinitxKind::Increment,
                 outstanding: outstanding.clone(),
                 duration: Duration::from_secs_f64(seconds),
                 mode: mode.name().into(),

@@ -18,9 +18,16 @@ fn bench_minitx_quick_writes_valid_json() {
         .unwrap();
     assert!(status.success());
     let points: Vec<Point> = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
-    assert_eq!(points.len(), 2 * 2 * 3, "ram and log, 1PC and 2PC, 3 outstanding counts");
+    assert_eq!(
+        points.len(),
+        2 * 2 * 3,
+        "ram and log, 1PC and 2PC, 3 outstanding counts"
+    );
     for p in &points {
-        assert_eq!((p.experiment.as_str(), p.system.as_str()), ("fig16", "tutti"));
+        assert_eq!(
+            (p.experiment.as_str(), p.system.as_str()),
+            ("fig16", "tutti")
+        );
         assert!(p.committed > 0 && p.throughput_per_s > 0.0, "{p:?}");
         assert!(p.p50_us > 0.0 && p.p99_us >= p.p50_us, "{p:?}");
     }

@@ -1,6 +1,7 @@
-//! `tutti bench minitx`: the Sinfonia Fig. 16 workload. Each minitransaction does 3
-//! compare-and-swaps on 4-byte items drawn uniformly from 50,000 per node, spread over
-//! `spread` memory nodes; the sweep varies the number of outstanding minitransactions.
+//! `tutti bench minitx`: Sinfonia's minitransaction workloads. Each minitransaction does
+//! `cas_per_minitx` operations on 4-byte items drawn uniformly from `items_per_node` per
+//! node, spread over `spread` memory nodes (Fig. 16, 18, 19: 3 or 16 compare-and-swaps;
+//! Fig. 20: 8 operations of each kind); the sweep varies the outstanding minitransactions.
 
 use super::{Latencies, Point};
 use rand::seq::SliceRandom;
@@ -13,7 +14,21 @@ use tutti_wire::NodeId;
 
 /// Items live at this address on each node (away from the bank workload's addresses).
 const ITEMS_BASE: u64 = 64 << 20;
-const ITEM_BYTES: u64 = 4;
+/// Items are 4 bytes, 8 apart, so that an `add` (8 bytes) touches one item only.
+const ITEM_STRIDE: u64 = 8;
+
+/// What each of a minitransaction's operations does to its item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MinitxKind {
+    /// Compare with the cached value, write it plus one; a failed compare refreshes the
+    /// cache (an optimistic increment: Fig. 16's compare-and-swaps, Fig. 20's "inc").
+    Increment,
+    /// Compare with the cached value and write the same value back: always succeeds, so
+    /// only the commit protocol is measured (Fig. 20's "cas").
+    SameValue,
+    /// An `add` item of 1, no compare (Fig. 20's increments with `add`).
+    Add,
+}
 
 #[derive(Clone, Debug)]
 pub struct MinitxBench {
@@ -21,6 +36,7 @@ pub struct MinitxBench {
     pub spread: usize,
     pub items_per_node: u64,
     pub cas_per_minitx: usize,
+    pub kind: MinitxKind,
     pub outstanding: Vec<usize>,
     pub duration: Duration,
     pub mode: String,
@@ -40,7 +56,7 @@ impl Mirror {
 }
 
 fn addr(item: u64) -> u64 {
-    ITEMS_BASE + item * ITEM_BYTES
+    ITEMS_BASE + item * ITEM_STRIDE
 }
 
 /// Reads every item once so that compares start from the values actually stored.
@@ -77,6 +93,19 @@ pub async fn run_minitx(
     b: &MinitxBench,
     mut progress: impl FnMut(&Point),
 ) -> Result<Vec<Point>, ExecError> {
+    if b.spread == 0 || b.spread > b.nodes.len() {
+        return Err(ExecError::Invalid(format!(
+            "spread {} over {} nodes",
+            b.spread,
+            b.nodes.len()
+        )));
+    }
+    if b.items_per_node * (b.spread as u64) < b.cas_per_minitx as u64 {
+        return Err(ExecError::Invalid(format!(
+            "{} distinct items per minitransaction from {} per node over {} nodes",
+            b.cas_per_minitx, b.items_per_node, b.spread
+        )));
+    }
     let mirror = Arc::new(load_mirror(cluster, b).await?);
     let mut points = Vec::new();
     for &outstanding in &b.outstanding {
@@ -149,7 +178,8 @@ async fn run_point(
     point
 }
 
-/// 3 CAS on distinct items over `spread` distinct nodes: (minitx, [(node index, item, new)]).
+/// `cas_per_minitx` operations on distinct items over `spread` distinct nodes:
+/// (minitx, [(node index, item, new value)]).
 fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32)>) {
     let mut rng = rand::thread_rng();
     let node_indices: Vec<usize> = (0..b.nodes.len())
@@ -168,8 +198,16 @@ fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32
             }
         };
         let old = mirror.slot(ni, item).load(Ordering::Relaxed);
-        let new = old.wrapping_add(1);
         let node = b.nodes[ni];
+        let new = match b.kind {
+            MinitxKind::Increment => old.wrapping_add(1),
+            MinitxKind::SameValue => old,
+            MinitxKind::Add => {
+                tx = tx.add(node, addr(item), 1);
+                picks.push((ni, item, old.wrapping_add(1)));
+                continue;
+            }
+        };
         tx = tx
             .compare(node, addr(item), old.to_le_bytes().to_vec())
             .write(node, addr(item), new.to_le_bytes().to_vec());

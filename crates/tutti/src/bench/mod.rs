@@ -26,6 +26,15 @@ pub struct Point {
     pub committed: u64,
     pub compare_failed: u64,
     pub errors: u64,
+    /// Fig. 20: the size of the set items are drawn from, and the probability that two
+    /// minitransactions overlap, as the paper computes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<f64>,
+    /// Fig. 20: which operation (`cas`, `inc`, `add`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
 }
 
 impl Point {
@@ -50,6 +59,9 @@ impl Point {
             committed: 0,
             compare_failed: 0,
             errors: 0,
+            items: None,
+            overlap: None,
+            operation: None,
         }
     }
 

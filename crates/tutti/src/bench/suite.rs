@@ -2,7 +2,7 @@
 //! and the same workload on every peer, in one run; writes `results/*.json` and
 //! `RESULTS.md` (tables with the ratios to each peer and to the limits).
 
-use super::minitx::{run_minitx, MinitxBench};
+use super::minitx::{run_minitx, MinitxBench, MinitxKind};
 use super::{limits, peers, Point};
 use crate::local::{Layout, LocalCluster};
 use std::collections::BTreeMap;
@@ -100,6 +100,7 @@ pub async fn run(
                 spread,
                 items_per_node: u64::from(cfg.items),
                 cas_per_minitx: 3,
+                kind: MinitxKind::Increment,
                 outstanding: cfg.outstanding.clone(),
                 duration: cfg.duration(),
                 mode: mode.into(),
@@ -112,8 +113,109 @@ pub async fn run(
             );
         }
     }
+    points.extend(scalability(cfg, progress).await?);
+    points.extend(contention(cfg, progress).await?);
     if !cfg.no_peers {
         points.extend(run_peers(cfg, progress).await?);
+    }
+    Ok(points)
+}
+
+/// Points that do not depend on the outstanding counts: 4 limits, Fig. 18 (8), Fig. 19 (4),
+/// Fig. 20 (18).
+pub const FIXED_POINTS: usize = 4 + 2 * SIZES.len() + SIZES.len() + 3 * CONTENTION_ITEMS.len();
+
+/// Outstanding minitransactions for Fig. 18–20 (the paper: 32 threads per application node).
+const SCALING_OUTSTANDING: usize = 64;
+/// System sizes (memory nodes) of Fig. 18 and 19 on this machine.
+const SIZES: [u16; 4] = [1, 2, 4, 8];
+
+/// Fig. 18 (3 CAS, spread 2, `ram` and `log`) and Fig. 19 (16 CAS, spread = every node,
+/// `log`) at 1, 2, 4 and 8 memory nodes.
+async fn scalability(
+    cfg: &SuiteConfig,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let mut points = Vec::new();
+    for mode in ["ram", "log"] {
+        for nodes in SIZES {
+            let dir = cfg.scratch.join(format!("tutti-scaling-{mode}-{nodes}"));
+            let c = ScratchCluster::start(&cfg.exe, dir, nodes as usize, mode).await?;
+            let mut runs = vec![("fig18", 3, usize::from(nodes).min(2))];
+            if mode == "log" {
+                runs.push(("fig19", 16, usize::from(nodes)));
+            }
+            for (experiment, cas, spread) in runs {
+                let b = MinitxBench {
+                    nodes: (1..=nodes).collect(),
+                    spread,
+                    items_per_node: u64::from(cfg.items),
+                    cas_per_minitx: cas,
+                    kind: MinitxKind::Increment,
+                    outstanding: vec![SCALING_OUTSTANDING],
+                    duration: cfg.duration(),
+                    mode: mode.into(),
+                    experiment: experiment.into(),
+                };
+                points.extend(
+                    run_minitx(&c.cluster, &b, &mut *progress)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+        }
+    }
+    Ok(points)
+}
+
+/// Item-set sizes of Fig. 20 (over 4 nodes): pairwise overlap from about 0.001 to 0.9.
+const CONTENTION_ITEMS: [u64; 6] = [65_536, 8_192, 1_024, 256, 64, 32];
+
+/// The probability that two minitransactions of `k` items drawn from `n` share one, as the
+/// paper computes it: 1 - C(n-k, k) / C(n, k).
+pub fn overlap(n: u64, k: u64) -> f64 {
+    1.0 - (0..k)
+        .map(|i| (n - k - i) as f64 / (n - i) as f64)
+        .product::<f64>()
+}
+
+/// Fig. 20: 8 operations per minitransaction, spread 2, 4 `log` nodes, the item set
+/// shrinking; compare-and-swaps of the same value (`cas`), optimistic increments (`inc`)
+/// and `add` items (`add`).
+async fn contention(
+    cfg: &SuiteConfig,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let mut points = Vec::new();
+    let c = ScratchCluster::start(&cfg.exe, cfg.scratch.join("tutti-contention"), 4, "log").await?;
+    for items in CONTENTION_ITEMS {
+        for (operation, kind) in [
+            ("cas", MinitxKind::SameValue),
+            ("inc", MinitxKind::Increment),
+            ("add", MinitxKind::Add),
+        ] {
+            let b = MinitxBench {
+                nodes: vec![1, 2, 3, 4],
+                spread: 2,
+                items_per_node: items / 4,
+                cas_per_minitx: 8,
+                kind,
+                outstanding: vec![SCALING_OUTSTANDING],
+                duration: cfg.duration(),
+                mode: "log".into(),
+                experiment: "fig20".into(),
+            };
+            let mut measured = run_minitx(&c.cluster, &b, |_| {})
+                .await
+                .map_err(|e| e.to_string())?;
+            for p in &mut measured {
+                p.items = Some(items);
+                p.overlap = Some((overlap(items, 8) * 1000.0).round() / 1000.0);
+                p.operation = Some(operation.into());
+                progress(p);
+            }
+            points.extend(measured);
+        }
     }
     Ok(points)
 }
@@ -156,6 +258,35 @@ async fn run_peers(
         points.extend(result?);
     }
     Ok(points)
+}
+
+/// Draws `out/fig*.png` with `bench/plot.py` (matplotlib, installed with pip if missing).
+pub fn plot(out: &Path) -> Result<(), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/plot.py");
+    let has_matplotlib = std::process::Command::new("python3")
+        .args(["-c", "import matplotlib"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_matplotlib {
+        let installed = std::process::Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--user", "matplotlib"])
+            .status()
+            .map_err(|e| format!("python3 -m pip: {e}"))?;
+        if !installed.success() {
+            return Err("installing matplotlib with pip failed".into());
+        }
+    }
+    let status = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(out)
+        .status()
+        .map_err(|e| format!("python3 {}: {e}", script.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{} failed ({status})", script.display()))
+    }
 }
 
 /// Writes one JSON file per experiment under `out/results/` and `out/RESULTS.md`.
@@ -218,6 +349,88 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), {mem} RAM, Linux; clients, servers and peers all on this one machine over loopback")
 }
 
+fn scaling_md(md: &mut String, points: &[Point]) {
+    let lines: [(&str, &str, &str); 3] = [
+        ("fig18", "ram", "Fig. 18 ram: 3 CAS, spread 2"),
+        ("fig18", "log", "Fig. 18 log: 3 CAS, spread 2"),
+        ("fig19", "log", "Fig. 19 log: 16 CAS, spread = all nodes"),
+    ];
+    if !points.iter().any(|p| p.experiment == "fig18") {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## Fig. 18 and 19: scalability\n\n![Fig. 18](fig18.png) ![Fig. 19](fig19.png)\n\nThroughput (minitransactions/s) at {SCALING_OUTSTANDING} outstanding as memory nodes are added, and the paper's scalability efficiency from each size to the next (target/base throughput ÷ target/base size). All memory nodes share this machine's 2 cores with the client, so adding nodes adds no CPU: efficiency here measures the protocol's overhead per node, not the scaling a cluster of machines would see.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| line | {} |\n| --- |{}",
+        SIZES
+            .iter()
+            .map(|n| format!("{n} node(s)"))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        " --- |".repeat(SIZES.len())
+    );
+    for (experiment, mode, name) in lines {
+        let tput: Vec<Option<f64>> = SIZES
+            .iter()
+            .map(|&n| {
+                points
+                    .iter()
+                    .find(|p| {
+                        p.experiment == experiment && p.mode == mode && p.nodes == usize::from(n)
+                    })
+                    .map(|p| p.throughput_per_s)
+            })
+            .collect();
+        let cells: Vec<String> = tput
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match (t, i.checked_sub(1).and_then(|j| tput[j])) {
+                (Some(t), Some(base)) if base > 0.0 => {
+                    let eff = (t / base) / (f64::from(SIZES[i]) / f64::from(SIZES[i - 1]));
+                    format!("{t:.0} (eff. {eff:.2})")
+                }
+                (Some(t), _) => format!("{t:.0}"),
+                (None, _) => "–".into(),
+            })
+            .collect();
+        let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
+    }
+}
+
+fn contention_md(md: &mut String, points: &[Point]) {
+    if !points.iter().any(|p| p.experiment == "fig20") {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## Fig. 20: contention\n\n![Fig. 20](fig20.png)\n\n8 operations per minitransaction, spread 2, 4 `log` nodes, {SCALING_OUTSTANDING} outstanding; throughput in committed minitransactions/s (compare failures of `inc` are retried after a refresh and not counted).\n"
+    );
+    let _ = writeln!(md, "| items | overlap | cas (same value) | inc (optimistic) | add |\n| --- | --- | --- | --- | --- |");
+    for items in CONTENTION_ITEMS {
+        let cell = |op: &str| {
+            points
+                .iter()
+                .find(|p| {
+                    p.experiment == "fig20"
+                        && p.items == Some(items)
+                        && p.operation.as_deref() == Some(op)
+                })
+                .map_or("–".into(), |p| format!("{:.0}", p.throughput_per_s))
+        };
+        let _ = writeln!(
+            md,
+            "| {items} | {:.3} | {} | {} | {} |",
+            overlap(items, 8),
+            cell("cas"),
+            cell("inc"),
+            cell("add")
+        );
+    }
+}
+
 fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# tutti benchmark results\n");
@@ -248,7 +461,10 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             .iter()
             .find(|p| p.experiment == "limits" && p.mode == mode && p.outstanding == outstanding)
     };
-    let _ = writeln!(md, "\n## Fig. 16: 3 compare-and-swaps per operation\n");
+    let _ = writeln!(
+        md,
+        "\n## Fig. 16: 3 compare-and-swaps per operation\n\n![Fig. 16](fig16.png)\n"
+    );
     let _ = writeln!(
         md,
         "Throughput in operations per second (p50 / p99 latency in µs). tutti 1PC is one memory node; 2PC is 4 nodes with each minitransaction spread over 2.\n"
@@ -364,6 +580,8 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             .collect();
         let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
     }
+    scaling_md(&mut md, points);
+    contention_md(&mut md, points);
     let _ = writeln!(md, "\n## Against the physical limits\n");
     if let (Some(rtt), Some(sync)) = (
         limit("loopback-rtt-64B", 1),

@@ -1,0 +1,103 @@
+"""Draws one PNG per figure from the records `tutti bench all` wrote in DIR/results/.
+
+Usage: python3 plot.py DIR   (writes DIR/fig16.png, fig18.png, fig19.png, fig20.png)
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(results, experiment):
+    path = results / f"{experiment}.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def label(p):
+    if p["system"] == "tutti":
+        return f"tutti {p['mode']} {'1PC' if p['nodes'] == 1 else '2PC'}"
+    return f"{p['system']} {p['mode']}"
+
+
+def lines(points, key):
+    out = {}
+    for p in points:
+        out.setdefault(key(p), []).append(p)
+    return out
+
+
+def fig16(results, out):
+    points = load(results, "fig16")
+    if not points:
+        return
+    fig, (tput, lat) = plt.subplots(1, 2, figsize=(12, 5))
+    for name, ps in sorted(lines(points, label).items()):
+        ps.sort(key=lambda p: p["outstanding"])
+        xs = [p["outstanding"] for p in ps]
+        style = "-o" if name.startswith("tutti") else "--s"
+        tput.plot(xs, [p["throughput_per_s"] for p in ps], style, label=name)
+        lat.plot(xs, [p["p50_us"] for p in ps], style, label=name)
+    for ax, ylabel in [(tput, "operations/s"), (lat, "p50 latency (µs)")]:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("outstanding operations")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    tput.legend(fontsize=8)
+    fig.suptitle("Fig. 16: 3 compare-and-swaps per operation")
+    fig.tight_layout()
+    fig.savefig(out / "fig16.png", dpi=100)
+
+
+def scaling(results, out, experiment, title):
+    points = load(results, experiment)
+    if not points:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for mode, ps in sorted(lines(points, lambda p: p["mode"]).items()):
+        ps.sort(key=lambda p: p["nodes"])
+        ax.plot([p["nodes"] for p in ps], [p["throughput_per_s"] for p in ps], "-o", label=mode)
+    ax.set_xlabel("memory nodes (all on this machine)")
+    ax.set_ylabel("minitransactions/s")
+    ax.set_xscale("log", base=2)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out / f"{experiment}.png", dpi=100)
+
+
+def fig20(results, out):
+    points = load(results, "fig20")
+    if not points:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for op, ps in sorted(lines(points, lambda p: p["operation"]).items()):
+        ps.sort(key=lambda p: p["overlap"])
+        ax.plot([p["overlap"] for p in ps], [p["throughput_per_s"] for p in ps], "-o", label=op)
+    ax.set_xscale("log")
+    ax.set_xlabel("probability of pairwise overlap")
+    ax.set_ylabel("committed minitransactions/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax.set_title("Fig. 20: contention (8 items, spread 2, 4 log nodes)")
+    fig.tight_layout()
+    fig.savefig(out / "fig20.png", dpi=100)
+
+
+def main():
+    out = Path(sys.argv[1])
+    results = out / "results"
+    fig16(results, out)
+    scaling(results, out, "fig18", "Fig. 18: 3 CAS, spread 2")
+    scaling(results, out, "fig19", "Fig. 19: 16 CAS, spread = all nodes")
+    fig20(results, out)
+
+
+if __name__ == "__main__":
+    main()

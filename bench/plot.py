@@ -1,6 +1,6 @@
 """Draws one PNG per figure from the records `tutti bench all` wrote in DIR/results/.
 
-Usage: python3 plot.py DIR   (writes DIR/fig16.png, fig18.png, fig19.png, fig20.png)
+Usage: python3 plot.py DIR   (writes DIR/fig16.png, fig17.png, fig18.png, fig19.png, fig20.png)
 """
 
 import json
@@ -90,10 +90,33 @@ def fig20(results, out):
     fig.savefig(out / "fig20.png", dpi=100)
 
 
+def fig17(results, out):
+    points = load(results, "fig17")
+    if not points:
+        return
+    workloads = sorted({p["operation"] for p in points})
+    variants = ["A", "B", "C", "D"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.2
+    for i, v in enumerate(variants):
+        ys = []
+        for w in workloads:
+            match = [p for p in points if p["operation"] == w and p["variant"] == v]
+            ys.append(match[0]["throughput_per_s"] if match else 0)
+        ax.bar([j + (i - 1.5) * width for j in range(len(workloads))], ys, width, label=v)
+    ax.set_xticks(range(len(workloads)), workloads)
+    ax.set_ylabel("minitransactions/s")
+    ax.legend(title="system")
+    ax.set_title("Fig. 17: A per-item, B batched, C 2PC combined, D 1PC")
+    fig.tight_layout()
+    fig.savefig(out / "fig17.png", dpi=100)
+
+
 def main():
     out = Path(sys.argv[1])
     results = out / "results"
     fig16(results, out)
+    fig17(results, out)
     scaling(results, out, "fig18", "Fig. 18: 3 CAS, spread 2")
     scaling(results, out, "fig19", "Fig. 19: 16 CAS, spread = all nodes")
     fig20(results, out)

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tutti::bank::{Bank, TransferKind};
-use tutti::bench::minitx::{run_minitx, MinitxBench, MinitxKind};
+use tutti::bench::minitx::{run_minitx, Access, MinitxBench, MinitxKind};
 use tutti::bench::Point;
 use tutti::items::{parse_items, to_hex};
 use tutti::local::{manager_addr, Layout, LocalCluster};
@@ -792,8 +792,9 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
                 nodes: (1..=nodes).collect(),
                 spread,
                 items_per_node: a.items,
-                cas_per_minitx: 3,
+                ops_per_minitx: 3,
                 kind: MinitxKind::Increment,
+                access: Access::Combined,
                 outstanding: outstanding.clone(),
                 duration: Duration::from_secs_f64(seconds),
                 mode: mode.name().into(),

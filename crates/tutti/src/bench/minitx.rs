@@ -1,5 +1,5 @@
 //! `tutti bench minitx`: Sinfonia's minitransaction workloads. Each minitransaction does
-//! `cas_per_minitx` operations on 4-byte items drawn uniformly from `items_per_node` per
+//! `ops_per_minitx` operations on 4-byte items drawn uniformly from `items_per_node` per
 //! node, spread over `spread` memory nodes (Fig. 16, 18, 19: 3 or 16 compare-and-swaps;
 //! Fig. 20: 8 operations of each kind); the sweep varies the outstanding minitransactions.
 
@@ -28,6 +28,20 @@ pub enum MinitxKind {
     SameValue,
     /// An `add` item of 1, no compare (Fig. 20's increments with `add`).
     Add,
+    /// A compare with the cached value only: a read-only minitransaction (Fig. 17).
+    CompareOnly,
+}
+
+/// How items reach the memory nodes before the commit protocol (Sinfonia Fig. 17).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Inside the commit protocol's first phase, as tutti runs minitransactions (C, D).
+    Combined,
+    /// First one round trip per memory node reading all of its items at once, then the
+    /// commit protocol (B).
+    Batched,
+    /// First one round trip per item, one after the other, then the commit protocol (A).
+    PerItem,
 }
 
 #[derive(Clone, Debug)]
@@ -35,8 +49,9 @@ pub struct MinitxBench {
     pub nodes: Vec<NodeId>,
     pub spread: usize,
     pub items_per_node: u64,
-    pub cas_per_minitx: usize,
+    pub ops_per_minitx: usize,
     pub kind: MinitxKind,
+    pub access: Access,
     pub outstanding: Vec<usize>,
     pub duration: Duration,
     pub mode: String,
@@ -100,10 +115,10 @@ pub async fn run_minitx(
             b.nodes.len()
         )));
     }
-    if b.items_per_node * (b.spread as u64) < b.cas_per_minitx as u64 {
+    if b.items_per_node * (b.spread as u64) < b.ops_per_minitx as u64 {
         return Err(ExecError::Invalid(format!(
             "{} distinct items per minitransaction from {} per node over {} nodes",
-            b.cas_per_minitx, b.items_per_node, b.spread
+            b.ops_per_minitx, b.items_per_node, b.spread
         )));
     }
     let mirror = Arc::new(load_mirror(cluster, b).await?);
@@ -138,6 +153,10 @@ async fn run_point(
             while Instant::now() < until {
                 let (tx, picks) = cas_minitx(&b, &mirror);
                 let t0 = Instant::now();
+                if access_first(&cluster, &b, &picks).await.is_err() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 match cluster.exec_and_commit(&tx).await {
                     Ok(out) if out.committed => {
                         committed.fetch_add(1, Ordering::Relaxed);
@@ -178,7 +197,7 @@ async fn run_point(
     point
 }
 
-/// `cas_per_minitx` operations on distinct items over `spread` distinct nodes:
+/// `ops_per_minitx` operations on distinct items over `spread` distinct nodes:
 /// (minitx, [(node index, item, new value)]).
 fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32)>) {
     let mut rng = rand::thread_rng();
@@ -188,8 +207,8 @@ fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32
         .copied()
         .collect();
     let mut tx = Minitx::new().class("bench-cas");
-    let mut picks: Vec<(usize, u64, u32)> = Vec::with_capacity(b.cas_per_minitx);
-    for k in 0..b.cas_per_minitx {
+    let mut picks: Vec<(usize, u64, u32)> = Vec::with_capacity(b.ops_per_minitx);
+    for k in 0..b.ops_per_minitx {
         let ni = node_indices[k % node_indices.len()];
         let item = loop {
             let i = rng.gen_range(0..b.items_per_node);
@@ -202,6 +221,11 @@ fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32
         let new = match b.kind {
             MinitxKind::Increment => old.wrapping_add(1),
             MinitxKind::SameValue => old,
+            MinitxKind::CompareOnly => {
+                tx = tx.compare(node, addr(item), old.to_le_bytes().to_vec());
+                picks.push((ni, item, old));
+                continue;
+            }
             MinitxKind::Add => {
                 tx = tx.add(node, addr(item), 1);
                 picks.push((ni, item, old.wrapping_add(1)));
@@ -214,6 +238,41 @@ fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32
         picks.push((ni, item, new));
     }
     (tx, picks)
+}
+
+/// The round trips Systems A and B of Fig. 17 make before their commit protocol: real
+/// requests to the memory nodes, reading the items (each a one-node read-only
+/// minitransaction, so its locks last one round trip rather than until commit).
+async fn access_first(
+    cluster: &Cluster,
+    b: &MinitxBench,
+    picks: &[(usize, u64, u32)],
+) -> Result<(), ExecError> {
+    let read = |items: &[(usize, u64, u32)]| {
+        let tx = items
+            .iter()
+            .fold(Minitx::new().class("bench-access"), |tx, (ni, item, _)| {
+                tx.read(b.nodes[*ni], addr(*item), 4)
+            });
+        async move { cluster.exec_and_commit(&tx).await.map(|_| ()) }
+    };
+    match b.access {
+        Access::Combined => Ok(()),
+        Access::PerItem => {
+            for pick in picks {
+                read(std::slice::from_ref(pick)).await?;
+            }
+            Ok(())
+        }
+        Access::Batched => {
+            let mut by_node: Vec<Vec<(usize, u64, u32)>> = vec![Vec::new(); b.nodes.len()];
+            for pick in picks {
+                by_node[pick.0].push(*pick);
+            }
+            let reads = by_node.iter().filter(|p| !p.is_empty()).map(|p| read(p));
+            futures::future::try_join_all(reads).await.map(|_| ())
+        }
+    }
 }
 
 async fn refresh(cluster: &Cluster, b: &MinitxBench, mirror: &Mirror, picks: &[(usize, u64, u32)]) {

@@ -32,9 +32,13 @@ pub struct Point {
     pub items: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<f64>,
-    /// Fig. 20: which operation (`cas`, `inc`, `add`).
+    /// Fig. 17 and 20: which operation (`cas`, `inc`, `add`; `rw6`, `ro50`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<String>,
+    /// Fig. 17: which system (`A` per-item round trips then 2PC, `B` batched then 2PC, `C`
+    /// 2PC combined, `D` 1PC combined).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 impl Point {
@@ -62,6 +66,7 @@ impl Point {
             items: None,
             overlap: None,
             operation: None,
+            variant: None,
         }
     }
 

@@ -34,7 +34,15 @@ pub struct Daemon {
 }
 
 impl Drop for Daemon {
+    /// SIGINT (a fast shutdown for each of them: PostgreSQL's backends leave with their
+    /// postmaster), then SIGKILL if it is still there after 10 s.
     fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's PID, which is not reaped before `wait` below.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        let until = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -332,27 +340,33 @@ pub async fn postgres(root: &Path, mode: &str, items: u32) -> Result<(Daemon, u1
     let initdb = ensure_installed("initdb", "postgresql")?;
     let postgres = initdb.with_file_name("postgres");
     let dir = scratch(root, &format!("postgres-{mode}"))?;
-    let as_root = unsafe { libc::geteuid() } == 0;
-    let run_as = |exe: &Path| {
-        if as_root {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(exe);
-            c
-        } else {
-            Command::new(exe)
-        }
+    // PostgreSQL refuses to run as root: then run it (not a wrapper such as runuser, so
+    // that its PID is the one stopped) as the `postgres` user.
+    let owner = if unsafe { libc::geteuid() } == 0 {
+        Some(postgres_user()?)
+    } else {
+        None
     };
-    if as_root {
-        let status = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(root.join(format!("postgres-{mode}")))
-            .status()
-            .map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err("chown of the PostgreSQL data directory failed".into());
+    let run_as = |exe: &Path| {
+        let mut c = Command::new(exe);
+        if let Some((uid, gid)) = owner {
+            use std::os::unix::process::CommandExt;
+            c.uid(uid).gid(gid);
         }
-        // The data directory's parents must be traversable by the postgres user.
-        let _ = Command::new("chmod").arg("o+x").arg(root).status();
+        c
+    };
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+            .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+        // The data directory's parents must be traversable by that user.
+        use std::os::unix::fs::PermissionsExt;
+        for parent in [root, root.parent().unwrap_or(root)] {
+            if let Ok(meta) = std::fs::metadata(parent) {
+                let mut perms = meta.permissions();
+                perms.set_mode(perms.mode() | 0o001);
+                let _ = std::fs::set_permissions(parent, perms);
+            }
+        }
     }
     let out = run_as(&initdb)
         .args(["-D"])
@@ -400,6 +414,19 @@ pub async fn postgres(root: &Path, mode: &str, items: u32) -> Result<(Daemon, u1
         .await
         .map_err(pg_err)?;
     Ok((daemon, port))
+}
+
+/// The uid and gid of the `postgres` user.
+fn postgres_user() -> Result<(u32, u32), String> {
+    let name = std::ffi::CString::new("postgres").expect("no NUL");
+    // SAFETY: getpwnam gets a valid C string; the record it returns is read before any
+    // other call could overwrite it.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        return Err("no `postgres` user to run PostgreSQL as (it refuses to run as root)".into());
+    }
+    // SAFETY: non-null, as checked.
+    Ok(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
 }
 
 /// tokio-postgres displays server errors as just "db error": say what the server said.

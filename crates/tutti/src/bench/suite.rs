@@ -2,7 +2,7 @@
 //! and the same workload on every peer, in one run; writes `results/*.json` and
 //! `RESULTS.md` (tables with the ratios to each peer and to the limits).
 
-use super::minitx::{run_minitx, MinitxBench, MinitxKind};
+use super::minitx::{run_minitx, Access, MinitxBench, MinitxKind};
 use super::{limits, peers, Point};
 use crate::local::{Layout, LocalCluster};
 use std::collections::BTreeMap;
@@ -99,8 +99,9 @@ pub async fn run(
                 nodes: (1..=nodes).collect(),
                 spread,
                 items_per_node: u64::from(cfg.items),
-                cas_per_minitx: 3,
+                ops_per_minitx: 3,
                 kind: MinitxKind::Increment,
+                access: Access::Combined,
                 outstanding: cfg.outstanding.clone(),
                 duration: cfg.duration(),
                 mode: mode.into(),
@@ -113,6 +114,7 @@ pub async fn run(
             );
         }
     }
+    points.extend(breakdown(cfg, progress).await?);
     points.extend(scalability(cfg, progress).await?);
     points.extend(contention(cfg, progress).await?);
     if !cfg.no_peers {
@@ -121,9 +123,65 @@ pub async fn run(
     Ok(points)
 }
 
-/// Points that do not depend on the outstanding counts: 4 limits, Fig. 18 (8), Fig. 19 (4),
-/// Fig. 20 (18).
-pub const FIXED_POINTS: usize = 4 + 2 * SIZES.len() + SIZES.len() + 3 * CONTENTION_ITEMS.len();
+/// Points that do not depend on the outstanding counts: 4 limits, Fig. 17 (16), Fig. 18 (8),
+/// Fig. 19 (4), Fig. 20 (18).
+pub const FIXED_POINTS: usize =
+    4 + BREAKDOWN_WORKLOADS.len() * 4 + 2 * SIZES.len() + SIZES.len() + 3 * CONTENTION_ITEMS.len();
+
+/// Fig. 17's workloads: (name, minitransaction items, read-write).
+const BREAKDOWN_WORKLOADS: [(&str, usize, bool); 4] = [
+    ("rw6", 6, true),
+    ("rw50", 50, true),
+    ("ro6", 6, false),
+    ("ro50", 50, false),
+];
+
+/// Fig. 17: the same items executed by Systems A–D on 4 `log` nodes. Read-write
+/// minitransactions are compare-and-swaps of the same value (always succeed); read-only
+/// ones compares only. A–C spread items over every node; D puts them on one node (1PC).
+async fn breakdown(
+    cfg: &SuiteConfig,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let mut points = Vec::new();
+    let c = ScratchCluster::start(&cfg.exe, cfg.scratch.join("tutti-breakdown"), 4, "log").await?;
+    for (workload, items, read_write) in BREAKDOWN_WORKLOADS {
+        let (ops, kind) = if read_write {
+            (items / 2, MinitxKind::SameValue)
+        } else {
+            (items, MinitxKind::CompareOnly)
+        };
+        for (variant, access, spread) in [
+            ("A", Access::PerItem, ops.min(4)),
+            ("B", Access::Batched, ops.min(4)),
+            ("C", Access::Combined, ops.min(4)),
+            ("D", Access::Combined, 1),
+        ] {
+            let b = MinitxBench {
+                nodes: vec![1, 2, 3, 4],
+                spread,
+                items_per_node: u64::from(cfg.items),
+                ops_per_minitx: ops,
+                kind,
+                access,
+                outstanding: vec![SCALING_OUTSTANDING],
+                duration: cfg.duration(),
+                mode: "log".into(),
+                experiment: "fig17".into(),
+            };
+            let mut measured = run_minitx(&c.cluster, &b, |_| {})
+                .await
+                .map_err(|e| e.to_string())?;
+            for p in &mut measured {
+                p.operation = Some(workload.into());
+                p.variant = Some(variant.into());
+                progress(p);
+            }
+            points.extend(measured);
+        }
+    }
+    Ok(points)
+}
 
 /// Outstanding minitransactions for Fig. 18–20 (the paper: 32 threads per application node).
 const SCALING_OUTSTANDING: usize = 64;
@@ -150,8 +208,9 @@ async fn scalability(
                     nodes: (1..=nodes).collect(),
                     spread,
                     items_per_node: u64::from(cfg.items),
-                    cas_per_minitx: cas,
+                    ops_per_minitx: cas,
                     kind: MinitxKind::Increment,
+                    access: Access::Combined,
                     outstanding: vec![SCALING_OUTSTANDING],
                     duration: cfg.duration(),
                     mode: mode.into(),
@@ -198,8 +257,9 @@ async fn contention(
                 nodes: vec![1, 2, 3, 4],
                 spread: 2,
                 items_per_node: items / 4,
-                cas_per_minitx: 8,
+                ops_per_minitx: 8,
                 kind,
+                access: Access::Combined,
                 outstanding: vec![SCALING_OUTSTANDING],
                 duration: cfg.duration(),
                 mode: "log".into(),
@@ -347,6 +407,46 @@ fn machine() -> String {
         })
         .map_or("?".into(), |kb| format!("{} GiB", kb >> 20));
     format!("{cores} cores ({cpu}), {mem} RAM, Linux; clients, servers and peers all on this one machine over loopback")
+}
+
+fn breakdown_md(md: &mut String, points: &[Point]) {
+    if !points.iter().any(|p| p.experiment == "fig17") {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## Fig. 17: where the speed comes from\n\n![Fig. 17](fig17.png)\n\nThe same items on 4 `log` nodes, {SCALING_OUTSTANDING} outstanding, in minitransactions/s. A: one round trip per item (a one-node read of it), one after the other, then 2PC; B: one round trip per node reading all its items at once, then 2PC; C: items executed inside 2PC's first phase (tutti's multi-node path); D: the same on one node, in one phase (tutti's one-node path). A and B are emulated with real requests to the memory nodes, whose locks last one round trip rather than until commit. rw = compare-and-swaps (6 or 50 items = 3 or 25 swaps), ro = compares only.\n"
+    );
+    let _ = writeln!(md, "| workload | A | B | C | D | B/A | C/B | D/C |\n| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (workload, _, _) in BREAKDOWN_WORKLOADS {
+        let t = |v: &str| {
+            points
+                .iter()
+                .find(|p| {
+                    p.experiment == "fig17"
+                        && p.operation.as_deref() == Some(workload)
+                        && p.variant.as_deref() == Some(v)
+                })
+                .map(|p| p.throughput_per_s)
+        };
+        let [a, b, c, d] = ["A", "B", "C", "D"].map(t);
+        let num = |x: Option<f64>| x.map_or("–".into(), |x| format!("{x:.0}"));
+        let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
+            (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {workload} | {} | {} | {} | {} | {} | {} | {} |",
+            num(a),
+            num(b),
+            num(c),
+            num(d),
+            ratio(b, a),
+            ratio(c, b),
+            ratio(d, c)
+        );
+    }
 }
 
 fn scaling_md(md: &mut String, points: &[Point]) {
@@ -580,6 +680,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             .collect();
         let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
     }
+    breakdown_md(&mut md, points);
     scaling_md(&mut md, points);
     contention_md(&mut md, points);
     let _ = writeln!(md, "\n## Against the physical limits\n");

@@ -384,7 +384,7 @@ pub struct ChaosConfig {
 
 /// Where `tools/linearizability` is in the source tree this binary was built from.
 pub fn default_checker() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/linearizability")
+    crate::source_tree().join("tools/linearizability")
 }
 
 /// Register operations of a run, by kind and outcome (from the history files).

@@ -11,3 +11,11 @@ pub mod items;
 pub mod local;
 pub mod proxy;
 pub mod registers;
+
+/// The root of the source tree this binary was built from, where `tools/` and `bench/` are.
+pub fn source_tree() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/tutti sits two levels below the workspace root")
+}

@@ -169,10 +169,10 @@ enum BenchCommand {
     /// outstanding minitransactions swept. Without --cluster it starts (and removes) its own
     /// clusters: 1 node for 1PC, 4 nodes with spread 2 for 2PC, in each requested mode.
     Minitx(BenchMinitxArgs),
-    /// Everything in one run: the physical limits (loopback round trip, fdatasync), Fig. 16
-    /// on tutti (ram and log, 1PC and 2PC) and on Redis, PostgreSQL, etcd and an embedded
-    /// SQLite, each started here on loopback (installed with apt-get if missing). Writes
-    /// results/*.json and RESULTS.md under --out.
+    /// Everything in one run: the physical limits (loopback round trip, fdatasync), Sinfonia
+    /// Fig. 16-20 on tutti, and Fig. 16 on Redis, PostgreSQL, etcd and an embedded SQLite,
+    /// each started here on loopback (installed with apt-get if missing). Writes
+    /// results/*.json, RESULTS.md and a PNG per figure (matplotlib) under --out.
     All(BenchAllArgs),
 }
 
@@ -189,7 +189,7 @@ struct BenchAllArgs {
     #[arg(long, default_value_t = 50_000)]
     items: u32,
     /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
-    #[arg(long, default_value_os_t = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench"))]
+    #[arg(long, default_value_os_t = tutti::source_tree().join("bench"))]
     out: PathBuf,
     /// Measure tutti and the limits only.
     #[arg(long)]

@@ -322,7 +322,7 @@ async fn run_peers(
 
 /// Draws `out/fig*.png` with `bench/plot.py` (matplotlib, installed with pip if missing).
 pub fn plot(out: &Path) -> Result<(), String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/plot.py");
+    let script = crate::source_tree().join("bench/plot.py");
     let has_matplotlib = std::process::Command::new("python3")
         .args(["-c", "import matplotlib"])
         .stderr(std::process::Stdio::null())

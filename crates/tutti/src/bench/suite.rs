@@ -707,7 +707,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             .fold(0.0, f64::max);
         let _ = writeln!(
             md,
-            "\nPeak tutti ram 1PC throughput is {:.2} × the 16-connection loopback ping-pong rate ({:.0}/s): each minitransaction is one request and one reply.",
+            "\nPeak tutti ram 1PC throughput is {:.2} × the 16-connection loopback ping-pong rate ({:.0}/s); a minitransaction is one request and one reply, but tutti pipelines many on one connection while the limit waits for each reply.",
             best / rtt16.throughput_per_s.max(1.0),
             rtt16.throughput_per_s
         );

@@ -7,7 +7,8 @@ use crate::range_locks::{LockKind, LockRange, RangeLocks};
 use crate::redo_log::{LogRecord, Lsn};
 use crate::space::Space;
 use crate::stats::{Load, WINDOWS_S};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
 use tutti_wire::{
     ErrorCode, ExecPrepare, Item, Limits, NodeId, Request, Response, StatsReport, Tid, Vote,
     VoteReply, CLASS_BYTES_MAX,
@@ -127,12 +128,12 @@ pub struct Participant<R> {
     epoch: u64,
     space: Space,
     locks: RangeLocks,
-    uncertain: HashMap<Tid, Uncertain>,
-    log_tids: HashMap<Tid, LogTid>,
+    uncertain: FxHashMap<Tid, Uncertain>,
+    log_tids: FxHashMap<Tid, LogTid>,
     /// Prepare records still counted live, by lsn: the log is collected in this order.
     by_lsn: BTreeMap<Lsn, Tid>,
     /// Forced-abort tids and the lsn of their record.
-    forced_abort: HashMap<Tid, Lsn>,
+    forced_abort: FxHashMap<Tid, Lsn>,
     next_lsn: Lsn,
     synced_lsn: Lsn,
     /// The last record that a reply may depend on (Prepare or ForcedAbort): answers about
@@ -143,7 +144,7 @@ pub struct Participant<R> {
     deferred: VecDeque<(Lsn, Deferred<R>)>,
     applied_unflushed: Vec<Tid>,
     to_report: Vec<(Tid, Vec<NodeId>)>,
-    reported: HashMap<Tid, (Vec<NodeId>, u64)>,
+    reported: FxHashMap<Tid, (Vec<NodeId>, u64)>,
     manager_incarnation: u64,
     /// Writes of recovered Prepare records, kept only until stage 3 replays them.
     recovered_writes: BTreeMap<Lsn, (Tid, Writes)>,
@@ -160,10 +161,10 @@ impl<R> Participant<R> {
             epoch: 0,
             space,
             locks: RangeLocks::default(),
-            uncertain: HashMap::new(),
-            log_tids: HashMap::new(),
+            uncertain: FxHashMap::default(),
+            log_tids: FxHashMap::default(),
             by_lsn: BTreeMap::new(),
-            forced_abort: HashMap::new(),
+            forced_abort: FxHashMap::default(),
             next_lsn,
             synced_lsn: next_lsn - 1,
             votes_lsn: next_lsn - 1,
@@ -171,7 +172,7 @@ impl<R> Participant<R> {
             deferred: VecDeque::new(),
             applied_unflushed: Vec::new(),
             to_report: Vec::new(),
-            reported: HashMap::new(),
+            reported: FxHashMap::default(),
             manager_incarnation: 0,
             recovered_writes: BTreeMap::new(),
             load: Load::default(),

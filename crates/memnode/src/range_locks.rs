@@ -1,7 +1,8 @@
 //! Byte-range reader/writer try-locks (Sinfonia §4.2): a participant never waits for a lock;
 //! if any range is busy it takes none and the minitransaction votes ABORT-LOCK.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use tutti_wire::Tid;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -22,7 +23,7 @@ pub struct LockRange {
 pub struct RangeLocks {
     /// Held ranges keyed by (start, holder); several readers may share bytes.
     held: BTreeMap<(u64, Tid), (u64, LockKind)>,
-    by_tid: HashMap<Tid, Vec<u64>>,
+    by_tid: FxHashMap<Tid, Vec<u64>>,
     /// Longest range ever held: bounds how far left of a query an overlapping range may start.
     range_bytes_max: u64,
 }

@@ -115,6 +115,10 @@ fn coordinator_crash_between_phases_is_recovered_by_the_manager() {
             start.elapsed()
         );
 
+        // The Decision of that minitransaction is one-way: wait until it released its locks,
+        // which a request on another connection could otherwise find still held.
+        common::assert_idle(&cluster, Duration::from_secs(5)).await;
+
         // Orphan 2: only node 1 was asked before the crash. Recovery forces node 2 to abort,
         // so the minitransaction aborts and a late EXEC&PREPARE from the slow coordinator
         // is refused with ABORT-FORCED.

@@ -232,8 +232,8 @@ enum Layout2 {
 
 #[derive(Args)]
 struct ChaosArgs {
-    /// How long to inject faults, in seconds.
-    #[arg(long, default_value_t = 60.0)]
+    /// How long to inject faults: seconds, or with a unit (90s, 10m, 1h).
+    #[arg(long, visible_alias = "duration", default_value = "60", value_parser = parse_duration_s)]
     duration_s: f64,
     /// Bank client processes.
     #[arg(long, default_value_t = 6)]
@@ -271,6 +271,29 @@ struct ChaosArgs {
     /// run passes).
     #[arg(long)]
     data: Option<PathBuf>,
+}
+
+/// Seconds from "600", "600s", "10m" or "1h".
+fn parse_duration_s(s: &str) -> Result<f64, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|e| format!("duration {s:?}: {e}"))?;
+    let unit_s = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("unknown duration unit {other:?} (use s, m or h)")),
+    };
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("duration {s:?} must be positive"));
+    }
+    Ok(n * unit_s)
 }
 
 fn parse_range(s: &str) -> Result<(f64, f64), String> {
@@ -905,7 +928,12 @@ fn chaos(a: ChaosArgs) -> Result<(), String> {
     eprintln!();
     print!("{}", report.table(&cfg));
     if report.violations.is_empty() {
-        println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected, register history linearizable)");
+        let registers = if cfg.mix.has_registers() {
+            ", register history linearizable"
+        } else {
+            ""
+        };
+        println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected{registers})");
         if scratch {
             let _ = std::fs::remove_dir_all(&dir);
         }

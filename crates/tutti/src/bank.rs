@@ -149,6 +149,7 @@ impl Bank {
     }
 }
 
-fn u64_of(bytes: &[u8]) -> u64 {
+/// The little-endian u64 an 8-byte read returned.
+pub(crate) fn u64_of(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(bytes.try_into().expect("8-byte read"))
 }

@@ -70,7 +70,7 @@ pub struct LocalCluster {
     pub process_flags: BTreeMap<String, Vec<String>>,
 }
 
-fn free_port() -> Result<u16, LocalError> {
+pub(crate) fn free_port() -> Result<u16, LocalError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("pick a free port"))?;
     Ok(l.local_addr().map_err(io("pick a free port"))?.port())
 }

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tutti::bank::{Bank, TransferKind};
 use tutti::bench::minitx::{run_minitx, Access, MinitxBench, MinitxKind};
+use tutti::bench::suite::ScratchCluster;
 use tutti::bench::Point;
 use tutti::items::{parse_items, to_hex};
 use tutti::local::{manager_addr, Layout, LocalCluster};
@@ -846,24 +847,9 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
                         mode.name(),
                         nodes
                     ));
-                    let _ = std::fs::remove_dir_all(&dir);
-                    let layout = Layout {
-                        nodes: nodes as usize,
-                        mode: mode.name().into(),
-                        size_bytes: 256 << 20,
-                        node_flags: vec![],
-                        manager_flags: vec![],
-                    };
-                    let mut local = TempCluster(
-                        LocalCluster::open(&exe, &dir, layout, true).map_err(|e| e.to_string())?,
-                        dir,
-                    );
-                    local.0.start_all().map_err(|e| e.to_string())?;
-                    let cluster = local
-                        .0
-                        .wait_ready(Duration::from_secs(30))
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let local =
+                        ScratchCluster::start(&exe, dir, nodes as usize, mode.name()).await?;
+                    let cluster = local.cluster.clone();
                     _local = local;
                     cluster
                 }
@@ -881,16 +867,6 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
         std::fs::write(&path, &json).map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     Ok(())
-}
-
-/// A cluster in a scratch directory, stopped and removed when dropped.
-struct TempCluster(LocalCluster, PathBuf);
-
-impl Drop for TempCluster {
-    fn drop(&mut self) {
-        self.0.stop_all();
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
 }
 
 fn chaos(a: ChaosArgs) -> Result<(), String> {

@@ -4,6 +4,7 @@
 //! a key on another node, so each is a two-node minitransaction (2PC, or a read-only
 //! release) and its recovery paths are what the history exercises.
 
+use crate::bank::u64_of;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -234,10 +235,6 @@ impl<'a> RegisterClient<'a> {
         );
         out
     }
-}
-
-fn u64_of(bytes: &[u8]) -> u64 {
-    u64::from_le_bytes(bytes.try_into().expect("8-byte read"))
 }
 
 /// Porcupine's verdict on a run's histories, and the operations they hold.

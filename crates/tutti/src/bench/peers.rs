@@ -94,8 +94,7 @@ impl Daemon {
 }
 
 fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+    crate::local::free_port().map_err(|e| e.to_string())
 }
 
 fn scratch(root: &Path, name: &str) -> Result<PathBuf, String> {

@@ -409,6 +409,17 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), {mem} RAM, Linux; clients, servers and peers all on this one machine over loopback")
 }
 
+/// A Markdown table's header row and its separator.
+fn table_header<S: std::fmt::Display>(md: &mut String, columns: impl IntoIterator<Item = S>) {
+    let columns: Vec<String> = columns.into_iter().map(|c| c.to_string()).collect();
+    let _ = writeln!(
+        md,
+        "| {} |\n|{}",
+        columns.join(" | "),
+        " --- |".repeat(columns.len())
+    );
+}
+
 fn breakdown_md(md: &mut String, points: &[Point]) {
     if !points.iter().any(|p| p.experiment == "fig17") {
         return;
@@ -417,7 +428,7 @@ fn breakdown_md(md: &mut String, points: &[Point]) {
         md,
         "\n## Fig. 17: where the speed comes from\n\n![Fig. 17](fig17.png)\n\nThe same items on 4 `log` nodes, {SCALING_OUTSTANDING} outstanding, in minitransactions/s. A: one round trip per item (a one-node read of it), one after the other, then 2PC; B: one round trip per node reading all its items at once, then 2PC; C: items executed inside 2PC's first phase (tutti's multi-node path); D: the same on one node, in one phase (tutti's one-node path). A and B are emulated with real requests to the memory nodes, whose locks last one round trip rather than until commit. rw = compare-and-swaps (6 or 50 items = 3 or 25 swaps), ro = compares only.\n"
     );
-    let _ = writeln!(md, "| workload | A | B | C | D | B/A | C/B | D/C |\n| --- | --- | --- | --- | --- | --- | --- | --- |");
+    table_header(md, ["workload", "A", "B", "C", "D", "B/A", "C/B", "D/C"]);
     for (workload, _, _) in BREAKDOWN_WORKLOADS {
         let t = |v: &str| {
             points
@@ -462,15 +473,9 @@ fn scaling_md(md: &mut String, points: &[Point]) {
         md,
         "\n## Fig. 18 and 19: scalability\n\n![Fig. 18](fig18.png) ![Fig. 19](fig19.png)\n\nThroughput (minitransactions/s) at {SCALING_OUTSTANDING} outstanding as memory nodes are added, and the paper's scalability efficiency from each size to the next (target/base throughput ÷ target/base size). All memory nodes share this machine's 2 cores with the client, so adding nodes adds no CPU: efficiency here measures the protocol's overhead per node, not the scaling a cluster of machines would see.\n"
     );
-    let _ = writeln!(
+    table_header(
         md,
-        "| line | {} |\n| --- |{}",
-        SIZES
-            .iter()
-            .map(|n| format!("{n} node(s)"))
-            .collect::<Vec<_>>()
-            .join(" | "),
-        " --- |".repeat(SIZES.len())
+        std::iter::once("line".to_string()).chain(SIZES.iter().map(|n| format!("{n} node(s)"))),
     );
     for (experiment, mode, name) in lines {
         let tput: Vec<Option<f64>> = SIZES
@@ -508,7 +513,16 @@ fn contention_md(md: &mut String, points: &[Point]) {
         md,
         "\n## Fig. 20: contention\n\n![Fig. 20](fig20.png)\n\n8 operations per minitransaction, spread 2, 4 `log` nodes, {SCALING_OUTSTANDING} outstanding; throughput in committed minitransactions/s (compare failures of `inc` are retried after a refresh and not counted).\n"
     );
-    let _ = writeln!(md, "| items | overlap | cas (same value) | inc (optimistic) | add |\n| --- | --- | --- | --- | --- |");
+    table_header(
+        md,
+        [
+            "items",
+            "overlap",
+            "cas (same value)",
+            "inc (optimistic)",
+            "add",
+        ],
+    );
     for items in CONTENTION_ITEMS {
         let cell = |op: &str| {
             points
@@ -545,9 +559,9 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
         cfg.seconds_per_point, cfg.items
     );
     let _ = writeln!(md, "## Physical limits\n");
-    let _ = writeln!(
-        md,
-        "| limit | outstanding | ops/s | p50 µs | p99 µs |\n| --- | --- | --- | --- | --- |"
+    table_header(
+        &mut md,
+        ["limit", "outstanding", "ops/s", "p50 µs", "p99 µs"],
     );
     for p in points.iter().filter(|p| p.experiment == "limits") {
         let _ = writeln!(
@@ -597,8 +611,10 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             _ => format!("{s} {m}"),
         })
         .collect();
-    let _ = writeln!(md, "| outstanding | {} |", header.join(" | "));
-    let _ = writeln!(md, "| --- |{}", " --- |".repeat(header.len()));
+    table_header(
+        &mut md,
+        std::iter::once("outstanding".to_string()).chain(header),
+    );
     for &o in &cfg.outstanding {
         let cells: Vec<String> = present
             .iter()
@@ -652,15 +668,9 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             ("tutti", "log", 1),
         ),
     ];
-    let _ = writeln!(
-        md,
-        "| ratio | {} |\n| --- |{}",
-        cfg.outstanding
-            .iter()
-            .map(|o| o.to_string())
-            .collect::<Vec<_>>()
-            .join(" | "),
-        " --- |".repeat(cfg.outstanding.len())
+    table_header(
+        &mut md,
+        std::iter::once("ratio".to_string()).chain(cfg.outstanding.iter().map(|o| o.to_string())),
     );
     for (name, a, b) in ratios {
         let cells: Vec<String> = cfg

@@ -71,28 +71,7 @@ pub async fn ready(c: &TestCluster) -> Cluster {
 /// Every node ends with no uncertain tid and no lock within `within` (decisions are one-way
 /// messages, so the last ones may still be in flight when the workload returns).
 pub async fn assert_idle(cluster: &Cluster, within: Duration) {
-    let until = std::time::Instant::now() + within;
-    loop {
-        let stats = cluster.stats().await;
-        let busy: Vec<_> = stats
-            .iter()
-            .map(|(n, s)| {
-                (
-                    *n,
-                    s.as_ref()
-                        .map(|s| (s.uncertain, s.locks_held))
-                        .map_err(|e| e.to_string()),
-                )
-            })
-            .filter(|(_, s)| s != &Ok((0, 0)))
-            .collect();
-        if busy.is_empty() {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < until,
-            "nodes still busy (node, (uncertain, locks)): {busy:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Err(busy) = tutti::chaos::wait_idle(cluster, within).await {
+        panic!("{busy}");
     }
 }

@@ -70,9 +70,26 @@ pub struct LocalCluster {
     pub process_flags: BTreeMap<String, Vec<String>>,
 }
 
+/// A port free now and below the kernel's ephemeral range. A port from that range (what
+/// binding port 0 gives) can be taken by any outgoing connection before the process meant
+/// for it binds it; a CI run lost a manager that way ("Address already in use").
 pub(crate) fn free_port() -> Result<u16, LocalError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("pick a free port"))?;
-    Ok(l.local_addr().map_err(io("pick a free port"))?.port())
+    use rand::Rng;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let range = 10_000..ephemeral_low.max(20_000);
+    let mut rng = rand::thread_rng();
+    for _ in 0..1000 {
+        let port = rng.gen_range(range.clone());
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(LocalError::Config(format!(
+        "no free port in {range:?} after 1000 tries"
+    )))
 }
 
 impl LocalCluster {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tutti_wire::{
     Connection, Connections, Limits, NodeId, Replies, Request, Response, RpcError, Tid,
 };
@@ -91,7 +91,7 @@ enum LogCmd {
 struct Node {
     cfg: NodeConfig,
     participant: Mutex<Participant<Replies>>,
-    log: Option<mpsc::UnboundedSender<LogCmd>>,
+    log: Option<std::sync::mpsc::Sender<LogCmd>>,
     start: Instant,
     peers: Connections,
     directory: Mutex<HashMap<NodeId, String>>,
@@ -215,7 +215,7 @@ pub async fn run(
             (p, Some(recovered.log), Some(flusher), rebooted, Some(lock))
         }
     };
-    let (log_tx, log_rx) = mpsc::unbounded_channel();
+    let (log_tx, log_rx) = std::sync::mpsc::channel();
     let node = Arc::new(Node {
         cfg: cfg.clone(),
         participant: Mutex::new(participant),
@@ -311,21 +311,35 @@ fn open_data_dir(data: &std::path::Path, cfg: &NodeConfig) -> Result<std::fs::Fi
     Ok(lock)
 }
 
+/// How long lazy records (`Decided`) may wait for the next synced batch before they are
+/// written on their own: a write of its own costs a device round trip with direct I/O.
+const LAZY_HOLD: Duration = Duration::from_millis(20);
+/// Held lazy records are written once they reach this many bytes.
+const LAZY_HOLD_BYTES: usize = 1 << 20;
+
 /// Group commit: everything queued while the previous fdatasync ran goes into one write
-/// and one fdatasync; then the participant releases the replies that waited for it.
-fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver<LogCmd>) {
+/// and one fdatasync; then the participant releases the replies that waited for it. A
+/// round with only lazy records writes nothing: they ride with the next synced batch.
+fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<LogCmd>) {
+    use std::sync::mpsc::RecvTimeoutError;
     let mut buf = Vec::with_capacity(1 << 20);
     let mut counters = LogCounters::default();
-    while let Some(first) = rx.blocking_recv() {
-        let mut cmds = vec![first];
-        while let Ok(cmd) = rx.try_recv() {
-            cmds.push(cmd);
-        }
-        buf.clear();
-        let (mut first_lsn, mut count, mut needs_sync) = (log.next_lsn(), 0, false);
-        let mut truncate = None;
-        let mut waiters = Vec::new();
-        for cmd in cmds {
+    let (mut first_lsn, mut count) = (log.next_lsn(), 0);
+    let mut held_since: Option<Instant> = None;
+    loop {
+        let first = match held_since {
+            None => match rx.recv() {
+                Ok(cmd) => Some(cmd),
+                Err(_) => break,
+            },
+            Some(since) => match rx.recv_timeout(LAZY_HOLD.saturating_sub(since.elapsed())) {
+                Ok(cmd) => Some(cmd),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+        };
+        let (mut needs_sync, mut truncate, mut waiters) = (false, None, Vec::new());
+        for cmd in first.into_iter().chain(rx.try_iter()) {
             match cmd {
                 LogCmd::Append(records) => {
                     for (lsn, record) in &records {
@@ -344,6 +358,12 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver
                 }
             }
         }
+        let held_long = held_since.is_some_and(|since| since.elapsed() >= LAZY_HOLD);
+        if !needs_sync && truncate.is_none() && !held_long && buf.len() < LAZY_HOLD_BYTES {
+            held_since = held_since.or((count > 0).then(Instant::now));
+            continue;
+        }
+        held_since = None;
         let result = (|| -> Result<(), LogError> {
             if count > 0 {
                 log.append(first_lsn, count, &buf)?;
@@ -364,13 +384,16 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver
         counters.records_appended += count;
         counters.syncs += u64::from(needs_sync);
         counters.bytes = log.bytes_total();
+        counters.current_segment_first_lsn = log.current_segment_first_lsn();
+        buf.clear();
+        count = 0;
         if needs_sync {
             let upto = log.next_lsn() - 1;
             node.step(|p, now| {
                 p.set_log_counters(counters);
                 p.on_synced(now, upto)
             });
-        } else if truncate.is_some() {
+        } else {
             node.participant
                 .lock()
                 .expect("participant poisoned")
@@ -379,6 +402,9 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, mut rx: mpsc::UnboundedReceiver
         for w in waiters {
             let _ = w.send(());
         }
+    }
+    if count > 0 && log.append(first_lsn, count, &buf).is_err() {
+        tracing::warn!("redo log: lazy records not written at shutdown");
     }
 }
 

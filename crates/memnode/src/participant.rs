@@ -33,8 +33,9 @@ pub struct HeartbeatReport {
     pub applied: Vec<(Tid, Vec<NodeId>)>,
 }
 
-/// A forced-abort or epoch record this far behind the log head is appended again at a
-/// checkpoint, so that the segments before it can be deleted.
+/// A forced-abort or epoch record this far behind the log head, or in a segment before the
+/// current one, is appended again at a checkpoint, so that the segments before it can be
+/// deleted.
 const CARRY_DISTANCE_RECORDS: Lsn = 4096;
 
 /// Tids per `RequestAbort` batch and per heartbeat report.
@@ -114,6 +115,9 @@ pub struct LogCounters {
     pub bytes: u64,
     pub syncs: u64,
     pub records_appended: u64,
+    /// Where the segment being appended starts: a record kept below it keeps a whole
+    /// older segment on disk.
+    pub current_segment_first_lsn: Lsn,
 }
 
 /// Committed tids applied to the space since the last checkpoint began.
@@ -797,7 +801,9 @@ impl<R> Participant<R> {
         // Forced-aborts and the epoch must outlive the records around them. Far behind the
         // head they are appended again so that old segments can go; near it, truncation
         // simply stops at them (no rewrite on every checkpoint of an idle node).
-        let carry_below = head.saturating_sub(CARRY_DISTANCE_RECORDS);
+        let carry_below = head
+            .saturating_sub(CARRY_DISTANCE_RECORDS)
+            .max(self.log.current_segment_first_lsn.min(head));
         let carried = sorted(
             self.forced_abort
                 .iter()
@@ -1438,6 +1444,44 @@ mod tests {
             "everything but the epoch record (lsn 4) is collectable"
         );
         assert_eq!(p.stats(0).log_records_live, 0);
+    }
+
+    #[test]
+    fn a_forced_abort_in_an_older_segment_is_carried_so_the_segment_can_go() {
+        let mut p = node(1, Mode::Log);
+        let acts = p.on_request(
+            0,
+            9,
+            5,
+            Request::RequestAbort {
+                tids: vec![(tid(1), vec![1, 2])],
+            },
+        );
+        let forced_lsn = acts.append[0].0;
+        let cp = p.checkpoint_begin();
+        let acts = p.checkpoint_done(cp);
+        assert_eq!(acts.truncate_below, Some(forced_lsn), "near the head: kept");
+        assert!(acts.append.is_empty(), "and not rewritten");
+        // The writer started a new segment after the forced-abort.
+        p.set_log_counters(LogCounters {
+            current_segment_first_lsn: forced_lsn + 1,
+            ..LogCounters::default()
+        });
+        let cp = p.checkpoint_begin();
+        let acts = p.checkpoint_done(cp);
+        let carried = match &acts.append[..] {
+            [(lsn, LogRecord::ForcedAbort { tid: t })] if *t == tid(1) => *lsn,
+            other => panic!("expected the forced-abort again, got {other:?}"),
+        };
+        assert_eq!(acts.truncate_below, Some(carried), "the old segment can go");
+        let cp = p.checkpoint_begin();
+        let acts = p.checkpoint_done(cp);
+        assert!(acts.append.is_empty(), "carried once");
+        // Its vote is still forced to abort.
+        assert_eq!(
+            vote_of(&prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)])),
+            Vote::AbortForced
+        );
     }
 
     #[test]

@@ -57,10 +57,52 @@ impl Plan<'_> {
                     class: self.tx.class_name().to_string(),
                     read_only: self.read_only,
                     items: group.iter().map(|&i| self.item(i).clone()).collect(),
+                    executed: 0,
                 };
                 (node, Request::ExecPrepare(ep))
             })
             .collect()
+    }
+
+    /// The requests of System B in Sinfonia Fig. 17: each node's items executed ahead of
+    /// the commit protocol, in one request per node (`per_item`: one per item in item
+    /// order, System A), each with the positions of its items in the minitransaction.
+    pub fn execute_ahead_requests(
+        &self,
+        tid: Tid,
+        per_item: bool,
+    ) -> Vec<(NodeId, Request, Vec<usize>)> {
+        let mut out = Vec::new();
+        for ((node, req), group) in self.requests(tid).into_iter().zip(&self.groups) {
+            let Request::ExecPrepare(ep) = req else {
+                unreachable!("requests are EXEC&PREPAREs")
+            };
+            if per_item {
+                for (item, &position) in ep.items.iter().zip(group) {
+                    let one = ExecPrepare {
+                        items: vec![item.clone()],
+                        ..ep.clone()
+                    };
+                    out.push((node, Request::ExecuteAhead(one), vec![position]));
+                }
+            } else {
+                out.push((node, Request::ExecuteAhead(ep), group.clone()));
+            }
+        }
+        out.sort_by_key(|(_, _, positions)| positions[0]);
+        out
+    }
+
+    /// EXEC&PREPAREs after `execute_ahead_requests`: no items, only how many were executed.
+    pub fn requests_after_execute_ahead(&self, tid: Tid) -> Vec<(NodeId, Request)> {
+        let mut out = self.requests(tid);
+        for (_, req) in &mut out {
+            if let Request::ExecPrepare(ep) = req {
+                ep.executed = ep.items.len() as u32;
+                ep.items.clear();
+            }
+        }
+        out
     }
 
     /// Reads in item order and failed compares as positions among all items.
@@ -175,6 +217,17 @@ pub fn tally(nodes: &[NodeId], replies: &[NodeReply]) -> Tally {
         (None, true, _) => Tally::AbortCompare,
         (None, false, Some(node)) => Tally::Unknown { node },
         (None, false, None) => Tally::Commit,
+    }
+}
+
+/// The replies to `execute_ahead_requests` (by node, in `nodes` order): `None` if every
+/// item executed and the commit protocol may start, or the tally to abort with. Nothing is
+/// logged ahead, so a lost reply is only a reason to retry.
+pub fn tally_execute_ahead(nodes: &[NodeId], replies: &[NodeReply]) -> Option<Tally> {
+    match tally(nodes, replies) {
+        Tally::Commit => None,
+        Tally::Unknown { node } => Some(Tally::Retry(format!("node {node}'s reply was lost"))),
+        other => Some(other),
     }
 }
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 pub use tutti_wire::Limits;
 use tutti_wire::{
     Connection, Connections, Directory, NodeId, NodeInfo, Request, Response, RpcError, StatsReport,
-    Tid,
+    Tid, Vote,
 };
 
 #[derive(Clone, Debug)]
@@ -89,6 +89,15 @@ struct Inner {
 }
 
 /// A handle on a tutti cluster. Clone it freely: clones share connections.
+/// How `Cluster::exec_and_commit_ahead` executes items before the commit protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecuteAhead {
+    /// One request per item, one after the other (Sinfonia Fig. 17, System A).
+    PerItem,
+    /// One request per node, all at once (System B).
+    PerNode,
+}
+
 #[derive(Clone)]
 pub struct Cluster {
     inner: Arc<Inner>,
@@ -162,6 +171,28 @@ impl Cluster {
     /// are retried with a new tid after randomized exponential backoff until the deadline;
     /// a failed compare returns `committed: false` with the failed items, never retried.
     pub async fn exec_and_commit(&self, tx: &Minitx) -> Result<Outcome, ExecError> {
+        self.exec_and_commit_with(tx, None).await
+    }
+
+    /// `exec_and_commit` the traditional way that Sinfonia's minitransactions improve on
+    /// (Systems A and B of its Fig. 17): the items are first executed and locked at their
+    /// nodes, one request per item or per node, and only then committed with two-phase
+    /// commit whose first phase carries no items. For comparisons; it costs round trips.
+    /// A failed compare stops it there: the outcome lists the failed compares found so far
+    /// (per item: the first one) and no reads.
+    pub async fn exec_and_commit_ahead(
+        &self,
+        tx: &Minitx,
+        ahead: ExecuteAhead,
+    ) -> Result<Outcome, ExecError> {
+        self.exec_and_commit_with(tx, Some(ahead)).await
+    }
+
+    async fn exec_and_commit_with(
+        &self,
+        tx: &Minitx,
+        ahead: Option<ExecuteAhead>,
+    ) -> Result<Outcome, ExecError> {
         tx.check(&self.inner.opts.limits)?;
         let plan = split(tx);
         {
@@ -181,7 +212,7 @@ impl Cluster {
         loop {
             attempts += 1;
             let tid = self.next_tid();
-            let last = match self.attempt(tid, &plan, until).await? {
+            let last = match self.attempt(tid, &plan, ahead, until).await? {
                 Ok(outcome) => return Ok(outcome),
                 Err(reason) => reason,
             };
@@ -207,9 +238,18 @@ impl Cluster {
         &self,
         tid: Tid,
         plan: &coordinator::Plan<'_>,
+        ahead: Option<ExecuteAhead>,
         until: Instant,
     ) -> Result<Result<Outcome, String>, ExecError> {
-        let requests = plan.requests(tid);
+        let requests = match ahead {
+            None => plan.requests(tid),
+            Some(ahead) => {
+                if let Some(aborted) = self.execute_ahead(tid, plan, ahead, until).await {
+                    return aborted;
+                }
+                plan.requests_after_execute_ahead(tid)
+            }
+        };
         let calls = requests
             .iter()
             .map(|(node, req)| self.call_until(*node, req, until));
@@ -271,6 +311,71 @@ impl Cluster {
             }
             Tally::Unknown { node } => Err(ExecError::OutcomeUnknown { tid, node }),
         }
+    }
+
+    /// Executes the items ahead of the commit protocol. `None` when all did; otherwise the
+    /// attempt is over (aborted everywhere) and this is its result.
+    async fn execute_ahead(
+        &self,
+        tid: Tid,
+        plan: &coordinator::Plan<'_>,
+        ahead: ExecuteAhead,
+        until: Instant,
+    ) -> Option<Result<Result<Outcome, String>, ExecError>> {
+        let requests = plan.execute_ahead_requests(tid, ahead == ExecuteAhead::PerItem);
+        let nodes: Vec<NodeId> = requests.iter().map(|(node, _, _)| *node).collect();
+        let mut replies = Vec::with_capacity(requests.len());
+        if ahead == ExecuteAhead::PerItem {
+            for (node, req, _) in &requests {
+                let reply = self.call_until(*node, req, until).await;
+                let executed = matches!(&reply, NodeReply::Vote(v) if v.vote == Vote::CommitOk);
+                replies.push(reply);
+                if !executed {
+                    break;
+                }
+            }
+        } else {
+            let calls = requests
+                .iter()
+                .map(|(node, req, _)| self.call_until(*node, req, until));
+            replies = futures::future::join_all(calls).await;
+        }
+        for r in &replies {
+            if let NodeReply::Vote(v) = r {
+                self.inner.epoch.fetch_max(v.epoch, Ordering::Relaxed);
+            }
+        }
+        let tally = coordinator::tally_execute_ahead(&nodes[..replies.len()], &replies)?;
+        self.decide(tid, plan, false).await;
+        Some(match tally {
+            Tally::AbortCompare => {
+                let mut failed: Vec<usize> = requests
+                    .iter()
+                    .zip(&replies)
+                    .filter_map(|((_, _, positions), reply)| match reply {
+                        NodeReply::Vote(v) => Some(
+                            v.failed_compares
+                                .iter()
+                                .filter_map(|&k| positions.get(k as usize).copied())
+                                .collect::<Vec<_>>(),
+                        ),
+                        _ => None,
+                    })
+                    .flatten()
+                    .collect();
+                failed.sort_unstable();
+                Ok(Ok(Outcome {
+                    committed: false,
+                    reads: Vec::new(),
+                    failed_compares: failed,
+                }))
+            }
+            Tally::Rejected { node, message } => Err(ExecError::Rejected { node, message }),
+            Tally::Retry(reason) => Ok(Err(reason)),
+            Tally::Commit | Tally::Unknown { .. } => {
+                unreachable!("tally_execute_ahead returns neither")
+            }
+        })
     }
 
     /// A node's vote was lost with its connection. The outcome is then fixed by the votes

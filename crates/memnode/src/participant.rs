@@ -85,6 +85,14 @@ struct Uncertain {
     class: usize,
 }
 
+/// Items a coordinator had executed ahead of EXEC&PREPARE (`Request::ExecuteAhead`), whose
+/// locks this node holds. In memory only: a restart drops them, and the tid's EXEC&PREPARE,
+/// which counts them, then votes abort.
+struct Ahead {
+    items: Vec<Item>,
+    since_ms: u64,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Outcome {
     Unknown,
@@ -133,6 +141,7 @@ pub struct Participant<R> {
     space: Space,
     locks: RangeLocks,
     uncertain: FxHashMap<Tid, Uncertain>,
+    ahead: FxHashMap<Tid, Ahead>,
     log_tids: FxHashMap<Tid, LogTid>,
     /// Prepare records still counted live, by lsn: the log is collected in this order.
     by_lsn: BTreeMap<Lsn, Tid>,
@@ -166,6 +175,7 @@ impl<R> Participant<R> {
             space,
             locks: RangeLocks::default(),
             uncertain: FxHashMap::default(),
+            ahead: FxHashMap::default(),
             log_tids: FxHashMap::default(),
             by_lsn: BTreeMap::new(),
             forced_abort: FxHashMap::default(),
@@ -363,6 +373,13 @@ impl<R> Participant<R> {
                 Ok(()) => self.exec_prepare(&mut acts, now_ms, reply_to, id, ep),
                 Err(resp) => acts.replies.push((reply_to, id, resp)),
             },
+            Request::ExecuteAhead(ep) => match self.validate(&ep) {
+                Ok(()) => {
+                    let resp = self.execute_ahead(now_ms, ep);
+                    acts.replies.push((reply_to, id, resp));
+                }
+                Err(resp) => acts.replies.push((reply_to, id, resp)),
+            },
             Request::Decision { tid, commit } => self.decision(&mut acts, now_ms, tid, commit),
             Request::Release { tid } => {
                 let held = self
@@ -402,7 +419,10 @@ impl<R> Participant<R> {
         if ep.class.len() > CLASS_BYTES_MAX {
             return bad(format!("class name longer than {CLASS_BYTES_MAX} bytes"));
         }
-        self.cfg.limits.check(ep.items.iter()).or_else(bad)?;
+        if !(ep.items.is_empty() && ep.executed > 0) {
+            // (The items executed ahead are checked together with these at EXEC&PREPARE.)
+            self.cfg.limits.check(ep.items.iter()).or_else(bad)?;
+        }
         match ep
             .items
             .iter()
@@ -421,31 +441,84 @@ impl<R> Participant<R> {
         }
     }
 
+    /// `Request::ExecuteAhead`: lock and execute `ep.items` now, keep them for the tid's
+    /// EXEC&PREPARE. Any refusal drops everything the tid holds here.
+    fn execute_ahead(&mut self, now_ms: u64, ep: ExecPrepare) -> Response {
+        let class = self.load.class_index(&ep.class);
+        let tid = ep.tid;
+        if self.uncertain.contains_key(&tid) || self.log_tids.contains_key(&tid) {
+            return error(ErrorCode::BadRequest, format!("tid {tid} already executed"));
+        }
+        let refused = if tid.epoch + 2 <= self.epoch {
+            Some(Vote::AbortEpoch)
+        } else if self.forced_abort.contains_key(&tid) {
+            Some(Vote::AbortForced)
+        } else if !self.locks.try_lock(tid, &lock_ranges(&ep.items)) {
+            Some(Vote::AbortLock)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return self.refuse(now_ms, class, tid, why, vec![], vec![]);
+        }
+        let (reads, failed, bytes_read) = self.execute(&ep.items);
+        self.load.at(class, now_ms).bytes_read += bytes_read;
+        if !failed.is_empty() {
+            return self.refuse(now_ms, class, tid, Vote::AbortCompare, reads, failed);
+        }
+        self.ahead
+            .entry(tid)
+            .or_insert(Ahead {
+                items: Vec::new(),
+                since_ms: now_ms,
+            })
+            .items
+            .extend(ep.items);
+        vote(Vote::CommitOk, reads, vec![], self.epoch)
+    }
+
+    fn drop_ahead(&mut self, tid: Tid) {
+        self.ahead.remove(&tid);
+        self.locks.release(tid);
+    }
+
+    /// Votes `why` (an abort) for `tid` and counts it: the tid keeps nothing here, neither
+    /// locks nor items executed ahead (unless it is a duplicate of a prepared tid, whose
+    /// locks stay with its vote).
+    fn refuse(
+        &mut self,
+        now_ms: u64,
+        class: usize,
+        tid: Tid,
+        why: Vote,
+        reads: Vec<Vec<u8>>,
+        failed_compares: Vec<u32>,
+    ) -> Response {
+        if !self.uncertain.contains_key(&tid) {
+            self.drop_ahead(tid);
+        }
+        let counters = self.load.at(class, now_ms);
+        match why {
+            Vote::AbortLock => counters.aborted_lock += 1,
+            Vote::AbortCompare => counters.aborted_compare += 1,
+            _ => counters.forced_abort += 1,
+        }
+        vote(why, reads, failed_compares, self.epoch)
+    }
+
     fn exec_prepare(
         &mut self,
         acts: &mut Actions<R>,
         now_ms: u64,
         reply_to: R,
         id: u64,
-        ep: ExecPrepare,
+        mut ep: ExecPrepare,
     ) {
         let class = self.load.class_index(&ep.class);
         let tid = ep.tid;
-        let vote = |vote, reads, failed_compares, epoch| {
-            Response::Vote(VoteReply {
-                vote,
-                reads,
-                failed_compares,
-                epoch,
-            })
-        };
         if tid.epoch + 2 <= self.epoch {
-            self.load.at(class, now_ms).forced_abort += 1;
-            acts.replies.push((
-                reply_to,
-                id,
-                vote(Vote::AbortEpoch, vec![], vec![], self.epoch),
-            ));
+            let refusal = self.refuse(now_ms, class, tid, Vote::AbortEpoch, vec![], vec![]);
+            acts.replies.push((reply_to, id, refusal));
             return;
         }
         if self.uncertain.contains_key(&tid) || self.log_tids.contains_key(&tid) {
@@ -456,48 +529,40 @@ impl<R> Participant<R> {
             ));
             return;
         }
-        let ranges: Vec<LockRange> = ep
-            .items
-            .iter()
-            .map(|item| LockRange {
-                start: item.addr(),
-                end: item.addr() + item.len(),
-                kind: if item.writes() {
-                    LockKind::Write
-                } else {
-                    LockKind::Read
-                },
-            })
-            .collect();
-        if !self.locks.try_lock(tid, &ranges) {
-            self.load.at(class, now_ms).aborted_lock += 1;
-            acts.replies.push((
-                reply_to,
-                id,
-                vote(Vote::AbortLock, vec![], vec![], self.epoch),
-            ));
-            return;
+        let executed = self.ahead.remove(&tid).map_or(0, |ahead| {
+            let n = ahead.items.len();
+            ep.items.splice(..0, ahead.items);
+            n
+        });
+        if executed > 0 {
+            if let Err(message) = self.cfg.limits.check(ep.items.iter()) {
+                self.locks.release(tid);
+                acts.replies
+                    .push((reply_to, id, error(ErrorCode::BadRequest, message)));
+                return;
+            }
         }
-        if self.forced_abort.contains_key(&tid) && !planted(Bug::SkipForcedAbortCheck) {
-            self.locks.release(tid);
-            self.load.at(class, now_ms).forced_abort += 1;
-            acts.replies.push((
-                reply_to,
-                id,
-                vote(Vote::AbortForced, vec![], vec![], self.epoch),
-            ));
+        // What was executed ahead may be gone (a restart, the timeout, a refusal): abort.
+        let lost_ahead = executed != ep.executed as usize && !planted(Bug::IgnoreExecutedCount);
+        let refused = if lost_ahead {
+            Some(Vote::AbortForced)
+        } else if !self.locks.try_lock(tid, &lock_ranges(&ep.items)) {
+            Some(Vote::AbortLock)
+        } else if self.forced_abort.contains_key(&tid) && !planted(Bug::SkipForcedAbortCheck) {
+            Some(Vote::AbortForced)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            let refusal = self.refuse(now_ms, class, tid, why, vec![], vec![]);
+            acts.replies.push((reply_to, id, refusal));
             return;
         }
         let (reads, failed, bytes_read) = self.execute(&ep.items);
         self.load.at(class, now_ms).bytes_read += bytes_read;
         if !failed.is_empty() {
-            self.locks.release(tid);
-            self.load.at(class, now_ms).aborted_compare += 1;
-            acts.replies.push((
-                reply_to,
-                id,
-                vote(Vote::AbortCompare, reads, failed, self.epoch),
-            ));
+            let refusal = self.refuse(now_ms, class, tid, Vote::AbortCompare, reads, failed);
+            acts.replies.push((reply_to, id, refusal));
             return;
         }
         let writes = self.resolve_writes(&ep.items);
@@ -628,6 +693,11 @@ impl<R> Participant<R> {
 
     /// Phase 2 of Fig. 4 (lines 26–31).
     fn decision(&mut self, acts: &mut Actions<R>, now_ms: u64, tid: Tid, commit: bool) {
+        if self.ahead.contains_key(&tid) {
+            // Executed ahead and never prepared: only an abort can come, and it frees the locks.
+            self.drop_ahead(tid);
+            return;
+        }
         let Some(entry) = self.uncertain.get(&tid) else {
             return;
         };
@@ -830,6 +900,16 @@ impl<R> Participant<R> {
     /// (for its recovery coordinator) and newly durable multi-node tids (for GC).
     pub fn heartbeat(&mut self, now_ms: u64) -> HeartbeatReport {
         let timeout = self.cfg.timeout_uncertain_ms;
+        // Items executed ahead by a coordinator that never prepared (it crashed, say).
+        let abandoned: Vec<Tid> = self
+            .ahead
+            .iter()
+            .filter(|(_, a)| now_ms.saturating_sub(a.since_ms) >= timeout)
+            .map(|(tid, _)| *tid)
+            .collect();
+        for tid in abandoned {
+            self.drop_ahead(tid);
+        }
         let mut uncertain = sorted(
             self.uncertain
                 .iter()
@@ -934,6 +1014,8 @@ pub enum Bug {
     CommitOkBeforeSync,
     /// GC drops a committed tid as soon as this node applied it, not every participant.
     GcBeforeAllApplied,
+    /// EXEC&PREPARE votes without the items executed ahead when they are gone.
+    IgnoreExecutedCount,
 }
 
 #[cfg(feature = "planted-bugs")]
@@ -977,6 +1059,31 @@ fn error(code: ErrorCode, message: String) -> Response {
     Response::Error { code, message }
 }
 
+fn vote(vote: Vote, reads: Vec<Vec<u8>>, failed_compares: Vec<u32>, epoch: u64) -> Response {
+    Response::Vote(VoteReply {
+        vote,
+        reads,
+        failed_compares,
+        epoch,
+    })
+}
+
+/// The byte ranges `items` lock: writes and adds exclusively, reads and compares shared.
+fn lock_ranges(items: &[Item]) -> Vec<LockRange> {
+    items
+        .iter()
+        .map(|item| LockRange {
+            start: item.addr(),
+            end: item.addr() + item.len(),
+            kind: if item.writes() {
+                LockKind::Write
+            } else {
+                LockKind::Read
+            },
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1010,6 +1117,7 @@ mod tests {
             class: "t".into(),
             read_only,
             items,
+            executed: 0,
         };
         p.on_request(0, 1, 1, Request::ExecPrepare(ep))
     }
@@ -1387,6 +1495,7 @@ mod tests {
                 class: String::new(),
                 read_only: true,
                 items: vec![Item::Read { addr: 0, len: 1 }],
+                executed: 0,
             }),
         );
         assert!(matches!(
@@ -1444,6 +1553,134 @@ mod tests {
             "everything but the epoch record (lsn 4) is collectable"
         );
         assert_eq!(p.stats(0).log_records_live, 0);
+    }
+
+    fn ahead(p: &mut P, now_ms: u64, t: Tid, items: Vec<Item>) -> VoteReply {
+        let ep = ExecPrepare {
+            tid: t,
+            participants: vec![1, 2],
+            class: "t".into(),
+            read_only: false,
+            items,
+            executed: 0,
+        };
+        match &p
+            .on_request(now_ms, 1, 1, Request::ExecuteAhead(ep))
+            .replies[..]
+        {
+            [(_, _, Response::Vote(v))] => v.clone(),
+            other => panic!("expected one vote, got {}", other.len()),
+        }
+    }
+
+    fn prepare_after_ahead(p: &mut P, t: Tid, executed: u32) -> Actions<u32> {
+        let ep = ExecPrepare {
+            tid: t,
+            participants: vec![1, 2],
+            class: "t".into(),
+            read_only: false,
+            items: vec![],
+            executed,
+        };
+        p.on_request(0, 1, 1, Request::ExecPrepare(ep))
+    }
+
+    #[test]
+    fn items_executed_ahead_keep_their_locks_until_the_decision() {
+        let mut p = node(1, Mode::Log);
+        let cas = |old: u64, new: u64| {
+            vec![
+                Item::Compare {
+                    addr: 0,
+                    op: CmpOp::Eq,
+                    bytes: old.to_le_bytes().to_vec(),
+                },
+                write(0, new),
+            ]
+        };
+        let first = ahead(&mut p, 0, tid(1), vec![Item::Read { addr: 8, len: 8 }]);
+        assert_eq!(
+            (first.vote, first.reads),
+            (Vote::CommitOk, vec![vec![0; 8]])
+        );
+        assert_eq!(ahead(&mut p, 0, tid(1), cas(0, 7)).vote, Vote::CommitOk);
+        // Held across the round trips: another minitransaction cannot touch those bytes.
+        assert_eq!(
+            vote_of(&prepare(&mut p, tid(2), vec![1], vec![write(8, 1)])),
+            Vote::AbortLock
+        );
+        let acts = prepare_after_ahead(&mut p, tid(1), 3);
+        assert_eq!(acts.append.len(), 1, "the vote is logged with the write");
+        let acts = p.on_synced(0, acts.append[0].0);
+        let v = match &acts.replies[..] {
+            [(_, _, Response::Vote(v))] => v.clone(),
+            _ => panic!("one vote"),
+        };
+        assert_eq!((v.vote, v.reads), (Vote::CommitOk, vec![vec![0; 8]]));
+        p.on_request(
+            0,
+            1,
+            2,
+            Request::Decision {
+                tid: tid(1),
+                commit: true,
+            },
+        );
+        assert_eq!(p.space().read(0, 8), &7u64.to_le_bytes());
+        assert_eq!(p.stats(0).locks_held, 0);
+        // A failed compare ahead drops what the tid held.
+        assert_eq!(
+            ahead(&mut p, 0, tid(3), vec![write(16, 1)]).vote,
+            Vote::CommitOk
+        );
+        let refused = ahead(&mut p, 0, tid(3), cas(0, 9));
+        assert_eq!(
+            (refused.vote, refused.failed_compares),
+            (Vote::AbortCompare, vec![0])
+        );
+        assert_eq!(p.stats(0).locks_held, 0);
+        assert_eq!(
+            vote_of(&prepare_after_ahead(&mut p, tid(3), 1)),
+            Vote::AbortForced,
+            "the prepare finds nothing executed"
+        );
+    }
+
+    #[test]
+    fn items_executed_ahead_are_dropped_by_an_abort_or_the_timeout() {
+        let mut p = node(1, Mode::Log);
+        assert_eq!(
+            ahead(&mut p, 0, tid(1), vec![write(0, 1)]).vote,
+            Vote::CommitOk
+        );
+        p.on_request(
+            0,
+            1,
+            2,
+            Request::Decision {
+                tid: tid(1),
+                commit: false,
+            },
+        );
+        assert_eq!(p.stats(0).locks_held, 0, "an abort frees them");
+        assert_eq!(
+            ahead(&mut p, 10, tid(2), vec![write(0, 2)]).vote,
+            Vote::CommitOk
+        );
+        let _ = p.heartbeat(50);
+        assert_eq!(p.stats(0).locks_held, 1, "kept within the timeout");
+        let _ = p.heartbeat(110);
+        assert_eq!(
+            p.stats(0).locks_held,
+            0,
+            "a silent coordinator's locks expire"
+        );
+        assert_eq!(
+            vote_of(&prepare_after_ahead(&mut p, tid(2), 1)),
+            Vote::AbortForced,
+            "a late prepare cannot commit what was dropped"
+        );
+        assert_eq!(p.space().read(0, 8), &[0; 8]);
     }
 
     #[test]
@@ -1563,6 +1800,7 @@ mod tests {
             class: String::new(),
             read_only: false,
             items: vec![Item::Read { addr: 0, len: 8 }],
+            executed: 0,
         };
         let acts = p.on_request(0, 1, 1, Request::ExecPrepare(ep));
         assert!(matches!(acts.append[..], [(_, LogRecord::Prepare { .. })]));

@@ -8,7 +8,7 @@ use rand::Rng;
 use std::collections::BTreeMap;
 use tutti_client::coordinator::{self, NodeReply, Tally};
 use tutti_client::Minitx;
-use tutti_wire::{CmpOp, NodeId, Request, Response, Tid};
+use tutti_wire::{CmpOp, NodeId, Outgoing, Request, Response, Tid};
 
 pub(crate) const SPACE_BYTES: u64 = 8192;
 pub(crate) const INITIAL_BALANCE: u64 = 100;
@@ -80,6 +80,18 @@ struct Attempt {
     stalled: Vec<(NodeId, Msg)>,
     /// Phase 2 of a read-only minitransaction over several nodes: RELEASE answers.
     releasing: Option<Releasing>,
+    /// Items executed ahead of phase 1 (`ExecuteAhead`), while that is still going on.
+    ahead: Option<Ahead>,
+    /// Some node may hold items of this attempt executed ahead: an abort must reach every
+    /// node, even when there is only one.
+    executed_ahead: bool,
+}
+
+/// `ExecuteAhead` requests' nodes and replies, and their positions by message id.
+struct Ahead {
+    nodes: Vec<NodeId>,
+    replies: Vec<Option<NodeReply>>,
+    asked: BTreeMap<u64, usize>,
 }
 
 pub(crate) struct SimCoordinator {
@@ -195,9 +207,9 @@ fn begin_attempt(world: &mut World, c: usize) {
         seq: co.seq,
     };
     co.seq += 1;
-    let plan = coordinator::split(&op.tx);
+    let tx = op.tx.clone();
+    let plan = coordinator::split(&tx);
     let nodes = plan.nodes().to_vec();
-    let requests = plan.requests(tid);
     let mut attempt = Attempt {
         id,
         tid,
@@ -207,7 +219,39 @@ fn begin_attempt(world: &mut World, c: usize) {
         resolving: None,
         stalled: Vec::new(),
         releasing: None,
+        ahead: None,
+        executed_ahead: false,
     };
+    if world.rng.gen_bool(world.cfg.execute_ahead_probability) {
+        let per_item = world.rng.gen_bool(0.5);
+        let requests: Vec<(NodeId, Request)> = plan
+            .execute_ahead_requests(tid, per_item)
+            .into_iter()
+            .map(|(node, req, _)| (node, req))
+            .collect();
+        attempt.ahead = Some(Ahead {
+            nodes: requests.iter().map(|(node, _)| *node).collect(),
+            replies: vec![None; requests.len()],
+            asked: BTreeMap::new(),
+        });
+        attempt.executed_ahead = true;
+        world.coordinators[c].attempt = Some(attempt);
+        let ids = send_requests(world, c, requests);
+        let ahead = world.coordinators[c]
+            .attempt
+            .as_mut()
+            .and_then(|a| a.ahead.as_mut())
+            .expect("executing ahead");
+        ahead.asked = ids.into_iter().enumerate().map(|(i, id)| (id, i)).collect();
+        arm_timeout(world, c, id);
+        return;
+    }
+    send_prepares(world, c, attempt, plan.requests(tid));
+}
+
+/// Phase 1: sends `requests` (one EXEC&PREPARE per participant) for `attempt`.
+fn send_prepares(world: &mut World, c: usize, mut attempt: Attempt, requests: Outgoing) {
+    let id = attempt.id;
     let mut sends = Vec::new();
     for (i, (node, req)) in requests.into_iter().enumerate() {
         let msg_id = world.new_id();
@@ -265,6 +309,20 @@ pub(crate) fn deliver(world: &mut World, c: usize, msg: Msg) {
     let Some(attempt) = co.attempt.as_mut() else {
         return;
     };
+    if let Some(ahead) = attempt.ahead.as_mut() {
+        if let Some(&i) = ahead.asked.get(&id) {
+            if ahead.replies[i].is_none() {
+                if let Response::Vote(v) = &resp {
+                    co.epoch = co.epoch.max(v.epoch);
+                }
+                ahead.replies[i] = Some(NodeReply::from_response(resp));
+                if ahead.replies.iter().all(Option::is_some) {
+                    ahead_done(world, c);
+                }
+            }
+        }
+        return;
+    }
     if let Some(&i) = attempt.asked.get(&id) {
         if attempt.replies[i].is_none() && attempt.resolving.is_none() {
             if let Response::Vote(v) = &resp {
@@ -303,6 +361,25 @@ pub(crate) fn deliver(world: &mut World, c: usize, msg: Msg) {
     }
 }
 
+/// Every `ExecuteAhead` was answered (or timed out): run the commit protocol, or abort.
+fn ahead_done(world: &mut World, c: usize) {
+    let co = &mut world.coordinators[c];
+    let mut attempt = co.attempt.take().expect("attempt");
+    let ahead = attempt.ahead.take().expect("executing ahead");
+    let replies = flatten(&ahead.replies);
+    match coordinator::tally_execute_ahead(&ahead.nodes, &replies) {
+        Some(tally) => {
+            co.attempt = Some(attempt);
+            finalize(world, c, tally)
+        }
+        None => {
+            let op = co.op.as_ref().expect("an operation");
+            let requests = coordinator::split(&op.tx).requests_after_execute_ahead(attempt.tid);
+            send_prepares(world, c, attempt, requests);
+        }
+    }
+}
+
 fn flatten(replies: &[Option<NodeReply>]) -> Vec<NodeReply> {
     replies
         .iter()
@@ -322,6 +399,12 @@ pub(crate) fn timeout(world: &mut World, c: usize, attempt_id: u64) {
     if let Some((answers, _)) = attempt.releasing.as_ref() {
         let tally = coordinator::released(answers);
         return finalize(world, c, tally);
+    }
+    if let Some(ahead) = attempt.ahead.as_mut() {
+        for r in ahead.replies.iter_mut().filter(|r| r.is_none()) {
+            *r = Some(NodeReply::Lost("timed out".into()));
+        }
+        return ahead_done(world, c);
     }
     match attempt.resolving.as_mut() {
         None => {
@@ -444,7 +527,7 @@ fn finalize(world: &mut World, c: usize, tally: Tally) {
         }
         _ => None,
     };
-    let multi = attempt.nodes.len() > 1;
+    let multi = attempt.nodes.len() > 1 || attempt.executed_ahead;
     let decide = |world: &mut World, commit: bool| {
         if multi {
             for &node in &attempt.nodes {

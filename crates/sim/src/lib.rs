@@ -115,6 +115,10 @@ pub struct SimConfig {
     /// Probability that a coordinator stalls after its first EXEC&PREPARE for longer than the
     /// uncertain timeout, so recovery runs concurrently with it (Sinfonia Fig. 9).
     pub slow_coordinator_probability: f64,
+    /// Probability that an attempt first executes its items with `ExecuteAhead` (Sinfonia
+    /// Fig. 17 Systems A and B: per item or per node, here all sent at once) and only then
+    /// runs the commit protocol.
+    pub execute_ahead_probability: f64,
     pub epoch_interval_us: u64,
     /// Faults stop here; the run must then finish within `liveness_bound_us`.
     pub faults_until_us: u64,
@@ -136,6 +140,7 @@ impl Default for SimConfig {
             slow_interval_us: 300_000,
             coordinator_crash_probability: 0.03,
             slow_coordinator_probability: 0.03,
+            execute_ahead_probability: 0.2,
             epoch_interval_us: 400_000,
             faults_until_us: 1_500_000,
             liveness_bound_us: 30_000_000,

@@ -30,6 +30,13 @@ fn commit_ok_before_the_log_sync_is_caught() {
 }
 
 #[test]
+fn preparing_without_the_items_executed_ahead_is_caught() {
+    let found = first_failing_seed(Bug::IgnoreExecutedCount);
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
+#[test]
 fn gc_before_every_participant_applied_is_caught() {
     let found = first_failing_seed(Bug::GcBeforeAllApplied);
     assert!(found.is_some(), "not caught in 1,000 seeds");

@@ -34,6 +34,7 @@ fn prepare(t: Tid, participants: Vec<u16>, items: Vec<Item>) -> Request {
         class: "raw".into(),
         read_only,
         items,
+        executed: 0,
     })
 }
 

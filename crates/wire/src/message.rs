@@ -132,6 +132,9 @@ pub struct ExecPrepare {
     /// every participant has a commit vote in its log.
     pub read_only: bool,
     pub items: Vec<Item>,
+    /// How many items of this tid the node already executed with `ExecuteAhead`; they are
+    /// part of the vote, ahead of `items`. Zero for Sinfonia's own minitransactions.
+    pub executed: u32,
 }
 
 pub const CLASS_BYTES_MAX: usize = 64;
@@ -219,6 +222,13 @@ pub type Outgoing = Vec<(NodeId, Request)>;
 pub enum Request {
     /// Coordinator → participant, phase 1.
     ExecPrepare(ExecPrepare),
+    /// Coordinator → participant, before phase 1 (Systems A and B of Sinfonia Fig. 17, the
+    /// traditional way that minitransactions improve on): execute `items` now and keep their
+    /// locks under the tid; nothing is logged. Replies `Vote`: COMMIT-OK with the reads,
+    /// or why not (then the node has dropped everything of the tid). `executed` in the
+    /// tid's `ExecPrepare` counts these items; unprepared ones are dropped after the
+    /// uncertainty timeout, and an abort `Decision` drops them at once.
+    ExecuteAhead(ExecPrepare),
     /// Coordinator or recovery coordinator → participant, phase 2; no reply.
     Decision { tid: Tid, commit: bool },
     /// Coordinator → participant, phase 2 of a read-only minitransaction over several nodes

@@ -9,7 +9,7 @@ use rand::Rng;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tutti_client::{Cluster, ExecError, Minitx};
+use tutti_client::{Cluster, ExecError, ExecuteAhead, Minitx};
 use tutti_wire::NodeId;
 
 /// Items live at this address on each node (away from the bank workload's addresses).
@@ -37,10 +37,11 @@ pub enum MinitxKind {
 pub enum Access {
     /// Inside the commit protocol's first phase, as tutti runs minitransactions (C, D).
     Combined,
-    /// First one round trip per memory node reading all of its items at once, then the
-    /// commit protocol (B).
+    /// First executed and locked with one request per memory node, all at once, then
+    /// two-phase commit (B).
     Batched,
-    /// First one round trip per item, one after the other, then the commit protocol (A).
+    /// First executed and locked with one request per item, one after the other, then
+    /// two-phase commit (A).
     PerItem,
 }
 
@@ -153,11 +154,20 @@ async fn run_point(
             while Instant::now() < until {
                 let (tx, picks) = cas_minitx(&b, &mirror);
                 let t0 = Instant::now();
-                if access_first(&cluster, &b, &picks).await.is_err() {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                match cluster.exec_and_commit(&tx).await {
+                let result = match b.access {
+                    Access::Combined => cluster.exec_and_commit(&tx).await,
+                    Access::Batched => {
+                        cluster
+                            .exec_and_commit_ahead(&tx, ExecuteAhead::PerNode)
+                            .await
+                    }
+                    Access::PerItem => {
+                        cluster
+                            .exec_and_commit_ahead(&tx, ExecuteAhead::PerItem)
+                            .await
+                    }
+                };
+                match result {
                     Ok(out) if out.committed => {
                         committed.fetch_add(1, Ordering::Relaxed);
                         for (ni, item, new) in picks {
@@ -238,41 +248,6 @@ fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32
         picks.push((ni, item, new));
     }
     (tx, picks)
-}
-
-/// The round trips Systems A and B of Fig. 17 make before their commit protocol: real
-/// requests to the memory nodes, reading the items (each a one-node read-only
-/// minitransaction, so its locks last one round trip rather than until commit).
-async fn access_first(
-    cluster: &Cluster,
-    b: &MinitxBench,
-    picks: &[(usize, u64, u32)],
-) -> Result<(), ExecError> {
-    let read = |items: &[(usize, u64, u32)]| {
-        let tx = items
-            .iter()
-            .fold(Minitx::new().class("bench-access"), |tx, (ni, item, _)| {
-                tx.read(b.nodes[*ni], addr(*item), 4)
-            });
-        async move { cluster.exec_and_commit(&tx).await.map(|_| ()) }
-    };
-    match b.access {
-        Access::Combined => Ok(()),
-        Access::PerItem => {
-            for pick in picks {
-                read(std::slice::from_ref(pick)).await?;
-            }
-            Ok(())
-        }
-        Access::Batched => {
-            let mut by_node: Vec<Vec<(usize, u64, u32)>> = vec![Vec::new(); b.nodes.len()];
-            for pick in picks {
-                by_node[pick.0].push(*pick);
-            }
-            let reads = by_node.iter().filter(|p| !p.is_empty()).map(|p| read(p));
-            futures::future::try_join_all(reads).await.map(|_| ())
-        }
-    }
 }
 
 async fn refresh(cluster: &Cluster, b: &MinitxBench, mirror: &Mirror, picks: &[(usize, u64, u32)]) {

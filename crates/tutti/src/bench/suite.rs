@@ -426,7 +426,7 @@ fn breakdown_md(md: &mut String, points: &[Point]) {
     }
     let _ = writeln!(
         md,
-        "\n## Fig. 17: where the speed comes from\n\n![Fig. 17](fig17.png)\n\nThe same items on 4 `log` nodes, {SCALING_OUTSTANDING} outstanding, in minitransactions/s. A: one round trip per item (a one-node read of it), one after the other, then 2PC; B: one round trip per node reading all its items at once, then 2PC; C: items executed inside 2PC's first phase (tutti's multi-node path); D: the same on one node, in one phase (tutti's one-node path). A and B are emulated with real requests to the memory nodes, whose locks last one round trip rather than until commit. rw = compare-and-swaps (6 or 50 items = 3 or 25 swaps), ro = compares only.\n"
+        "\n## Fig. 17: where the speed comes from\n\n![Fig. 17](fig17.png)\n\nThe same items on 4 `log` nodes, {SCALING_OUTSTANDING} outstanding, in minitransactions/s. A: each item executed and locked at its node with a request of its own (`ExecuteAhead`), one after the other, then 2PC; B: the same with one request per node carrying all its items, all nodes at once, then 2PC; in both the locks last until the decision. C: items executed inside 2PC's first phase (tutti's multi-node path); D: the same on one node, in one phase (tutti's one-node path). rw = compare-and-swaps (6 or 50 items = 3 or 25 swaps), ro = compares only.\n"
     );
     table_header(md, ["workload", "A", "B", "C", "D", "B/A", "C/B", "D/C"]);
     for (workload, _, _) in BREAKDOWN_WORKLOADS {

@@ -123,18 +123,21 @@ fn list_segments(dir: &Path) -> Result<Vec<(Lsn, PathBuf)>, LogError> {
 struct Segment {
     first_lsn: Lsn,
     path: PathBuf,
-    /// Bytes of whole records and the padding between batches; the rest of the file is zeros.
+    /// Bytes of whole records; the rest of the file is zeros.
     used: u64,
 }
 
-/// Readers skip zeros up to the next multiple of this: every direct-I/O alignment is one.
-const PADDING_STEP: usize = 512;
+/// The smallest direct-I/O alignment used: a sector.
+const SECTOR_BYTES: usize = 512;
+/// File systems asking for a larger alignment get buffered writes.
+const ALIGN_BYTES_MAX: usize = 64 << 10;
 
 /// How appends reach the segment files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Writes {
-    /// `O_DIRECT`: each batch is padded with zeros to a multiple of `align` bytes and written
-    /// at an offset that is one, so no write ever covers bytes of an earlier batch.
+    /// `O_DIRECT`: a batch is written from the start of the `align`-byte block holding the
+    /// end of the previous one, whose bytes are written again unchanged, and padded with
+    /// zeros to a whole block.
     Direct { align: usize },
     /// Through the page cache (file systems without direct I/O, such as tmpfs).
     Buffered,
@@ -166,7 +169,8 @@ fn direct_io_align(file: &File) -> Option<usize> {
     };
     let align = stx.stx_dio_offset_align.max(stx.stx_dio_mem_align) as usize;
     let supported = rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0;
-    (supported && align.is_power_of_two()).then_some(align.max(PADDING_STEP))
+    (supported && align.is_power_of_two() && align <= ALIGN_BYTES_MAX)
+        .then_some(align.max(SECTOR_BYTES))
 }
 
 /// Opens a segment for appending, with direct I/O if `direct` and the file system can do it.
@@ -217,6 +221,9 @@ pub struct RedoLog {
     writes: Writes,
     /// Where direct writes are staged, aligned in memory.
     staging: Vec<u8>,
+    /// The records in the last, partly filled block of the current segment (direct I/O):
+    /// the next write starts with them.
+    tail: Vec<u8>,
     file_bytes: u64,
     segment_bytes_max: u64,
     next_lsn: Lsn,
@@ -260,6 +267,7 @@ impl RedoLog {
         let mut segments = Vec::with_capacity(listed.len());
         let mut records = Vec::new();
         let mut bytes_total = 0;
+        let mut tail = Vec::new();
         let count = listed.len();
         for (i, (first_lsn, path)) in listed.into_iter().enumerate() {
             let mut bytes = Vec::new();
@@ -267,6 +275,9 @@ impl RedoLog {
                 .and_then(|mut f| f.read_to_end(&mut bytes))
                 .map_err(io_err(&path))?;
             let offset = read_records(&bytes, &mut records);
+            if i + 1 == count {
+                tail = bytes[offset.saturating_sub(ALIGN_BYTES_MAX)..offset].to_vec();
+            }
             if bytes[offset..].iter().any(|&b| b != 0) {
                 if i + 1 != count {
                     return Err(LogError::Corrupt {
@@ -296,6 +307,7 @@ impl RedoLog {
         );
         let create = segments.is_empty();
         if create {
+            tail.clear();
             segments.push(Segment {
                 first_lsn: next_lsn,
                 path: segment_path(dir, next_lsn),
@@ -307,9 +319,7 @@ impl RedoLog {
         if create {
             sync_dir(dir)?;
         }
-        let padding = round_up(last.used, writes.align()) - last.used;
-        last.used += padding;
-        bytes_total += padding;
+        let tail = tail.split_off(tail.len() - (last.used % writes.align()) as usize);
         let file_bytes = file.metadata().map_err(io_err(&last.path))?.len();
         match writes {
             Writes::Direct { align } => tracing::info!(align, "redo log: direct I/O"),
@@ -321,6 +331,7 @@ impl RedoLog {
             file,
             writes,
             staging: Vec::new(),
+            tail,
             file_bytes,
             segment_bytes_max,
             next_lsn,
@@ -351,30 +362,40 @@ impl RedoLog {
             "log records must be appended in lsn order"
         );
         let align = self.writes.align();
-        let len = round_up(bytes.len() as u64, align);
+        let len = bytes.len() as u64;
         let used = self.segments.last().expect("current segment").used;
         if used + len > self.segment_bytes_max && used > 0 {
             self.rotate()?;
         }
         let current = self.segments.last_mut().expect("current segment");
-        if current.used + len > self.file_bytes {
-            let to = (current.used + len)
+        let end = round_up(current.used + len, align);
+        if end > self.file_bytes {
+            let to = end
                 .max(self.file_bytes + EXTEND_BYTES)
-                .min(self.segment_bytes_max.max(current.used + len));
-            let to = round_up(to, align);
-            self.extend(to)?;
+                .min(self.segment_bytes_max.max(end));
+            self.extend(round_up(to, align))?;
         }
         let current = self.segments.last_mut().expect("current segment");
-        let data = match self.writes {
+        let (data, at) = match self.writes {
             Writes::Direct { align } => {
-                let data = aligned_zeroed(&mut self.staging, len as usize, align);
-                data[..bytes.len()].copy_from_slice(bytes);
-                &*data
+                let filled = self.tail.len() + bytes.len();
+                let data = aligned_zeroed(
+                    &mut self.staging,
+                    round_up(filled as u64, align as u64) as usize,
+                    align,
+                );
+                data[..self.tail.len()].copy_from_slice(&self.tail);
+                data[self.tail.len()..filled].copy_from_slice(bytes);
+                let at = current.used - self.tail.len() as u64;
+                self.tail.clear();
+                self.tail
+                    .extend_from_slice(&data[filled - filled % align..filled]);
+                (&*data, at)
             }
-            Writes::Buffered => bytes,
+            Writes::Buffered => (bytes, current.used),
         };
         self.file
-            .write_all_at(data, current.used)
+            .write_all_at(data, at)
             .map_err(io_err(&current.path))?;
         current.used += len;
         self.bytes_total += len;
@@ -410,6 +431,7 @@ impl RedoLog {
         (self.file, self.writes) = open_segment(&path, true, self.writes != Writes::Buffered)?;
         sync_dir(&self.dir)?;
         self.file_bytes = 0;
+        self.tail.clear();
         self.segments.push(Segment {
             first_lsn: self.next_lsn,
             path,
@@ -435,31 +457,17 @@ impl RedoLog {
 }
 
 /// Reads the records of one segment into `records` (stopping where the lsn sequence breaks)
-/// and returns the offset just past the last one. Zeros up to the next `PADDING_STEP`
-/// boundary are padding between direct-I/O batches and are skipped.
+/// and returns the offset just past the last one.
 fn read_records(bytes: &[u8], records: &mut Vec<(Lsn, LogRecord)>) -> usize {
-    let (mut offset, mut end) = (0, 0);
-    while offset < bytes.len() {
-        match decode_record(&bytes[offset..]) {
-            Some((lsn, record, used)) => {
-                if records.last().is_some_and(|(prev, _)| *prev + 1 != lsn) {
-                    break;
-                }
-                records.push((lsn, record));
-                offset += used;
-                end = offset;
-            }
-            None => {
-                let next = round_up(offset as u64 + 1, PADDING_STEP as u64) as usize;
-                let skipped = &bytes[offset..next.min(bytes.len())];
-                if skipped.iter().any(|&b| b != 0) {
-                    break;
-                }
-                offset = next;
-            }
+    let mut offset = 0;
+    while let Some((lsn, record, used)) = decode_record(&bytes[offset..]) {
+        if records.last().is_some_and(|(prev, _)| *prev + 1 != lsn) {
+            break;
         }
+        records.push((lsn, record));
+        offset += used;
     }
-    end
+    offset
 }
 
 pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
@@ -554,9 +562,9 @@ mod tests {
     }
 
     #[test]
-    fn batches_are_read_back_across_padding_and_restarts() {
+    fn batches_are_read_back_across_blocks_and_restarts() {
         for direct in [true, false] {
-            let dir = scratch(&format!("padding-{direct}"));
+            let dir = scratch(&format!("batches-{direct}"));
             let mut expected = Vec::new();
             for restart in 0..3u64 {
                 let mut log = RedoLog::open_with(&dir, 1 << 20, direct).unwrap().log;
@@ -572,6 +580,15 @@ mod tests {
             }
             let recovered = RedoLog::open_with(&dir, 1 << 20, direct).unwrap();
             assert_eq!(recovered.records, expected, "direct: {direct}");
+            let mut encoded = Vec::new();
+            for (lsn, record) in &expected {
+                encode_record(*lsn, record, &mut encoded);
+            }
+            assert_eq!(
+                recovered.log.bytes_total(),
+                encoded.len() as u64,
+                "records are contiguous, with no padding between batches"
+            );
             fs::remove_dir_all(&dir).unwrap();
         }
     }

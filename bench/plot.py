@@ -54,40 +54,35 @@ def fig16(results, out):
     fig.savefig(out / "fig16.png", dpi=100)
 
 
-def scaling(results, out, experiment, title):
-    points = load(results, experiment)
-    if not points:
-        return
+def line_plot(points, out, name, line, x, xlabel, ylabel, title, log_base):
+    """Throughput against `x`, one line per value of `line`."""
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    for mode, ps in sorted(lines(points, lambda p: p["mode"]).items()):
-        ps.sort(key=lambda p: p["nodes"])
-        ax.plot([p["nodes"] for p in ps], [p["throughput_per_s"] for p in ps], "-o", label=mode)
-    ax.set_xlabel("memory nodes (all on this machine)")
-    ax.set_ylabel("minitransactions/s")
-    ax.set_xscale("log", base=2)
-    ax.grid(True, alpha=0.3)
+    for label, ps in sorted(lines(points, lambda p: p[line]).items()):
+        ps.sort(key=lambda p: p[x])
+        ax.plot([p[x] for p in ps], [p["throughput_per_s"] for p in ps], "-o", label=label)
+    ax.set_xscale("log", base=log_base)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(out / f"{experiment}.png", dpi=100)
+    fig.savefig(out / f"{name}.png", dpi=100)
+
+
+def scaling(results, out, experiment, title):
+    points = load(results, experiment)
+    if points:
+        line_plot(points, out, experiment, "mode", "nodes", "memory nodes (all on this machine)",
+                  "minitransactions/s", title, 2)
 
 
 def fig20(results, out):
     points = load(results, "fig20")
-    if not points:
-        return
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for op, ps in sorted(lines(points, lambda p: p["operation"]).items()):
-        ps.sort(key=lambda p: p["overlap"])
-        ax.plot([p["overlap"] for p in ps], [p["throughput_per_s"] for p in ps], "-o", label=op)
-    ax.set_xscale("log")
-    ax.set_xlabel("probability of pairwise overlap")
-    ax.set_ylabel("committed minitransactions/s")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    ax.set_title("Fig. 20: contention (8 items, spread 2, 4 log nodes)")
-    fig.tight_layout()
-    fig.savefig(out / "fig20.png", dpi=100)
+    if points:
+        line_plot(points, out, "fig20", "operation", "overlap", "probability of pairwise overlap",
+                  "committed minitransactions/s",
+                  "Fig. 20: contention (8 items, spread 2, 4 log nodes)", 10)
 
 
 def fig17(results, out):

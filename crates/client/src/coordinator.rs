@@ -46,21 +46,23 @@ impl Plan<'_> {
         &self.tx.items[position].1
     }
 
+    /// The EXEC&PREPARE of the items at `positions`.
+    fn exec_prepare(&self, tid: Tid, positions: &[usize], executed: u32) -> ExecPrepare {
+        ExecPrepare {
+            tid,
+            participants: self.nodes.clone(),
+            class: self.tx.class_name().to_string(),
+            read_only: self.read_only,
+            items: positions.iter().map(|&i| self.item(i).clone()).collect(),
+            executed,
+        }
+    }
+
     pub fn requests(&self, tid: Tid) -> Vec<(NodeId, Request)> {
         self.nodes
             .iter()
             .zip(&self.groups)
-            .map(|(&node, group)| {
-                let ep = ExecPrepare {
-                    tid,
-                    participants: self.nodes.clone(),
-                    class: self.tx.class_name().to_string(),
-                    read_only: self.read_only,
-                    items: group.iter().map(|&i| self.item(i).clone()).collect(),
-                    executed: 0,
-                };
-                (node, Request::ExecPrepare(ep))
-            })
+            .map(|(&node, group)| (node, Request::ExecPrepare(self.exec_prepare(tid, group, 0))))
             .collect()
     }
 
@@ -72,37 +74,37 @@ impl Plan<'_> {
         tid: Tid,
         per_item: bool,
     ) -> Vec<(NodeId, Request, Vec<usize>)> {
-        let mut out = Vec::new();
-        for ((node, req), group) in self.requests(tid).into_iter().zip(&self.groups) {
-            let Request::ExecPrepare(ep) = req else {
-                unreachable!("requests are EXEC&PREPAREs")
-            };
-            if per_item {
-                for (item, &position) in ep.items.iter().zip(group) {
-                    let one = ExecPrepare {
-                        items: vec![item.clone()],
-                        ..ep.clone()
-                    };
-                    out.push((node, Request::ExecuteAhead(one), vec![position]));
-                }
-            } else {
-                out.push((node, Request::ExecuteAhead(ep), group.clone()));
-            }
-        }
-        out.sort_by_key(|(_, _, positions)| positions[0]);
-        out
+        let mut chunks: Vec<(NodeId, Vec<usize>)> = if per_item {
+            (self.nodes.iter().zip(&self.groups))
+                .flat_map(|(&node, group)| group.iter().map(move |&i| (node, vec![i])))
+                .collect()
+        } else {
+            self.nodes
+                .iter()
+                .copied()
+                .zip(self.groups.iter().cloned())
+                .collect()
+        };
+        chunks.sort_by_key(|(_, positions)| positions[0]);
+        chunks
+            .into_iter()
+            .map(|(node, positions)| {
+                let ep = self.exec_prepare(tid, &positions, 0);
+                (node, Request::ExecuteAhead(ep), positions)
+            })
+            .collect()
     }
 
     /// EXEC&PREPAREs after `execute_ahead_requests`: no items, only how many were executed.
     pub fn requests_after_execute_ahead(&self, tid: Tid) -> Vec<(NodeId, Request)> {
-        let mut out = self.requests(tid);
-        for (_, req) in &mut out {
-            if let Request::ExecPrepare(ep) = req {
-                ep.executed = ep.items.len() as u32;
-                ep.items.clear();
-            }
-        }
-        out
+        self.nodes
+            .iter()
+            .zip(&self.groups)
+            .map(|(&node, group)| {
+                let ep = self.exec_prepare(tid, &[], group.len() as u32);
+                (node, Request::ExecPrepare(ep))
+            })
+            .collect()
     }
 
     /// Reads in item order and failed compares as positions among all items.

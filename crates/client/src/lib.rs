@@ -349,20 +349,13 @@ impl Cluster {
         self.decide(tid, plan, false).await;
         Some(match tally {
             Tally::AbortCompare => {
-                let mut failed: Vec<usize> = requests
-                    .iter()
-                    .zip(&replies)
-                    .filter_map(|((_, _, positions), reply)| match reply {
-                        NodeReply::Vote(v) => Some(
-                            v.failed_compares
-                                .iter()
-                                .filter_map(|&k| positions.get(k as usize).copied())
-                                .collect::<Vec<_>>(),
-                        ),
-                        _ => None,
-                    })
-                    .flatten()
-                    .collect();
+                let mut failed: Vec<usize> = Vec::new();
+                for ((_, _, positions), reply) in requests.iter().zip(&replies) {
+                    if let NodeReply::Vote(v) = reply {
+                        let found = v.failed_compares.iter();
+                        failed.extend(found.filter_map(|&k| positions.get(k as usize).copied()));
+                    }
+                }
                 failed.sort_unstable();
                 Ok(Ok(Outcome {
                     committed: false,

@@ -311,27 +311,16 @@ pub(crate) fn deliver(world: &mut World, c: usize, msg: Msg) {
     };
     if let Some(ahead) = attempt.ahead.as_mut() {
         if let Some(&i) = ahead.asked.get(&id) {
-            if ahead.replies[i].is_none() {
-                if let Response::Vote(v) = &resp {
-                    co.epoch = co.epoch.max(v.epoch);
-                }
-                ahead.replies[i] = Some(NodeReply::from_response(resp));
-                if ahead.replies.iter().all(Option::is_some) {
-                    ahead_done(world, c);
-                }
+            if record_reply(&mut co.epoch, &mut ahead.replies, i, resp) {
+                ahead_done(world, c);
             }
         }
         return;
     }
     if let Some(&i) = attempt.asked.get(&id) {
-        if attempt.replies[i].is_none() && attempt.resolving.is_none() {
-            if let Response::Vote(v) = &resp {
-                co.epoch = co.epoch.max(v.epoch);
-            }
-            attempt.replies[i] = Some(NodeReply::from_response(resp));
-            if attempt.replies.iter().all(Option::is_some) {
-                proceed(world, c);
-            }
+        if attempt.resolving.is_none() && record_reply(&mut co.epoch, &mut attempt.replies, i, resp)
+        {
+            proceed(world, c);
         }
         return;
     }
@@ -359,6 +348,24 @@ pub(crate) fn deliver(world: &mut World, c: usize, msg: Msg) {
             }
         }
     }
+}
+
+/// Records the first reply at position `i` (learning the epoch from a vote); true once
+/// every position has one.
+fn record_reply(
+    epoch: &mut u64,
+    replies: &mut [Option<NodeReply>],
+    i: usize,
+    resp: Response,
+) -> bool {
+    if replies[i].is_some() {
+        return false;
+    }
+    if let Response::Vote(v) = &resp {
+        *epoch = (*epoch).max(v.epoch);
+    }
+    replies[i] = Some(NodeReply::from_response(resp));
+    replies.iter().all(Option::is_some)
 }
 
 /// Every `ExecuteAhead` was answered (or timed out): run the commit protocol, or abort.

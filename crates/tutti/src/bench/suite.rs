@@ -158,33 +158,62 @@ async fn breakdown(
             ("D", Access::Combined, 1),
         ] {
             let b = MinitxBench {
-                nodes: vec![1, 2, 3, 4],
                 spread,
-                items_per_node: u64::from(cfg.items),
                 ops_per_minitx: ops,
                 kind,
                 access,
-                outstanding: vec![SCALING_OUTSTANDING],
-                duration: cfg.duration(),
-                mode: "log".into(),
-                experiment: "fig17".into(),
+                ..cfg.scaling_point("fig17", "log", 4)
             };
-            let mut measured = run_minitx(&c.cluster, &b, |_| {})
-                .await
-                .map_err(|e| e.to_string())?;
-            for p in &mut measured {
-                p.operation = Some(workload.into());
-                p.variant = Some(variant.into());
-                progress(p);
-            }
-            points.extend(measured);
+            points.extend(
+                measure(&c, &b, progress, |p| {
+                    p.operation = Some(workload.into());
+                    p.variant = Some(variant.into());
+                })
+                .await?,
+            );
         }
     }
     Ok(points)
 }
 
-/// Outstanding minitransactions for Fig. 18–20 (the paper: 32 threads per application node).
+/// Outstanding minitransactions for Fig. 17–20 (the paper: 32 threads per application node).
 const SCALING_OUTSTANDING: usize = 64;
+
+impl SuiteConfig {
+    /// One point of Fig. 17–20 on memory nodes `1..=nodes`: 3 compare-and-swaps (increments)
+    /// inside the commit protocol at `SCALING_OUTSTANDING`, spread 1; callers change the rest.
+    fn scaling_point(&self, experiment: &str, mode: &str, nodes: u16) -> MinitxBench {
+        MinitxBench {
+            nodes: (1..=nodes).collect(),
+            spread: 1,
+            items_per_node: u64::from(self.items),
+            ops_per_minitx: 3,
+            kind: MinitxKind::Increment,
+            access: Access::Combined,
+            outstanding: vec![SCALING_OUTSTANDING],
+            duration: self.duration(),
+            mode: mode.into(),
+            experiment: experiment.into(),
+        }
+    }
+}
+
+/// Runs `b` on `c`, then labels each point with `label` and reports it.
+async fn measure(
+    c: &ScratchCluster,
+    b: &MinitxBench,
+    progress: &mut dyn FnMut(&Point),
+    label: impl Fn(&mut Point),
+) -> Result<Vec<Point>, String> {
+    let mut measured = run_minitx(&c.cluster, b, |_| {})
+        .await
+        .map_err(|e| e.to_string())?;
+    for p in &mut measured {
+        label(p);
+        progress(p);
+    }
+    Ok(measured)
+}
 /// System sizes (memory nodes) of Fig. 18 and 19 on this machine.
 const SIZES: [u16; 4] = [1, 2, 4, 8];
 
@@ -205,22 +234,11 @@ async fn scalability(
             }
             for (experiment, cas, spread) in runs {
                 let b = MinitxBench {
-                    nodes: (1..=nodes).collect(),
                     spread,
-                    items_per_node: u64::from(cfg.items),
                     ops_per_minitx: cas,
-                    kind: MinitxKind::Increment,
-                    access: Access::Combined,
-                    outstanding: vec![SCALING_OUTSTANDING],
-                    duration: cfg.duration(),
-                    mode: mode.into(),
-                    experiment: experiment.into(),
+                    ..cfg.scaling_point(experiment, mode, nodes)
                 };
-                points.extend(
-                    run_minitx(&c.cluster, &b, &mut *progress)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                );
+                points.extend(measure(&c, &b, progress, |_| {}).await?);
             }
         }
     }
@@ -254,27 +272,20 @@ async fn contention(
             ("add", MinitxKind::Add),
         ] {
             let b = MinitxBench {
-                nodes: vec![1, 2, 3, 4],
                 spread: 2,
                 items_per_node: items / 4,
                 ops_per_minitx: 8,
                 kind,
-                access: Access::Combined,
-                outstanding: vec![SCALING_OUTSTANDING],
-                duration: cfg.duration(),
-                mode: "log".into(),
-                experiment: "fig20".into(),
+                ..cfg.scaling_point("fig20", "log", 4)
             };
-            let mut measured = run_minitx(&c.cluster, &b, |_| {})
-                .await
-                .map_err(|e| e.to_string())?;
-            for p in &mut measured {
-                p.items = Some(items);
-                p.overlap = Some((overlap(items, 8) * 1000.0).round() / 1000.0);
-                p.operation = Some(operation.into());
-                progress(p);
-            }
-            points.extend(measured);
+            points.extend(
+                measure(&c, &b, progress, |p| {
+                    p.items = Some(items);
+                    p.overlap = Some((overlap(items, 8) * 1000.0).round() / 1000.0);
+                    p.operation = Some(operation.into());
+                })
+                .await?,
+            );
         }
     }
     Ok(points)

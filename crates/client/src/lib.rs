@@ -40,6 +40,11 @@ pub struct ClientOptions {
     /// Checked before anything is sent; raise them together with the memory nodes'.
     pub limits: Limits,
     pub frame_bytes_max: usize,
+    /// Pipelined connections to open in all, spread evenly over the memory nodes, at least
+    /// one per node. Over a single connection this process and the node take turns: the
+    /// replies and the requests they unblock go back and forth in whole batches. Two let
+    /// both work at once; more only split the batches and add system calls.
+    pub connections: usize,
 }
 
 impl Default for ClientOptions {
@@ -50,6 +55,7 @@ impl Default for ClientOptions {
             backoff_max: Duration::from_millis(100),
             limits: Limits::default(),
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+            connections: 2,
         }
     }
 }
@@ -122,13 +128,17 @@ impl Cluster {
             delay = (delay * 2).min(Duration::from_millis(500));
         };
         let epoch = AtomicU64::new(directory.epoch);
-        let frame_bytes_max = opts.frame_bytes_max;
+        let conns = Connections::with_per_node(
+            opts.frame_bytes_max,
+            CONNECT_TIMEOUT,
+            opts.connections.div_ceil(directory.nodes.len().max(1)),
+        );
         Ok(Cluster {
             inner: Arc::new(Inner {
                 manager: manager.to_string(),
                 opts,
                 directory: Mutex::new(directory),
-                conns: Connections::new(frame_bytes_max, CONNECT_TIMEOUT),
+                conns,
                 coordinator: rand::thread_rng().gen(),
                 seq: AtomicU64::new(1),
                 epoch,

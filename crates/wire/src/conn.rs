@@ -299,32 +299,65 @@ where
 }
 
 /// Open connections to memory nodes by id, made on first use and replaced once closed.
+/// With several per node, each task keeps to one of them: while a node works through one
+/// connection's batch of requests, the caller can be handling another's replies, where a
+/// single connection makes the two sides take turns.
 pub struct Connections {
     frame_bytes_max: usize,
     connect_timeout: std::time::Duration,
-    open: Mutex<HashMap<crate::NodeId, Arc<Connection>>>,
+    per_node: usize,
+    turn: std::sync::atomic::AtomicUsize,
+    open: Mutex<HashMap<crate::NodeId, Vec<Arc<Connection>>>>,
 }
 
 impl Connections {
     pub fn new(frame_bytes_max: usize, connect_timeout: std::time::Duration) -> Self {
+        Self::with_per_node(frame_bytes_max, connect_timeout, 1)
+    }
+
+    /// Up to `per_node` (at least 1) connections to each node.
+    pub fn with_per_node(
+        frame_bytes_max: usize,
+        connect_timeout: std::time::Duration,
+        per_node: usize,
+    ) -> Self {
         Connections {
             frame_bytes_max,
             connect_timeout,
+            per_node: per_node.max(1),
+            turn: std::sync::atomic::AtomicUsize::new(0),
             open: Mutex::default(),
         }
     }
 
-    /// The open connection to `node`, if there is one.
+    /// The calling task's connection to `node`, if `node` has all its connections open.
     pub fn cached(&self, node: crate::NodeId) -> Option<Arc<Connection>> {
-        self.open
-            .lock()
-            .expect("connections poisoned")
-            .get(&node)
-            .filter(|c| !c.is_closed())
-            .cloned()
+        let mut open = self.open.lock().expect("connections poisoned");
+        let conns = open.get_mut(&node)?;
+        conns.retain(|c| !c.is_closed());
+        if conns.len() < self.per_node {
+            return None;
+        }
+        Some(conns[self.slot() % conns.len()].clone())
     }
 
-    /// The open connection to `node`, or a new one to `addr`.
+    /// A task keeps to one connection, so that each connection carries the requests of a
+    /// fixed set of tasks and its batches stay whole; calls outside a task take turns.
+    fn slot(&self) -> usize {
+        match tokio::task::try_id() {
+            Some(id) => {
+                // Task ids count up from 1: tasks spawned one after another alternate.
+                use std::hash::{Hash, Hasher};
+                let mut number = TaskNumber(0);
+                id.hash(&mut number);
+                number.finish() as usize
+            }
+            None => self.turn.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The calling task's connection to `node`, or a new one to `addr` while `node` has
+    /// fewer than its share.
     pub async fn get(&self, node: crate::NodeId, addr: &str) -> Result<Arc<Connection>, RpcError> {
         if let Some(c) = self.cached(node) {
             return Ok(c);
@@ -342,10 +375,31 @@ impl Connections {
                     })
                 }
             };
-        self.open
-            .lock()
-            .expect("connections poisoned")
-            .insert(node, conn.clone());
+        let mut open = self.open.lock().expect("connections poisoned");
+        let conns = open.entry(node).or_default();
+        // Callers racing on a node's first use each connect; the surplus serves one call.
+        if conns.len() < self.per_node {
+            conns.push(conn.clone());
+        }
         Ok(conn)
+    }
+}
+
+/// Reads the number a task id hashes as (the id is opaque, its `Hash` writes the number).
+struct TaskNumber(u64);
+
+impl std::hash::Hasher for TaskNumber {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }

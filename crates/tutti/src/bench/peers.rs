@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tutti_client::ClientOptions;
 
 /// A connection (or handle) of one client task: compare-and-swap three items at once.
 pub trait Session: Send + 'static {
@@ -231,8 +232,14 @@ pub struct RedisSession {
 }
 
 /// Starts `redis-server` with `appendfsync always` (`always`) or no persistence (`none`)
-/// and loads the items; sessions share one pipelined connection, as Redis clients do.
-pub async fn redis(root: &Path, mode: &str, items: u32) -> Result<(Daemon, RedisSession), String> {
+/// and loads the items. Sessions share pipelined connections, as Redis clients do, as many
+/// as tutti's client opens to a single memory node, so that both let client and server
+/// work at once alike.
+pub async fn redis(
+    root: &Path,
+    mode: &str,
+    items: u32,
+) -> Result<(Daemon, Vec<RedisSession>), String> {
     let exe = ensure_installed("redis-server", "redis-server")?;
     let dir = scratch(root, &format!("redis-{mode}"))?;
     let port = free_port()?;
@@ -279,13 +286,22 @@ pub async fn redis(root: &Path, mode: &str, items: u32) -> Result<(Daemon, Redis
             .await
             .map_err(|e| e.to_string())?;
     }
-    Ok((
-        daemon,
-        RedisSession {
+    let script = Arc::new(redis::Script::new(REDIS_CAS3));
+    let mut sessions = vec![RedisSession {
+        con,
+        script: script.clone(),
+    }];
+    for _ in 1..ClientOptions::default().connections {
+        let con = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        sessions.push(RedisSession {
             con,
-            script: Arc::new(redis::Script::new(REDIS_CAS3)),
-        },
-    ))
+            script: script.clone(),
+        });
+    }
+    Ok((daemon, sessions))
 }
 
 impl Session for RedisSession {

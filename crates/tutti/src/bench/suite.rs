@@ -298,9 +298,11 @@ async fn run_peers(
     let (root, items, out, d) = (&cfg.scratch, cfg.items, &cfg.outstanding, cfg.duration());
     let mut points = Vec::new();
     for mode in ["none", "always"] {
-        let (_daemon, session) = peers::redis(root, mode, items).await?;
+        let (_daemon, sessions) = peers::redis(root, mode, items).await?;
+        let opened = std::cell::Cell::new(0);
         let open = || {
-            let s = session.clone();
+            let s = sessions[opened.get() % sessions.len()].clone();
+            opened.set(opened.get() + 1);
             async move { Ok(s) }
         };
         points.extend(peers::sweep("redis", mode, items, out, d, open, &mut *progress).await?);

@@ -3,6 +3,7 @@
 
 use crate::ManagerError;
 use serde::{Deserialize, Serialize};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -38,9 +39,9 @@ pub struct ManagerState {
     last_seen: HashMap<NodeId, Instant>,
     rebooted: HashSet<NodeId>,
     /// Multi-participant tids some participants reported applied, and which ones did.
-    applied: HashMap<Tid, (Vec<NodeId>, HashSet<NodeId>)>,
+    applied: FxHashMap<Tid, (Vec<NodeId>, Vec<NodeId>)>,
     gc_out: HashMap<NodeId, Vec<Tid>>,
-    recovering: HashSet<Tid>,
+    recovering: FxHashSet<Tid>,
 }
 
 impl ManagerState {
@@ -91,9 +92,9 @@ impl ManagerState {
             incarnation,
             last_seen: HashMap::new(),
             rebooted: HashSet::new(),
-            applied: HashMap::new(),
+            applied: FxHashMap::default(),
             gc_out: HashMap::new(),
-            recovering: HashSet::new(),
+            recovering: FxHashSet::default(),
         }
     }
 
@@ -207,8 +208,10 @@ impl ManagerState {
             let entry = self
                 .applied
                 .entry(tid)
-                .or_insert_with(|| (participants, HashSet::new()));
-            entry.1.insert(node);
+                .or_insert_with(|| (participants, Vec::new()));
+            if !entry.1.contains(&node) {
+                entry.1.push(node);
+            }
             if entry.0.iter().all(|q| entry.1.contains(q)) {
                 let (participants, _) = self.applied.remove(&tid).expect("present");
                 for q in participants {

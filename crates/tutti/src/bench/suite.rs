@@ -594,7 +594,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
     );
     let _ = writeln!(
         md,
-        "Throughput in operations per second (p50 / p99 latency in µs). tutti 1PC is one memory node; 2PC is 4 nodes with each minitransaction spread over 2.\n"
+        "Throughput in operations per second (p50 / p99 latency in µs). tutti 1PC is one memory node; 2PC is 4 nodes with each minitransaction spread over 2. Every system is driven from one client process: tutti's client opens two pipelined connections in all (two to the single node, one to each of the 4), Redis sessions share two pipelined connections, PostgreSQL and etcd get one connection per outstanding operation.\n"
     );
     let columns: Vec<(&str, &str, usize)> = vec![
         ("tutti", "ram", 1),
@@ -730,7 +730,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             .fold(0.0, f64::max);
         let _ = writeln!(
             md,
-            "\nPeak tutti ram 1PC throughput is {:.2} × the 16-connection loopback ping-pong rate ({:.0}/s); a minitransaction is one request and one reply, but tutti pipelines many on one connection while the limit waits for each reply.",
+            "\nPeak tutti ram 1PC throughput is {:.2} × the 16-connection loopback ping-pong rate ({:.0}/s); a minitransaction is one request and one reply, but tutti pipelines many on each of its two connections while the limit waits for each reply.",
             best / rtt16.throughput_per_s.max(1.0),
             rtt16.throughput_per_s
         );

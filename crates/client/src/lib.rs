@@ -260,10 +260,9 @@ impl Cluster {
                 plan.requests_after_execute_ahead(tid)
             }
         };
-        let calls = requests
-            .iter()
-            .map(|(node, req)| self.call_until(*node, req, until));
-        let replies: Vec<NodeReply> = futures::future::join_all(calls).await;
+        let replies = self
+            .call_all(requests.iter().map(|(node, req)| (*node, req)), until)
+            .await;
         for r in &replies {
             if let NodeReply::Vote(v) = r {
                 self.inner.epoch.fetch_max(v.epoch, Ordering::Relaxed);
@@ -278,10 +277,8 @@ impl Cluster {
             Tally::Commit => {
                 let phase2 = coordinator::phase2(plan, tid);
                 if plan.read_only() && !phase2.is_empty() {
-                    let calls = phase2
-                        .iter()
-                        .map(|(node, req)| self.call_until(*node, req, until));
-                    let answers: Vec<Option<Response>> = futures::future::join_all(calls)
+                    let answers: Vec<Option<Response>> = self
+                        .call_all(phase2.iter().map(|(node, req)| (*node, req)), until)
                         .await
                         .into_iter()
                         .map(|r| match r {
@@ -345,10 +342,9 @@ impl Cluster {
                 }
             }
         } else {
-            let calls = requests
-                .iter()
-                .map(|(node, req, _)| self.call_until(*node, req, until));
-            replies = futures::future::join_all(calls).await;
+            replies = self
+                .call_all(requests.iter().map(|(node, req, _)| (*node, req)), until)
+                .await;
         }
         for r in &replies {
             if let NodeReply::Vote(v) = r {
@@ -421,6 +417,48 @@ impl Cluster {
     /// Calls `node`, reconnecting until `until`. Tells apart "not delivered" (safe to treat
     /// as no vote) from "delivered, reply lost".
     async fn call_until(&self, node: NodeId, req: &Request, until: Instant) -> NodeReply {
+        let mut replies = self.call_all([(node, req)], until).await;
+        replies.pop().expect("one reply per request")
+    }
+
+    /// Calls every node at once, reconnecting until `until`; one timer bounds them all. A
+    /// node that has not answered by then counts as lost if its request went out, as
+    /// unreachable if it never did.
+    async fn call_all<'r>(
+        &self,
+        requests: impl IntoIterator<Item = (NodeId, &'r Request)>,
+        until: Instant,
+    ) -> Vec<NodeReply> {
+        let requests: Vec<(NodeId, &Request)> = requests.into_iter().collect();
+        let mut replies: Vec<(Option<NodeReply>, bool)> =
+            requests.iter().map(|_| (None, false)).collect();
+        let calls =
+            (requests.iter().zip(replies.iter_mut())).map(|(&(node, req), slot)| async move {
+                slot.0 = Some(self.call_reconnecting(node, req, until, &mut slot.1).await);
+            });
+        let deadline = tokio::time::Instant::from_std(until);
+        let _ = tokio::time::timeout_at(deadline, futures::future::join_all(calls)).await;
+        (requests.iter().zip(replies))
+            .map(|(&(node, _), (reply, sent))| match reply {
+                Some(reply) => reply,
+                None if sent => {
+                    NodeReply::Lost(format!("node {node} did not answer before the deadline"))
+                }
+                None => NodeReply::Unreachable(format!(
+                    "node {node}: no connection before the deadline"
+                )),
+            })
+            .collect()
+    }
+
+    /// `sent` turns true once `req` is handed to a connection.
+    async fn call_reconnecting(
+        &self,
+        node: NodeId,
+        req: &Request,
+        until: Instant,
+        sent: &mut bool,
+    ) -> NodeReply {
         let mut delay = Duration::from_millis(5);
         loop {
             let conn = match self.conn(node).await {
@@ -435,16 +473,11 @@ impl Cluster {
                     continue;
                 }
             };
-            let left = until.saturating_duration_since(Instant::now());
-            return match tokio::time::timeout(left, conn.call(req)).await {
-                Err(_) => {
-                    NodeReply::Lost(format!("node {node} did not answer before the deadline"))
-                }
-                Ok(Ok(resp)) => NodeReply::from_response(resp),
-                Ok(Err(RpcError::Remote { code, message, .. })) => {
-                    NodeReply::Refused(code, message)
-                }
-                Ok(Err(e)) => NodeReply::Lost(e.to_string()),
+            *sent = true;
+            return match conn.call(req).await {
+                Ok(resp) => NodeReply::from_response(resp),
+                Err(RpcError::Remote { code, message, .. }) => NodeReply::Refused(code, message),
+                Err(e) => NodeReply::Lost(e.to_string()),
             };
         }
     }

@@ -2,8 +2,8 @@
 //! The directory and epoch are persisted (written to a temporary file, synced, renamed).
 
 use crate::ManagerError;
-use serde::{Deserialize, Serialize};
 use rustc_hash::{FxHashMap, FxHashSet};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;

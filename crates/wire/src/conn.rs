@@ -6,6 +6,7 @@ use crate::frame::{decode_envelope, encode_envelope, ONE_WAY};
 use crate::message::{ErrorCode, Request, Response};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -44,7 +45,7 @@ pub fn codec(frame_bytes_max: usize) -> LengthDelimitedCodec {
 /// Where a server sends `(request id, reply)` for one connection.
 pub type Replies = mpsc::UnboundedSender<(u64, Response)>;
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
+type Pending = Arc<Mutex<FxHashMap<u64, oneshot::Sender<Response>>>>;
 
 /// A client end of a pipelined connection. Cheap to share behind an `Arc`.
 pub struct Connection {
@@ -307,7 +308,7 @@ pub struct Connections {
     connect_timeout: std::time::Duration,
     per_node: usize,
     turn: std::sync::atomic::AtomicUsize,
-    open: Mutex<HashMap<crate::NodeId, Vec<Arc<Connection>>>>,
+    open: Mutex<FxHashMap<crate::NodeId, Vec<Arc<Connection>>>>,
 }
 
 impl Connections {
@@ -334,11 +335,14 @@ impl Connections {
     pub fn cached(&self, node: crate::NodeId) -> Option<Arc<Connection>> {
         let mut open = self.open.lock().expect("connections poisoned");
         let conns = open.get_mut(&node)?;
-        conns.retain(|c| !c.is_closed());
-        if conns.len() < self.per_node {
-            return None;
+        if conns.len() == self.per_node {
+            let conn = &conns[self.slot() % conns.len()];
+            if !conn.is_closed() {
+                return Some(conn.clone());
+            }
         }
-        Some(conns[self.slot() % conns.len()].clone())
+        conns.retain(|c| !c.is_closed());
+        None
     }
 
     /// A task keeps to one connection, so that each connection carries the requests of a

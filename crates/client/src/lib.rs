@@ -146,6 +146,11 @@ impl Cluster {
         })
     }
 
+    /// The manager this handle fetches its directory from.
+    pub fn manager(&self) -> &str {
+        &self.inner.manager
+    }
+
     pub fn nodes(&self) -> Vec<NodeInfo> {
         self.inner
             .directory

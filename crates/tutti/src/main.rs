@@ -216,6 +216,10 @@ struct BenchMinitxArgs {
     /// A short pass: outstanding 1,16,64 for 1 s each.
     #[arg(long)]
     quick: bool,
+    /// Pipelined connections the client opens in all, spread over the nodes (at least one
+    /// per node). Over one, client and node take turns; compare with the default.
+    #[arg(long, default_value_t = ClientOptions::default().connections as u16, value_parser = clap::value_parser!(u16).range(1..=64))]
+    connections: u16,
     /// Also write the JSON array to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -854,6 +858,13 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
                     cluster
                 }
             };
+            let opts = ClientOptions {
+                connections: usize::from(a.connections),
+                ..ClientOptions::default()
+            };
+            let cluster = Cluster::connect(cluster.manager(), opts)
+                .await
+                .map_err(|e| e.to_string())?;
             points.extend(
                 run_minitx(&cluster, &b, print)
                     .await

@@ -33,3 +33,23 @@ fn bench_minitx_quick_writes_valid_json() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_minitx_takes_a_connection_count_and_refuses_zero() {
+    let run = |connections: &str| {
+        std::process::Command::new(common::exe())
+            .args(["bench", "minitx", "--mode", "ram", "--layout", "1pc"])
+            .args(["--outstanding", "16", "--seconds", "0.5"])
+            .args(["--connections", connections])
+            .output()
+            .unwrap()
+    };
+    let one = run("1");
+    assert!(one.status.success());
+    let points: Vec<Point> = serde_json::from_slice(&one.stdout).unwrap();
+    assert_eq!(points.len(), 1);
+    assert!(points[0].committed > 0, "{:?}", points[0]);
+    let zero = run("0");
+    assert!(!zero.status.success());
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("--connections"));
+}

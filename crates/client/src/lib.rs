@@ -94,7 +94,6 @@ struct Inner {
     epoch: AtomicU64,
 }
 
-/// A handle on a tutti cluster. Clone it freely: clones share connections.
 /// How `Cluster::exec_and_commit_ahead` executes items before the commit protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExecuteAhead {
@@ -104,6 +103,7 @@ pub enum ExecuteAhead {
     PerNode,
 }
 
+/// A handle on a tutti cluster. Clone it freely: clones share connections.
 #[derive(Clone)]
 pub struct Cluster {
     inner: Arc<Inner>,
@@ -268,11 +268,6 @@ impl Cluster {
         let replies = self
             .call_all(requests.iter().map(|(node, req)| (*node, req)), until)
             .await;
-        for r in &replies {
-            if let NodeReply::Vote(v) = r {
-                self.inner.epoch.fetch_max(v.epoch, Ordering::Relaxed);
-            }
-        }
         let mut tally = coordinator::tally(plan.nodes(), &replies);
         if let Tally::Unknown { .. } = tally {
             tally = self.resolve_unknown(tid, plan, &replies, until).await;
@@ -351,11 +346,6 @@ impl Cluster {
                 .call_all(requests.iter().map(|(node, req, _)| (*node, req)), until)
                 .await;
         }
-        for r in &replies {
-            if let NodeReply::Vote(v) = r {
-                self.inner.epoch.fetch_max(v.epoch, Ordering::Relaxed);
-            }
-        }
         let tally = coordinator::tally_execute_ahead(&nodes[..replies.len()], &replies)?;
         self.decide(tid, plan, false).await;
         Some(match tally {
@@ -428,7 +418,7 @@ impl Cluster {
 
     /// Calls every node at once, reconnecting until `until`; one timer bounds them all. A
     /// node that has not answered by then counts as lost if its request went out, as
-    /// unreachable if it never did.
+    /// unreachable if it never did. Votes teach this client the current epoch.
     async fn call_all<'r>(
         &self,
         requests: impl IntoIterator<Item = (NodeId, &'r Request)>,
@@ -480,7 +470,12 @@ impl Cluster {
             };
             *sent = true;
             return match conn.call(req).await {
-                Ok(resp) => NodeReply::from_response(resp),
+                Ok(resp) => {
+                    if let Response::Vote(v) = &resp {
+                        self.inner.epoch.fetch_max(v.epoch, Ordering::Relaxed);
+                    }
+                    NodeReply::from_response(resp)
+                }
                 Err(RpcError::Remote { code, message, .. }) => NodeReply::Refused(code, message),
                 Err(e) => NodeReply::Lost(e.to_string()),
             };

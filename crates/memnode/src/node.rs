@@ -324,7 +324,8 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
     use std::sync::mpsc::RecvTimeoutError;
     let mut buf = Vec::with_capacity(1 << 20);
     let mut counters = LogCounters::default();
-    let (mut first_lsn, mut count) = (log.next_lsn(), 0);
+    // Records encoded in `buf` and not yet written; they start at `log.next_lsn()`.
+    let mut count = 0;
     let mut held_since: Option<Instant> = None;
     loop {
         let first = match held_since {
@@ -343,9 +344,6 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
             match cmd {
                 LogCmd::Append(records) => {
                     for (lsn, record) in &records {
-                        if count == 0 {
-                            first_lsn = *lsn;
-                        }
                         needs_sync |= record.needs_sync();
                         encode_record(*lsn, record, &mut buf);
                         count += 1;
@@ -366,7 +364,7 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
         held_since = None;
         let result = (|| -> Result<(), LogError> {
             if count > 0 {
-                log.append(first_lsn, count, &buf)?;
+                log.append(log.next_lsn(), count, &buf)?;
             }
             if needs_sync {
                 log.sync()?;
@@ -403,7 +401,7 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
             let _ = w.send(());
         }
     }
-    if count > 0 && log.append(first_lsn, count, &buf).is_err() {
+    if count > 0 && log.append(log.next_lsn(), count, &buf).is_err() {
         tracing::warn!("redo log: lazy records not written at shutdown");
     }
 }

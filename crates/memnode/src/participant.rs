@@ -1109,16 +1109,21 @@ mod tests {
         }
     }
 
-    fn prepare(p: &mut P, t: Tid, participants: Vec<NodeId>, items: Vec<Item>) -> Actions<u32> {
-        let read_only = !items.iter().any(Item::writes);
-        let ep = ExecPrepare {
+    /// An EXEC&PREPARE (or ExecuteAhead) body of class "t".
+    fn ep(t: Tid, participants: Vec<NodeId>, read_only: bool, items: Vec<Item>) -> ExecPrepare {
+        ExecPrepare {
             tid: t,
             participants,
             class: "t".into(),
             read_only,
             items,
             executed: 0,
-        };
+        }
+    }
+
+    fn prepare(p: &mut P, t: Tid, participants: Vec<NodeId>, items: Vec<Item>) -> Actions<u32> {
+        let read_only = !items.iter().any(Item::writes);
+        let ep = ep(t, participants, read_only, items);
         p.on_request(0, 1, 1, Request::ExecPrepare(ep))
     }
 
@@ -1556,14 +1561,7 @@ mod tests {
     }
 
     fn ahead(p: &mut P, now_ms: u64, t: Tid, items: Vec<Item>) -> VoteReply {
-        let ep = ExecPrepare {
-            tid: t,
-            participants: vec![1, 2],
-            class: "t".into(),
-            read_only: false,
-            items,
-            executed: 0,
-        };
+        let ep = ep(t, vec![1, 2], false, items);
         match &p
             .on_request(now_ms, 1, 1, Request::ExecuteAhead(ep))
             .replies[..]
@@ -1575,12 +1573,8 @@ mod tests {
 
     fn prepare_after_ahead(p: &mut P, t: Tid, executed: u32) -> Actions<u32> {
         let ep = ExecPrepare {
-            tid: t,
-            participants: vec![1, 2],
-            class: "t".into(),
-            read_only: false,
-            items: vec![],
             executed,
+            ..ep(t, vec![1, 2], false, vec![])
         };
         p.on_request(0, 1, 1, Request::ExecPrepare(ep))
     }

@@ -834,15 +834,8 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
                 experiment: "fig16".into(),
             };
             let _local;
-            let cluster = match &a.cluster {
-                Some(c) => {
-                    ClusterArg {
-                        cluster: c.clone(),
-                        deadline_ms: 10_000,
-                    }
-                    .connect()
-                    .await?
-                }
+            let manager = match &a.cluster {
+                Some(c) => manager_addr(c).map_err(|e| e.to_string())?,
                 None => {
                     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
                     let dir = std::env::temp_dir().join(format!(
@@ -853,16 +846,16 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
                     ));
                     let local =
                         ScratchCluster::start(&exe, dir, nodes as usize, mode.name()).await?;
-                    let cluster = local.cluster.clone();
+                    let manager = local.cluster.manager().to_string();
                     _local = local;
-                    cluster
+                    manager
                 }
             };
             let opts = ClientOptions {
                 connections: usize::from(a.connections),
                 ..ClientOptions::default()
             };
-            let cluster = Cluster::connect(cluster.manager(), opts)
+            let cluster = Cluster::connect(&manager, opts)
                 .await
                 .map_err(|e| e.to_string())?;
             points.extend(

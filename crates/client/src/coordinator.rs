@@ -265,21 +265,14 @@ pub fn lost_vote_queries(
         .collect())
 }
 
-/// Phase 2 of a committed minitransaction: DECISIONs (one-way) for one that writes, or, for
-/// a read-only one over several nodes, RELEASEs whose answers `released` must confirm. A
-/// single participant needs nothing.
-pub fn phase2(plan: &Plan<'_>, tid: Tid) -> Outgoing {
-    match plan.nodes() {
-        [_] => Vec::new(),
-        nodes if plan.read_only() => nodes
-            .iter()
-            .map(|&n| (n, Request::Release { tid }))
-            .collect(),
-        nodes => nodes
-            .iter()
-            .map(|&n| (n, Request::Decision { tid, commit: true }))
-            .collect(),
-    }
+/// Phase 2 of a committed read-only minitransaction over several nodes: RELEASEs whose
+/// answers `released` must confirm. (One that writes sends one-way decisions instead, and a
+/// single participant needs nothing.)
+pub fn releases(plan: &Plan<'_>, tid: Tid) -> Outgoing {
+    plan.nodes()
+        .iter()
+        .map(|&n| (n, Request::Release { tid }))
+        .collect()
 }
 
 /// A read-only minitransaction over several nodes is serializable only if every participant

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 pub use tutti_wire::Limits;
 use tutti_wire::{
-    Connection, Connections, Directory, NodeId, NodeInfo, Request, Response, RpcError, StatsReport,
-    Tid, Vote,
+    Connection, Connections, Decision, Directory, NodeId, NodeInfo, Request, Response, RpcError,
+    StatsReport, Tid, Vote,
 };
 
 #[derive(Clone, Debug)]
@@ -275,10 +275,10 @@ impl Cluster {
         let multi = plan.nodes().len() > 1;
         match tally {
             Tally::Commit => {
-                let phase2 = coordinator::phase2(plan, tid);
-                if plan.read_only() && !phase2.is_empty() {
+                if multi && plan.read_only() {
+                    let releases = coordinator::releases(plan, tid);
                     let answers: Vec<Option<Response>> = self
-                        .call_all(phase2.iter().map(|(node, req)| (*node, req)), until)
+                        .call_all(releases.iter().map(|(node, req)| (*node, req)), until)
                         .await
                         .into_iter()
                         .map(|r| match r {
@@ -289,12 +289,8 @@ impl Cluster {
                     if let Tally::Retry(reason) = coordinator::released(&answers) {
                         return Ok(Err(reason));
                     }
-                } else {
-                    for (node, decision) in phase2 {
-                        if let Ok(conn) = self.conn(node).await {
-                            let _ = conn.send_one_way(&decision).await;
-                        }
-                    }
+                } else if multi {
+                    self.decide(tid, plan, true).await;
                 }
                 plan.outcome(tid, &replies, true)
             }
@@ -404,7 +400,7 @@ impl Cluster {
     async fn decide(&self, tid: Tid, plan: &coordinator::Plan<'_>, commit: bool) {
         for &node in plan.nodes() {
             if let Ok(conn) = self.conn(node).await {
-                let _ = conn.send_one_way(&Request::Decision { tid, commit }).await;
+                let _ = conn.send_decision(Decision { tid, commit }).await;
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use crate::state::RecoveryBatch;
 use std::collections::{BTreeSet, HashMap};
-use tutti_wire::{NodeId, Outgoing, Request, Tid};
+use tutti_wire::{decisions_by_node, Decision, NodeId, Outgoing, Request, Tid};
 
 pub struct Recovery {
     batch: RecoveryBatch,
@@ -47,17 +47,14 @@ impl Recovery {
         if !self.waiting.is_empty() {
             return None;
         }
-        let decisions = self
-            .batch
-            .tids
-            .iter()
-            .flat_map(|(tid, participants)| {
-                let commit = self.votes[tid];
-                participants
-                    .iter()
-                    .map(move |&q| (q, Request::Decision { tid: *tid, commit }))
-            })
-            .collect();
+        let decisions =
+            decisions_by_node(self.batch.tids.iter().flat_map(|(tid, participants)| {
+                let decision = Decision {
+                    tid: *tid,
+                    commit: self.votes[tid],
+                };
+                participants.iter().map(move |&q| (q, decision))
+            }));
         Some(decisions)
     }
 
@@ -98,7 +95,21 @@ mod tests {
             "a duplicate answer changes nothing"
         );
         let decisions = r.on_votes(2, &[(tid(1), true), (tid(2), false)]).unwrap();
-        assert_eq!(decisions.len(), 4);
+        let both = vec![
+            Decision {
+                tid: tid(1),
+                commit: true,
+            },
+            Decision {
+                tid: tid(2),
+                commit: false,
+            },
+        ];
+        assert!(
+            matches!(&decisions[..], [(1, Request::Decisions(a)), (2, Request::Decisions(b))]
+                if *a == both && *b == both),
+            "one DECISIONS per node: {decisions:?}"
+        );
         assert_eq!(
             r.outcomes().collect::<Vec<_>>(),
             vec![(tid(1), true), (tid(2), false)]

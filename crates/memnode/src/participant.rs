@@ -10,8 +10,8 @@ use crate::stats::{Load, WINDOWS_S};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 use tutti_wire::{
-    ErrorCode, ExecPrepare, Item, Limits, NodeId, Request, Response, StatsReport, Tid, Vote,
-    VoteReply, CLASS_BYTES_MAX,
+    Decision, ErrorCode, ExecPrepare, Item, Limits, NodeId, Request, Response, StatsReport, Tid,
+    Vote, VoteReply, CLASS_BYTES_MAX,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -380,7 +380,11 @@ impl<R> Participant<R> {
                 }
                 Err(resp) => acts.replies.push((reply_to, id, resp)),
             },
-            Request::Decision { tid, commit } => self.decision(&mut acts, now_ms, tid, commit),
+            Request::Decisions(decisions) => {
+                for Decision { tid, commit } in decisions {
+                    self.decision(&mut acts, now_ms, tid, commit);
+                }
+            }
             Request::Release { tid } => {
                 let held = self
                     .uncertain
@@ -1178,10 +1182,10 @@ mod tests {
             0,
             1,
             0,
-            Request::Decision {
+            Request::Decisions(vec![Decision {
                 tid: tid(1),
                 commit: true,
-            },
+            }]),
         );
         assert!(matches!(
             acts.append[..],
@@ -1194,10 +1198,10 @@ mod tests {
             0,
             1,
             0,
-            Request::Decision {
+            Request::Decisions(vec![Decision {
                 tid: tid(2),
                 commit: false,
-            },
+            }]),
         );
         assert_eq!(p.space().read(8, 8), &9u64.to_le_bytes());
         let s = p.stats(0);
@@ -1213,10 +1217,10 @@ mod tests {
             0,
             1,
             0,
-            Request::Decision {
+            Request::Decisions(vec![Decision {
                 tid: tid(1),
                 commit: true,
-            },
+            }]),
         );
         assert_eq!(
             acts.append.len(),
@@ -1271,10 +1275,10 @@ mod tests {
             0,
             1,
             0,
-            Request::Decision {
+            Request::Decisions(vec![Decision {
                 tid: tid(2),
                 commit: false,
-            },
+            }]),
         );
         let acts = p.on_request(0, 1, 5, Request::Release { tid: tid(2) });
         assert!(matches!(
@@ -1537,10 +1541,10 @@ mod tests {
             0,
             1,
             0,
-            Request::Decision {
+            Request::Decisions(vec![Decision {
                 tid: tid(1),
                 commit: true,
-            },
+            }]),
         );
         let b = prepare(&mut p, tid(2), vec![1], vec![write(8, 1)]);
         p.on_synced(0, b.append[0].0);
@@ -1615,10 +1619,10 @@ mod tests {
             0,
             1,
             2,
-            Request::Decision {
+            Request::Decisions(vec![Decision {
                 tid: tid(1),
                 commit: true,
-            },
+            }]),
         );
         assert_eq!(p.space().read(0, 8), &7u64.to_le_bytes());
         assert_eq!(p.stats(0).locks_held, 0);
@@ -1651,10 +1655,10 @@ mod tests {
             0,
             1,
             2,
-            Request::Decision {
+            Request::Decisions(vec![Decision {
                 tid: tid(1),
                 commit: false,
-            },
+            }]),
         );
         assert_eq!(p.stats(0).locks_held, 0, "an abort frees them");
         assert_eq!(
@@ -1759,10 +1763,10 @@ mod tests {
                 0,
                 1,
                 0,
-                Request::Decision {
+                Request::Decisions(vec![Decision {
                     tid: tid(seq),
                     commit: true,
-                },
+                }]),
             );
         }
         let cp = p.checkpoint_begin();

@@ -5,7 +5,7 @@
 
 use crate::participant::BATCH_TIDS_MAX;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use tutti_wire::{NodeId, Outgoing, Request, Tid};
+use tutti_wire::{decisions_by_node, Decision, NodeId, Outgoing, Request, Tid};
 
 pub struct Stage2 {
     me: NodeId,
@@ -130,16 +130,14 @@ impl Stage2 {
             .iter()
             .map(|(t, _)| (*t, !self.refused.contains(t)))
             .collect();
-        let decisions = self
-            .undecided
-            .iter()
-            .zip(&outcomes)
-            .flat_map(|((tid, d), &(_, commit))| {
+        let decisions = decisions_by_node(self.undecided.iter().zip(&outcomes).flat_map(
+            |((tid, d), &(_, commit))| {
+                let decision = Decision { tid: *tid, commit };
                 d.iter()
                     .filter(|&&q| q != self.me)
-                    .map(move |&q| (q, Request::Decision { tid: *tid, commit }))
-            })
-            .collect();
+                    .map(move |&q| (q, decision))
+            },
+        ));
         (outcomes, decisions)
     }
 }
@@ -171,7 +169,19 @@ mod tests {
         assert!(s.done());
         let (outcomes, decisions) = s.outcomes();
         assert_eq!(outcomes, vec![(tid(1), false), (tid(2), true)]);
-        assert_eq!(decisions.len(), 3);
+        let decision = |seq, commit| Decision {
+            tid: tid(seq),
+            commit,
+        };
+        let (to_2, to_3) = (
+            vec![decision(1, false), decision(2, true)],
+            vec![decision(1, false)],
+        );
+        assert!(
+            matches!(&decisions[..], [(2, Request::Decisions(a)), (3, Request::Decisions(b))]
+                if *a == to_2 && *b == to_3),
+            "one DECISIONS per peer: {decisions:?}"
+        );
     }
 
     #[test]

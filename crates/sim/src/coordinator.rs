@@ -8,7 +8,7 @@ use rand::Rng;
 use std::collections::BTreeMap;
 use tutti_client::coordinator::{self, NodeReply, Tally};
 use tutti_client::Minitx;
-use tutti_wire::{CmpOp, NodeId, Outgoing, Request, Response, Tid};
+use tutti_wire::{CmpOp, Decision, NodeId, Outgoing, Request, Response, Tid};
 
 pub(crate) const SPACE_BYTES: u64 = 8192;
 pub(crate) const INITIAL_BALANCE: u64 = 100;
@@ -469,7 +469,7 @@ fn proceed(world: &mut World, c: usize) {
 }
 
 /// A commit of a read-only minitransaction over several nodes first needs every participant
-/// to confirm it still held its read locks (`coordinator::phase2`, `coordinator::released`).
+/// to confirm it still held its read locks (`coordinator::releases`, `coordinator::released`).
 fn settle(world: &mut World, c: usize, tally: Tally) {
     let co = &world.coordinators[c];
     let (attempt, op) = (
@@ -481,7 +481,7 @@ fn settle(world: &mut World, c: usize, tally: Tally) {
         return finalize(world, c, tally);
     }
     let (tid, attempt_id, n) = (attempt.tid, attempt.id, plan.nodes().len());
-    let ids = send_requests(world, c, coordinator::phase2(&plan, tid));
+    let ids = send_requests(world, c, coordinator::releases(&plan, tid));
     let waiting = ids.into_iter().enumerate().map(|(i, id)| (id, i)).collect();
     world.coordinators[c]
         .attempt
@@ -538,10 +538,10 @@ fn finalize(world: &mut World, c: usize, tally: Tally) {
     let decide = |world: &mut World, commit: bool| {
         if multi {
             for &node in &attempt.nodes {
-                let decision = Request::Decision {
+                let decision = Request::Decisions(vec![Decision {
                     tid: attempt.tid,
                     commit,
-                };
+                }]);
                 world.send_one_way(Endpoint::Coordinator(c), Endpoint::Node(node), decision);
             }
         }

@@ -1,9 +1,10 @@
 //! Pipelined RPC over one TCP connection: many requests in flight, replies matched by id.
-//! A writer task batches frames into few syscalls; a reader task completes waiting callers.
-//! No lock is held across an await, so concurrent callers never serialise on each other.
+//! A writer task batches frames into few syscalls, and the phase-2 decisions queued meanwhile
+//! into one frame; a reader task completes waiting callers. No lock is held across an
+//! await, so concurrent callers never serialise on each other.
 
 use crate::frame::{decode_envelope, encode_envelope, ONE_WAY};
-use crate::message::{ErrorCode, Request, Response};
+use crate::message::{Decision, ErrorCode, Request, Response};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use rustc_hash::FxHashMap;
@@ -47,11 +48,20 @@ pub type Replies = mpsc::UnboundedSender<(u64, Response)>;
 
 type Pending = Arc<Mutex<FxHashMap<u64, oneshot::Sender<Response>>>>;
 
+/// What the writer task is handed: an encoded frame, or the cue to encode the decisions
+/// queued so far as one frame.
+enum Outbound {
+    Frame(Bytes),
+    Decisions,
+}
+
 /// A client end of a pipelined connection. Cheap to share behind an `Arc`.
 pub struct Connection {
     addr: String,
-    frames: mpsc::Sender<Bytes>,
+    frames: mpsc::Sender<Outbound>,
     pending: Pending,
+    /// Decisions not yet handed to the writer; a cue is queued iff this is non-empty.
+    decisions: Arc<Mutex<Vec<Decision>>>,
     next_id: AtomicU64,
     closed: Arc<AtomicBool>,
 }
@@ -88,17 +98,26 @@ impl Connection {
         let (rd, wr) = stream.into_split();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
-        let (frames, mut frames_rx) = mpsc::channel::<Bytes>(IN_FLIGHT_MAX);
+        let (frames, mut frames_rx) = mpsc::channel::<Outbound>(IN_FLIGHT_MAX);
         let mut sink = FramedWrite::new(wr, codec(frame_bytes_max));
         let writer_closed = closed.clone();
+        let decisions: Arc<Mutex<Vec<Decision>>> = Arc::default();
+        let queued = decisions.clone();
         tokio::spawn(async move {
-            while let Some(frame) = frames_rx.recv().await {
-                if sink.feed(frame).await.is_err() {
+            let encode = |out| match out {
+                Outbound::Frame(frame) => frame,
+                Outbound::Decisions => {
+                    let decisions = std::mem::take(&mut *queued.lock().expect("queue poisoned"));
+                    encode_envelope(ONE_WAY, &Request::Decisions(decisions))
+                }
+            };
+            'write: while let Some(out) = frames_rx.recv().await {
+                if sink.feed(encode(out)).await.is_err() {
                     break;
                 }
-                while let Ok(frame) = frames_rx.try_recv() {
-                    if sink.feed(frame).await.is_err() {
-                        break;
+                while let Ok(out) = frames_rx.try_recv() {
+                    if sink.feed(encode(out)).await.is_err() {
+                        break 'write;
                     }
                 }
                 if SinkExt::<Bytes>::flush(&mut sink).await.is_err() {
@@ -131,6 +150,7 @@ impl Connection {
             addr: addr.to_string(),
             frames,
             pending,
+            decisions,
             next_id: AtomicU64::new(1),
             closed,
         })
@@ -159,7 +179,8 @@ impl Connection {
                 .remove(&id);
             return Err(self.closed_error());
         }
-        if self.frames.send(encode_envelope(id, req)).await.is_err() {
+        let frame = Outbound::Frame(encode_envelope(id, req));
+        if self.frames.send(frame).await.is_err() {
             self.pending
                 .lock()
                 .expect("pending map poisoned")
@@ -195,9 +216,28 @@ impl Connection {
     /// Sends `req` without waiting for (or expecting) a reply.
     pub async fn send_one_way(&self, req: &Request) -> Result<(), RpcError> {
         self.frames
-            .send(encode_envelope(ONE_WAY, req))
+            .send(Outbound::Frame(encode_envelope(ONE_WAY, req)))
             .await
             .map_err(|_| self.closed_error())
+    }
+
+    /// Sends a phase-2 outcome without a reply. The decisions queued until the writer gets
+    /// to them leave as one `Decisions` frame, ahead of every frame sent after this call:
+    /// a node releases a tid's locks before it sees the caller's next request.
+    pub async fn send_decision(&self, decision: Decision) -> Result<(), RpcError> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let first = {
+            let mut queued = self.decisions.lock().expect("queue poisoned");
+            queued.push(decision);
+            queued.len() == 1
+        };
+        if first {
+            // The channel is fair: frames sent after this cue queue up behind it.
+            (self.frames.send(Outbound::Decisions).await).map_err(|_| self.closed_error())?;
+        }
+        Ok(())
     }
 
     fn closed_error(&self) -> RpcError {

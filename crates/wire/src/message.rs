@@ -161,6 +161,25 @@ pub struct VoteReply {
     pub epoch: u64,
 }
 
+/// The outcome of one minitransaction, as phase 2 tells a participant.
+#[derive(Encode, Decode, Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Decision {
+    pub tid: Tid,
+    pub commit: bool,
+}
+
+/// One `Decisions` message per node for `(node, decision)` pairs, nodes in ascending order.
+pub fn decisions_by_node(pairs: impl IntoIterator<Item = (NodeId, Decision)>) -> Outgoing {
+    let mut by_node: std::collections::BTreeMap<NodeId, Vec<Decision>> = Default::default();
+    for (node, decision) in pairs {
+        by_node.entry(node).or_default().push(decision);
+    }
+    by_node
+        .into_iter()
+        .map(|(node, decisions)| (node, Request::Decisions(decisions)))
+        .collect()
+}
+
 /// A memory node as the directory knows it.
 #[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -229,8 +248,10 @@ pub enum Request {
     /// tid's `ExecPrepare` counts these items; unprepared ones are dropped after the
     /// uncertainty timeout, and an abort `Decision` drops them at once.
     ExecuteAhead(ExecPrepare),
-    /// Coordinator or recovery coordinator → participant, phase 2; no reply.
-    Decision { tid: Tid, commit: bool },
+    /// Coordinator or recovery coordinator → participant, phase 2; no reply. One message
+    /// carries the outcomes of several tids: a client's connection gathers those decided
+    /// while its previous frames were being written, recovery those of one batch.
+    Decisions(Vec<Decision>),
     /// Coordinator → participant, phase 2 of a read-only minitransaction over several nodes
     /// whose votes were all COMMIT-OK: release the read locks and say whether they were
     /// still held (a crash or a recovery decision drops them, and with them isolation).

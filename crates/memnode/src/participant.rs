@@ -1073,8 +1073,10 @@ fn vote(vote: Vote, reads: Vec<Vec<u8>>, failed_compares: Vec<u32>, epoch: u64) 
 }
 
 /// The byte ranges `items` lock: writes and adds exclusively, reads and compares shared.
+/// Each range once: a compare-and-swap compares and writes the same bytes, and one write
+/// lock covers both.
 fn lock_ranges(items: &[Item]) -> Vec<LockRange> {
-    items
+    let mut ranges: Vec<LockRange> = items
         .iter()
         .map(|item| LockRange {
             start: item.addr(),
@@ -1085,7 +1087,16 @@ fn lock_ranges(items: &[Item]) -> Vec<LockRange> {
                 LockKind::Read
             },
         })
-        .collect()
+        .collect();
+    ranges.sort_unstable_by_key(|r| (r.start, r.end));
+    ranges.dedup_by(|later, kept| {
+        let same = (later.start, later.end) == (kept.start, kept.end);
+        if same && later.kind == LockKind::Write {
+            kept.kind = LockKind::Write;
+        }
+        same
+    });
+    ranges
 }
 
 #[cfg(test)]
@@ -1143,6 +1154,22 @@ mod tests {
             addr,
             bytes: v.to_le_bytes().to_vec(),
         }
+    }
+
+    #[test]
+    fn a_compare_and_swap_takes_one_write_lock() {
+        let compare = Item::Compare {
+            addr: 8,
+            op: CmpOp::Eq,
+            bytes: vec![0; 8],
+        };
+        let read = Item::Read { addr: 8, len: 4 };
+        let ranges = lock_ranges(&[compare, write(8, 1), read]);
+        let ranges: Vec<_> = ranges.iter().map(|r| (r.start, r.end, r.kind)).collect();
+        assert_eq!(
+            ranges,
+            vec![(8, 12, LockKind::Read), (8, 16, LockKind::Write)]
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! if any range is busy it takes none and the minitransaction votes ABORT-LOCK.
 
 use rustc_hash::FxHashMap;
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use tutti_wire::Tid;
 
@@ -40,13 +41,21 @@ impl RangeLocks {
         if ranges.iter().any(|r| self.conflicts(tid, r)) {
             return false;
         }
+        let starts = self.by_tid.entry(tid).or_default();
         for r in ranges {
-            let entry = self.held.entry((r.start, tid)).or_insert((r.end, r.kind));
-            entry.0 = entry.0.max(r.end);
-            if r.kind == LockKind::Write {
-                entry.1 = LockKind::Write;
+            match self.held.entry((r.start, tid)) {
+                Entry::Vacant(slot) => {
+                    slot.insert((r.end, r.kind));
+                    starts.push(r.start);
+                }
+                Entry::Occupied(mut slot) => {
+                    let held = slot.get_mut();
+                    held.0 = held.0.max(r.end);
+                    if r.kind == LockKind::Write {
+                        held.1 = LockKind::Write;
+                    }
+                }
             }
-            self.by_tid.entry(tid).or_default().push(r.start);
             self.range_bytes_max = self.range_bytes_max.max(r.end - r.start);
         }
         true

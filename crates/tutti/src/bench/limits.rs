@@ -1,6 +1,7 @@
 //! Physical limits measured in the same run as the systems: the round trip of a 64-byte
 //! request and response over loopback TCP (1 connection, and 16 connections at once), and
-//! the latency of a 4 KiB append followed by fdatasync on the data disk.
+//! the latency of a 4 KiB write followed by fdatasync on the data disk (one stream, and
+//! four at once, as the four logs of the 2PC layout share the disk).
 
 use super::{Latencies, Point};
 use std::io::Write;
@@ -82,42 +83,69 @@ pub async fn loopback(connections: usize, duration: Duration) -> std::io::Result
     ))
 }
 
-/// 4 KiB appends to a new file in `dir`, each followed by fdatasync, for `duration`; and the
-/// same on a preallocated file (what a redo log that zero-extends ahead pays).
+/// 4 KiB appends to a new file in `dir`, each followed by fdatasync, for `duration`; the
+/// same on a preallocated file (what a redo log that zero-extends ahead pays); and on four
+/// preallocated files at once, one thread each (`outstanding` 4).
 pub fn fdatasync(dir: &Path, duration: Duration) -> std::io::Result<Vec<Point>> {
     let mut points = Vec::new();
-    for preallocated in [false, true] {
-        let path = dir.join("fdatasync-probe");
-        let _ = std::fs::remove_file(&path);
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&path)?;
-        let block = vec![0xA5u8; 4096];
-        if preallocated {
-            file.write_all(&vec![0u8; 64 << 20])?;
-            file.sync_all()?;
-        }
+    for (mode, preallocated, streams) in [
+        ("fdatasync-4KiB-append", false, 1),
+        ("fdatasync-4KiB-preallocated", true, 1),
+        ("fdatasync-4KiB-preallocated", true, 4),
+    ] {
+        let paths: Vec<_> = (0..streams)
+            .map(|i| dir.join(format!("fdatasync-probe-{i}")))
+            .collect();
+        let files = (paths.iter())
+            .map(|path| probe_file(path, preallocated))
+            .collect::<std::io::Result<Vec<_>>>()?;
         let start = Instant::now();
-        let mut lat = Latencies::new();
-        let mut offset = 0u64;
-        while start.elapsed() < duration && offset < 64 << 20 {
-            let t0 = Instant::now();
-            file.write_all_at(&block, offset)?;
-            file.sync_data()?;
-            lat.record(t0.elapsed());
-            offset += block.len() as u64;
+        let lat = std::thread::scope(|scope| {
+            let streams: Vec<_> = (files.into_iter())
+                .map(|file| scope.spawn(move || sync_stream(file, start + duration)))
+                .collect();
+            let mut lat = Latencies::new();
+            for stream in streams {
+                lat.add(&stream.join().expect("fdatasync stream")?);
+            }
+            Ok::<_, std::io::Error>(lat)
+        })?;
+        points.push(limit(mode, streams, lat.count(), start.elapsed(), &lat));
+        for path in paths {
+            std::fs::remove_file(path)?;
         }
-        let mode = if preallocated {
-            "fdatasync-4KiB-preallocated"
-        } else {
-            "fdatasync-4KiB-append"
-        };
-        points.push(limit(mode, 1, lat.count(), start.elapsed(), &lat));
-        drop(file);
-        std::fs::remove_file(&path)?;
     }
     Ok(points)
+}
+
+/// A new file at `path`; `preallocated`: 64 MiB of zeros written and synced.
+fn probe_file(path: &Path, preallocated: bool) -> std::io::Result<std::fs::File> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(path)?;
+    if preallocated {
+        file.write_all(&vec![0u8; PROBE_BYTES as usize])?;
+        file.sync_all()?;
+    }
+    Ok(file)
+}
+
+const PROBE_BYTES: u64 = 64 << 20;
+
+/// Writes and syncs 4 KiB blocks one after another from the start of `file` until `until`.
+fn sync_stream(file: std::fs::File, until: Instant) -> std::io::Result<Latencies> {
+    let block = vec![0xA5u8; 4096];
+    let mut lat = Latencies::new();
+    let mut offset = 0u64;
+    while Instant::now() < until && offset < PROBE_BYTES {
+        let t0 = Instant::now();
+        file.write_all_at(&block, offset)?;
+        file.sync_data()?;
+        lat.record(t0.elapsed());
+        offset += block.len() as u64;
+    }
+    Ok(lat)
 }

@@ -161,6 +161,8 @@ pub struct Report {
     pub unknown: u64,
     pub node_crashes: u64,
     pub coordinator_crashes: u64,
+    /// `Decisions` messages that carried the outcomes of several tids (recovery batches).
+    pub batched_decisions: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -204,6 +206,7 @@ pub(crate) struct World {
     print_trace: bool,
     node_crashes: u64,
     coordinator_crashes: u64,
+    batched_decisions: u64,
     seed: u64,
     /// Found by checks that run during the run (see `check::after_recovery`).
     violations: Vec<Violation>,
@@ -237,6 +240,7 @@ impl World {
             print_trace: std::env::var_os("TUTTI_SIM_TRACE").is_some(),
             node_crashes: 0,
             coordinator_crashes: 0,
+            batched_decisions: 0,
             seed,
             cfg,
             violations: Vec::new(),
@@ -334,6 +338,9 @@ impl World {
 
     /// A request that expects no reply (message id 0), such as a DECISION.
     fn send_one_way(&mut self, from: Endpoint, to: Endpoint, req: Request) {
+        if matches!(&req, Request::Decisions(d) if d.len() > 1) {
+            self.batched_decisions += 1;
+        }
         self.send(from, to, Msg::Req { id: 0, req });
     }
 
@@ -562,6 +569,7 @@ impl World {
             unknown,
             node_crashes: self.node_crashes,
             coordinator_crashes: self.coordinator_crashes,
+            batched_decisions: self.batched_decisions,
             violations,
         }
     }

@@ -11,12 +11,13 @@ fn seeds_pass_every_checker() {
         .unwrap_or(500);
     let cfg = SimConfig::default();
     let mut failures = Vec::new();
-    let (mut committed, mut unknown, mut crashes) = (0, 0, 0);
+    let (mut committed, mut unknown, mut crashes, mut batched) = (0, 0, 0, 0);
     for seed in 0..seeds {
         let report = run(seed, &cfg);
         committed += report.committed;
         unknown += report.unknown;
         crashes += report.node_crashes + report.coordinator_crashes;
+        batched += report.batched_decisions;
         if !report.violations.is_empty() {
             failures.push(format!(
                 "seed {seed}: {:?}\n  reproduce: {}",
@@ -26,7 +27,7 @@ fn seeds_pass_every_checker() {
         }
     }
     eprintln!(
-        "{seeds} seeds: {committed} committed, {unknown} unknown outcomes, {crashes} crashes"
+        "{seeds} seeds: {committed} committed, {unknown} unknown outcomes, {crashes} crashes, {batched} DECISIONS with several tids"
     );
     assert!(
         failures.is_empty(),
@@ -36,6 +37,7 @@ fn seeds_pass_every_checker() {
     );
     assert!(committed > seeds * 10, "the workload made progress");
     assert!(crashes > seeds, "faults were injected");
+    assert!(batched > 0, "recovery sent DECISIONS carrying several tids");
 }
 
 #[test]

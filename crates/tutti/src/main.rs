@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tutti::bank::{Bank, TransferKind};
-use tutti::bench::minitx::{run_minitx, Access, MinitxBench, MinitxKind};
+use tutti::bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
 use tutti::bench::suite::ScratchCluster;
 use tutti::bench::Point;
 use tutti::items::{parse_items, to_hex};
@@ -216,8 +216,9 @@ struct BenchMinitxArgs {
     /// A short pass: outstanding 1,16,64 for 1 s each.
     #[arg(long)]
     quick: bool,
-    /// Pipelined connections the client opens in all, spread over the nodes (at least one
-    /// per node). Over one, client and node take turns; compare with the default.
+    /// Pipelined connections the client opens in all, spread over the nodes the layout uses
+    /// (at least one per node), also against a larger --cluster. Over one, client and node
+    /// take turns; compare with the default.
     #[arg(long, default_value_t = ClientOptions::default().connections as u16, value_parser = clap::value_parser!(u16).range(1..=64))]
     connections: u16,
     /// Also write the JSON array to this file.
@@ -851,13 +852,19 @@ async fn bench_minitx(a: BenchMinitxArgs) -> Result<(), String> {
                     manager
                 }
             };
-            let opts = ClientOptions {
-                connections: usize::from(a.connections),
-                ..ClientOptions::default()
+            let connect = |connections: usize| {
+                let opts = ClientOptions {
+                    connections,
+                    ..ClientOptions::default()
+                };
+                Cluster::connect(&manager, opts)
             };
-            let cluster = Cluster::connect(&manager, opts)
-                .await
-                .map_err(|e| e.to_string())?;
+            let requested = usize::from(a.connections);
+            let mut cluster = (connect(requested).await).map_err(|e| e.to_string())?;
+            let total = client_connections(requested, usize::from(nodes), cluster.nodes().len());
+            if total != requested {
+                cluster = (connect(total).await).map_err(|e| e.to_string())?;
+            }
             points.extend(
                 run_minitx(&cluster, &b, print)
                     .await

@@ -103,6 +103,17 @@ async fn load_mirror(cluster: &Cluster, b: &MinitxBench) -> Result<Mirror, ExecE
     Ok(mirror)
 }
 
+/// The `ClientOptions::connections` that gives the `requested` connections to the `used`
+/// nodes of a layout when the cluster has `known` nodes: the client spreads its
+/// connections over every node it knows, and 1PC against `tutti up`'s 4 nodes would
+/// otherwise get one.
+pub fn client_connections(requested: usize, used: usize, known: usize) -> usize {
+    if known <= used {
+        return requested;
+    }
+    requested.div_ceil(used.max(1)) * known
+}
+
 /// Runs the sweep; calls `progress` after each point.
 pub async fn run_minitx(
     cluster: &Cluster,
@@ -263,5 +274,21 @@ async fn refresh(cluster: &Cluster, b: &MinitxBench, mirror: &Mirror, picks: &[(
                 Ordering::Relaxed,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_connections;
+
+    #[test]
+    fn the_nodes_a_layout_uses_get_the_requested_connections() {
+        // 1PC against tutti up's 4 nodes: 2 to node 1 means 2 per node of 4.
+        assert_eq!(client_connections(2, 1, 4), 8);
+        // The 2PC layout on 4 nodes, and 1PC on its own node: as requested.
+        assert_eq!(client_connections(2, 4, 4), 2);
+        assert_eq!(client_connections(2, 1, 1), 2);
+        // 3 over 2 used nodes of 6: 2 per node.
+        assert_eq!(client_connections(3, 2, 6), 12);
     }
 }

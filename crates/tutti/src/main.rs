@@ -769,10 +769,19 @@ async fn bench_all(a: BenchAllArgs) -> Result<(), String> {
     );
     let mut progress = |p: &Point| {
         bar.inc(1);
-        bar.set_message(format!(
-            "{} {} nodes={} outstanding={}: {:.0}/s",
-            p.system, p.mode, p.nodes, p.outstanding, p.throughput_per_s
-        ));
+        let point = format!(
+            "{} {} {} nodes={} outstanding={}: {:.0}/s",
+            p.experiment, p.system, p.mode, p.nodes, p.outstanding, p.throughput_per_s
+        );
+        // Without a terminal (a log file, CI) the bar is hidden: a line per point instead.
+        if bar.is_hidden() {
+            eprintln!(
+                "bench: {}/{} {point}",
+                bar.position(),
+                bar.length().unwrap_or(0)
+            );
+        }
+        bar.set_message(point);
     };
     let result = suite::run(&cfg, &mut progress).await;
     bar.finish();

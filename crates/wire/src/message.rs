@@ -246,7 +246,7 @@ pub enum Request {
     /// locks under the tid; nothing is logged. Replies `Vote`: COMMIT-OK with the reads,
     /// or why not (then the node has dropped everything of the tid). `executed` in the
     /// tid's `ExecPrepare` counts these items; unprepared ones are dropped after the
-    /// uncertainty timeout, and an abort `Decision` drops them at once.
+    /// uncertainty timeout, and an abort decision drops them at once.
     ExecuteAhead(ExecPrepare),
     /// Coordinator or recovery coordinator → participant, phase 2; no reply. One message
     /// carries the outcomes of several tids: a client's connection gathers those decided

@@ -12,6 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const MESSAGE_BYTES: usize = 64;
+/// Bytes each fdatasync probe file may grow to (and is preallocated with).
+const PROBE_BYTES: u64 = 64 << 20;
 
 fn limit(mode: &str, outstanding: usize, ops: u64, elapsed: Duration, lat: &Latencies) -> Point {
     Point::new("limits", "limit", mode, 1, 1, outstanding).measured(ops, elapsed, lat)
@@ -132,8 +134,6 @@ fn probe_file(path: &Path, preallocated: bool) -> std::io::Result<std::fs::File>
     }
     Ok(file)
 }
-
-const PROBE_BYTES: u64 = 64 << 20;
 
 /// Writes and syncs 4 KiB blocks one after another from the start of `file` until `until`.
 fn sync_stream(file: std::fs::File, until: Instant) -> std::io::Result<Latencies> {

@@ -6,8 +6,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
-use tutti_wire::{Directory, NodeId, NodeInfo, Response, Tid};
+use tutti_wire::{Applied, Directory, NodeId, NodeInfo, Response, Tid};
 
 /// Tids relayed to one node per heartbeat acknowledgement.
 const GC_BATCH_MAX: usize = 65_536;
@@ -25,6 +26,50 @@ struct PersistedNode {
     durable: bool,
 }
 
+/// A tid reported applied by some of its participants. The participants are shared by all
+/// the tids of one report group, so an entry allocates nothing of its own.
+struct Awaited {
+    participants: Arc<[NodeId]>,
+    reported: Reporters,
+}
+
+/// Which participants reported a tid: bit `i` for `participants[i]`, or a list for sets too
+/// large for the mask.
+enum Reporters {
+    Mask(u64),
+    List(Vec<NodeId>),
+}
+
+impl Reporters {
+    fn new(participants: &[NodeId]) -> Reporters {
+        if participants.len() <= 64 {
+            Reporters::Mask(0)
+        } else {
+            Reporters::List(Vec::new())
+        }
+    }
+
+    /// Records that `node` reported; true once every participant has.
+    fn add(&mut self, participants: &[NodeId], node: NodeId) -> bool {
+        match self {
+            Reporters::Mask(mask) => {
+                for (i, &q) in participants.iter().enumerate() {
+                    if q == node {
+                        *mask |= 1 << i;
+                    }
+                }
+                mask.count_ones() as usize == participants.len()
+            }
+            Reporters::List(nodes) => {
+                if !nodes.contains(&node) {
+                    nodes.push(node);
+                }
+                participants.iter().all(|q| nodes.contains(q))
+            }
+        }
+    }
+}
+
 /// Tids to recover together, grouped by participant for one REQUEST-ABORT per node.
 pub struct RecoveryBatch {
     pub tids: Vec<(Tid, Vec<NodeId>)>,
@@ -39,7 +84,7 @@ pub struct ManagerState {
     last_seen: HashMap<NodeId, Instant>,
     rebooted: HashSet<NodeId>,
     /// Multi-participant tids some participants reported applied, and which ones did.
-    applied: FxHashMap<Tid, (Vec<NodeId>, Vec<NodeId>)>,
+    applied: FxHashMap<Tid, Awaited>,
     gc_out: HashMap<NodeId, Vec<Tid>>,
     recovering: FxHashSet<Tid>,
 }
@@ -201,21 +246,21 @@ impl ManagerState {
         &mut self,
         node: NodeId,
         uncertain: Vec<(Tid, Vec<NodeId>)>,
-        applied: Vec<(Tid, Vec<NodeId>)>,
+        applied: Vec<Applied>,
     ) -> (Response, Option<RecoveryBatch>) {
         self.last_seen.insert(node, Instant::now());
-        for (tid, participants) in applied {
-            let entry = self
-                .applied
-                .entry(tid)
-                .or_insert_with(|| (participants, Vec::new()));
-            if !entry.1.contains(&node) {
-                entry.1.push(node);
-            }
-            if entry.0.iter().all(|q| entry.1.contains(q)) {
-                let (participants, _) = self.applied.remove(&tid).expect("present");
-                for q in participants {
-                    self.gc_out.entry(q).or_default().push(tid);
+        for group in applied {
+            let participants: Arc<[NodeId]> = group.participants.into();
+            for tid in group.tids {
+                let entry = self.applied.entry(tid).or_insert_with(|| Awaited {
+                    reported: Reporters::new(&participants),
+                    participants: participants.clone(),
+                });
+                if entry.reported.add(&entry.participants, node) {
+                    let done = self.applied.remove(&tid).expect("present");
+                    for &q in done.participants.iter() {
+                        self.gc_out.entry(q).or_default().push(tid);
+                    }
                 }
             }
         }
@@ -273,13 +318,41 @@ mod tests {
     fn gc_relayed_once_every_participant_applied() {
         let dir = std::env::temp_dir().join(format!("tutti-mgr-{}", std::process::id()));
         let mut s = ManagerState::open(&dir).unwrap();
-        let (resp, _) = s.heartbeat(1, vec![], vec![(tid(1), vec![1, 2])]);
+        let applied = |tids: Vec<Tid>| {
+            vec![Applied {
+                participants: vec![1, 2],
+                tids,
+            }]
+        };
+        let (resp, _) = s.heartbeat(1, vec![], applied(vec![tid(1), tid(2)]));
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()));
-        let (resp, _) = s.heartbeat(2, vec![], vec![(tid(1), vec![1, 2])]);
+        let (resp, _) = s.heartbeat(1, vec![], applied(vec![tid(1)]));
+        assert!(
+            matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()),
+            "a report repeated by the same node does not count twice"
+        );
+        let (resp, _) = s.heartbeat(2, vec![], applied(vec![tid(1)]));
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
         let (resp, _) = s.heartbeat(1, vec![], vec![]);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn reporters_complete_once_every_distinct_participant_reported() {
+        let twice = [1, 1, 2];
+        let mut r = Reporters::new(&twice);
+        assert!(!r.add(&twice, 1));
+        assert!(!r.add(&twice, 9), "not a participant");
+        assert!(r.add(&twice, 2));
+        let many: Vec<NodeId> = (1..=65).collect();
+        let mut r = Reporters::new(&many);
+        assert!(matches!(r, Reporters::List(_)));
+        for q in 1..65 {
+            assert!(!r.add(&many, q));
+            assert!(!r.add(&many, q));
+        }
+        assert!(r.add(&many, 65));
     }
 
     #[test]

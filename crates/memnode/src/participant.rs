@@ -10,8 +10,8 @@ use crate::stats::{Load, WINDOWS_S};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 use tutti_wire::{
-    Decision, ErrorCode, ExecPrepare, Item, Limits, NodeId, Request, Response, StatsReport, Tid,
-    Vote, VoteReply, CLASS_BYTES_MAX,
+    Applied, Decision, ErrorCode, ExecPrepare, Item, Limits, NodeId, Request, Response,
+    StatsReport, Tid, Vote, VoteReply, CLASS_BYTES_MAX,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct HeartbeatReport {
     /// Tids uncertain longer than the timeout, for the recovery coordinator.
     pub uncertain: Vec<(Tid, Vec<NodeId>)>,
     /// Multi-participant tids newly applied to the durable image, for GC.
-    pub applied: Vec<(Tid, Vec<NodeId>)>,
+    pub applied: Vec<Applied>,
 }
 
 /// A forced-abort or epoch record this far behind the log head, or in a segment before the
@@ -156,8 +156,10 @@ pub struct Participant<R> {
     epoch_lsn: Lsn,
     deferred: VecDeque<(Lsn, Deferred<R>)>,
     applied_unflushed: Vec<Tid>,
-    to_report: Vec<(Tid, Vec<NodeId>)>,
-    reported: FxHashMap<Tid, (Vec<NodeId>, u64)>,
+    /// Applied tids for the next heartbeat to report, by participant set.
+    to_report: BTreeMap<Vec<NodeId>, Vec<Tid>>,
+    /// Reported tids not yet collected, and when they were reported.
+    reported: FxHashMap<Tid, u64>,
     manager_incarnation: u64,
     /// Writes of recovered Prepare records, kept only until stage 3 replays them.
     recovered_writes: BTreeMap<Lsn, (Tid, Writes)>,
@@ -185,7 +187,7 @@ impl<R> Participant<R> {
             epoch_lsn: 0,
             deferred: VecDeque::new(),
             applied_unflushed: Vec::new(),
-            to_report: Vec::new(),
+            to_report: BTreeMap::new(),
             reported: FxHashMap::default(),
             manager_incarnation: 0,
             recovered_writes: BTreeMap::new(),
@@ -848,7 +850,7 @@ impl<R> Participant<R> {
                     // Already confirmed when the manager's relay outran this node's replay
                     // after a restart: a report now would wait forever for peers that
                     // collected the tid long ago.
-                    self.to_report.push((tid, t.participants.clone()));
+                    queue_report(&mut self.to_report, tid, &t.participants);
                 }
             }
         }
@@ -923,10 +925,25 @@ impl<R> Participant<R> {
                 .map(|(tid, u)| (*tid, u.participants.clone())),
         );
         uncertain.truncate(BATCH_TIDS_MAX);
-        let n = self.to_report.len().min(BATCH_TIDS_MAX);
-        let applied: Vec<_> = self.to_report.drain(..n).collect();
-        for (tid, participants) in &applied {
-            self.reported.insert(*tid, (participants.clone(), now_ms));
+        let mut applied = Vec::new();
+        let mut room = BATCH_TIDS_MAX;
+        while room > 0 {
+            let Some(mut group) = self.to_report.first_entry() else {
+                break;
+            };
+            let queued = group.get_mut();
+            let rest = queued.split_off(queued.len().min(room));
+            let tids = std::mem::replace(queued, rest);
+            room -= tids.len();
+            let participants = if group.get().is_empty() {
+                group.remove_entry().0
+            } else {
+                group.key().clone()
+            };
+            for tid in &tids {
+                self.reported.insert(*tid, now_ms);
+            }
+            applied.push(Applied { participants, tids });
         }
         HeartbeatReport { uncertain, applied }
     }
@@ -947,12 +964,14 @@ impl<R> Participant<R> {
             let lost = sorted(
                 self.reported
                     .iter()
-                    .filter(|(_, (_, at))| *at < sent_ms)
+                    .filter(|(_, &at)| at < sent_ms)
                     .map(|(t, _)| *t),
             );
             for tid in lost {
-                let (p, _) = self.reported.remove(&tid).expect("present");
-                self.to_report.push((tid, p));
+                self.reported.remove(&tid);
+                if let Some(t) = self.log_tids.get(&tid) {
+                    queue_report(&mut self.to_report, tid, &t.participants);
+                }
             }
         }
         for tid in gc {
@@ -975,8 +994,12 @@ impl<R> Participant<R> {
         sorted(
             self.reported
                 .iter()
-                .filter(|(_, (_, sent))| now_ms.saturating_sub(*sent) >= age_ms)
-                .map(|(tid, (p, _))| (*tid, p.clone())),
+                .filter(|(_, &sent)| now_ms.saturating_sub(sent) >= age_ms)
+                .map(|(tid, _)| {
+                    // A tid collected meanwhile has no peers left to ask.
+                    let participants = self.log_tids.get(tid).map(|t| t.participants.clone());
+                    (*tid, participants.unwrap_or_default())
+                }),
         )
     }
 
@@ -1041,6 +1064,20 @@ fn planted(bug: Bug) -> bool {
 #[cfg(not(feature = "planted-bugs"))]
 fn planted(_: Bug) -> bool {
     false
+}
+
+/// Adds `tid` to the next heartbeat's report, in the group of its participant set.
+fn queue_report(
+    to_report: &mut BTreeMap<Vec<NodeId>, Vec<Tid>>,
+    tid: Tid,
+    participants: &[NodeId],
+) {
+    match to_report.get_mut(participants) {
+        Some(tids) => tids.push(tid),
+        None => {
+            to_report.insert(participants.to_vec(), vec![tid]);
+        }
+    }
 }
 
 /// Items in order: hash-map iteration order must never reach an output, so that a
@@ -1134,6 +1171,25 @@ mod tests {
             items,
             executed: 0,
         }
+    }
+
+    /// Prepares, syncs and commits `(seq, participants)` tids in turn, then checkpoints.
+    fn commit_and_checkpoint(p: &mut P, tids: impl IntoIterator<Item = (u64, Vec<NodeId>)>) {
+        for (seq, participants) in tids {
+            let a = prepare(p, tid(seq), participants, vec![write(0, 1)]);
+            p.on_synced(0, a.append[0].0);
+            p.on_request(
+                0,
+                1,
+                0,
+                Request::Decisions(vec![Decision {
+                    tid: tid(seq),
+                    commit: true,
+                }]),
+            );
+        }
+        let cp = p.checkpoint_begin();
+        let _ = p.checkpoint_done(cp);
     }
 
     fn prepare(p: &mut P, t: Tid, participants: Vec<NodeId>, items: Vec<Item>) -> Actions<u32> {
@@ -1579,7 +1635,13 @@ mod tests {
         let acts = p.checkpoint_done(cp);
         assert_eq!(acts.truncate_below, Some(1), "tid 1 waits for node 2");
         let report = p.heartbeat(0);
-        assert_eq!(report.applied, vec![(tid(1), vec![1, 2])]);
+        assert_eq!(
+            report.applied,
+            vec![Applied {
+                participants: vec![1, 2],
+                tids: vec![tid(1)]
+            }]
+        );
         let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)]);
         let cp = p.checkpoint_begin();
         let acts = p.checkpoint_done(cp);
@@ -1747,6 +1809,37 @@ mod tests {
     }
 
     #[test]
+    fn applied_tids_are_reported_by_participant_set_and_again_to_a_new_manager() {
+        let mut p = node(1, Mode::Log);
+        commit_and_checkpoint(&mut p, [(1, vec![1, 3]), (2, vec![1, 2]), (3, vec![1, 3])]);
+        let groups = |p: &mut P, at| {
+            let mut applied = p.heartbeat(at).applied;
+            applied.iter_mut().for_each(|a| a.tids.sort());
+            applied
+        };
+        let expected = vec![
+            Applied {
+                participants: vec![1, 2],
+                tids: vec![tid(2)],
+            },
+            Applied {
+                participants: vec![1, 3],
+                tids: vec![tid(1), tid(3)],
+            },
+        ];
+        assert_eq!(groups(&mut p, 5), expected);
+        let _ = p.on_heartbeat_ack(5, 1, 42, &[tid(2)]);
+        assert!(groups(&mut p, 6).is_empty(), "reported once");
+        let _ = p.on_heartbeat_ack(6, 1, 42, &[]);
+        let _ = p.on_heartbeat_ack(7, 1, 43, &[]);
+        assert_eq!(
+            groups(&mut p, 8),
+            expected[1..],
+            "a new manager hears what the old one had not relayed"
+        );
+    }
+
+    #[test]
     fn a_relay_that_outruns_the_replay_is_not_reported_again() {
         let records = vec![
             (
@@ -1783,22 +1876,14 @@ mod tests {
     #[test]
     fn stale_reports_are_settled_by_peers_even_after_collection() {
         let mut p = node(1, Mode::Log);
-        for seq in 1..=3 {
-            let a = prepare(&mut p, tid(seq), vec![1, 2], vec![write(0, 1)]);
-            p.on_synced(0, a.append[0].0);
-            p.on_request(
-                0,
-                1,
-                0,
-                Request::Decisions(vec![Decision {
-                    tid: tid(seq),
-                    commit: true,
-                }]),
-            );
-        }
-        let cp = p.checkpoint_begin();
-        let _ = p.checkpoint_done(cp);
-        assert_eq!(p.heartbeat(0).applied.len(), 3);
+        commit_and_checkpoint(&mut p, (1..=3).map(|seq| (seq, vec![1, 2])));
+        assert_eq!(
+            p.heartbeat(0).applied,
+            vec![Applied {
+                participants: vec![1, 2],
+                tids: vec![tid(1), tid(2), tid(3)]
+            }]
+        );
         let _ = p.on_heartbeat_ack(0, 1, 42, &[tid(1)]);
         assert_eq!(p.reported_older_than(5, 10), vec![]);
         assert_eq!(

@@ -168,6 +168,14 @@ pub struct Decision {
     pub commit: bool,
 }
 
+/// Multi-participant tids that a memory node applied to its durable image, reported to the
+/// manager for GC, grouped by their participants: a heartbeat names each set once.
+#[derive(Encode, Decode, Clone, PartialEq, Eq, Debug)]
+pub struct Applied {
+    pub participants: Vec<NodeId>,
+    pub tids: Vec<Tid>,
+}
+
 /// One `Decisions` message per node for `(node, decision)` pairs, nodes in ascending order.
 pub fn decisions_by_node(pairs: impl IntoIterator<Item = (NodeId, Decision)>) -> Outgoing {
     let mut by_node: std::collections::BTreeMap<NodeId, Vec<Decision>> = Default::default();
@@ -283,7 +291,7 @@ pub enum Request {
     Heartbeat {
         node: NodeId,
         uncertain: Vec<(Tid, Vec<NodeId>)>,
-        applied: Vec<(Tid, Vec<NodeId>)>,
+        applied: Vec<Applied>,
     },
 }
 

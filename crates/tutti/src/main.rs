@@ -746,23 +746,25 @@ async fn stats(a: StatsArgs) -> Result<(), String> {
 
 async fn bench_all(a: BenchAllArgs) -> Result<(), String> {
     use tutti::bench::suite::{self, SuiteConfig};
-    let (outstanding, seconds) = if a.quick {
-        (vec![1, 16, 64], 1.0)
+    let (outstanding, headline_runs, seconds) = if a.quick {
+        (vec![1, 16, 64], 1, 1.0)
     } else {
-        (a.outstanding, a.seconds)
+        (a.outstanding, 3, a.seconds)
     };
     let cfg = SuiteConfig {
         exe: std::env::current_exe().map_err(|e| e.to_string())?,
         out: a.out,
         scratch: std::env::temp_dir().join(format!("tutti-bench-all-{}", std::process::id())),
         outstanding,
+        headline_runs,
         seconds_per_point: seconds,
         items: a.items,
         no_peers: a.no_peers,
     };
     let configs = if a.no_peers { 4 } else { 10 };
-    let bar =
-        indicatif::ProgressBar::new((suite::FIXED_POINTS + configs * cfg.outstanding.len()) as u64);
+    let bar = indicatif::ProgressBar::new(
+        (suite::FIXED_POINTS + configs * cfg.fig16_sweep().len()) as u64,
+    );
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} points {elapsed} {msg}")
             .expect("a valid template"),

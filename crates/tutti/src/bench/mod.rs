@@ -39,6 +39,10 @@ pub struct Point {
     /// 2PC combined, `D` 1PC combined).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
+    /// Fig. 16 at the outstanding count the targets are read at: the throughput of every run,
+    /// in the order measured; the record itself is the median run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<f64>,
 }
 
 impl Point {
@@ -67,6 +71,7 @@ impl Point {
             overlap: None,
             operation: None,
             variant: None,
+            runs: Vec::new(),
         }
     }
 

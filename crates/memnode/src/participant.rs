@@ -928,18 +928,14 @@ impl<R> Participant<R> {
         let mut applied = Vec::new();
         let mut room = BATCH_TIDS_MAX;
         while room > 0 {
-            let Some(mut group) = self.to_report.first_entry() else {
+            let Some((participants, mut tids)) = self.to_report.pop_first() else {
                 break;
             };
-            let queued = group.get_mut();
-            let rest = queued.split_off(queued.len().min(room));
-            let tids = std::mem::replace(queued, rest);
+            if tids.len() > room {
+                self.to_report
+                    .insert(participants.clone(), tids.split_off(room));
+            }
             room -= tids.len();
-            let participants = if group.get().is_empty() {
-                group.remove_entry().0
-            } else {
-                group.key().clone()
-            };
             for tid in &tids {
                 self.reported.insert(*tid, now_ms);
             }
@@ -1173,20 +1169,17 @@ mod tests {
         }
     }
 
+    /// Phase 2 for one tid, as a coordinator sends it.
+    fn decide(t: Tid, commit: bool) -> Request {
+        Request::Decisions(vec![Decision { tid: t, commit }])
+    }
+
     /// Prepares, syncs and commits `(seq, participants)` tids in turn, then checkpoints.
     fn commit_and_checkpoint(p: &mut P, tids: impl IntoIterator<Item = (u64, Vec<NodeId>)>) {
         for (seq, participants) in tids {
             let a = prepare(p, tid(seq), participants, vec![write(0, 1)]);
             p.on_synced(0, a.append[0].0);
-            p.on_request(
-                0,
-                1,
-                0,
-                Request::Decisions(vec![Decision {
-                    tid: tid(seq),
-                    commit: true,
-                }]),
-            );
+            p.on_request(0, 1, 0, decide(tid(seq), true));
         }
         let cp = p.checkpoint_begin();
         let _ = p.checkpoint_done(cp);
@@ -1261,15 +1254,7 @@ mod tests {
         let acts = p.on_synced(0, acts.append[0].0);
         assert_eq!(vote_of(&acts), Vote::CommitOk);
         assert_eq!(p.stats(0).uncertain, 1);
-        let acts = p.on_request(
-            0,
-            1,
-            0,
-            Request::Decisions(vec![Decision {
-                tid: tid(1),
-                commit: true,
-            }]),
-        );
+        let acts = p.on_request(0, 1, 0, decide(tid(1), true));
         assert!(matches!(
             acts.append[..],
             [(_, LogRecord::Decided { commit: true, .. })]
@@ -1277,15 +1262,7 @@ mod tests {
         assert_eq!(p.space().read(8, 8), &9u64.to_le_bytes());
         let acts = prepare(&mut p, tid(2), vec![1, 2], vec![write(8, 10)]);
         p.on_synced(0, acts.append[0].0);
-        p.on_request(
-            0,
-            1,
-            0,
-            Request::Decisions(vec![Decision {
-                tid: tid(2),
-                commit: false,
-            }]),
-        );
+        p.on_request(0, 1, 0, decide(tid(2), false));
         assert_eq!(p.space().read(8, 8), &9u64.to_le_bytes());
         let s = p.stats(0);
         assert_eq!((s.uncertain, s.locks_held), (0, 0));
@@ -1296,15 +1273,7 @@ mod tests {
         let mut p = node(2, Mode::Log);
         let acts = prepare(&mut p, tid(1), vec![1, 2], vec![write(8, 9)]);
         p.on_synced(0, acts.append[0].0);
-        let acts = p.on_request(
-            0,
-            1,
-            0,
-            Request::Decisions(vec![Decision {
-                tid: tid(1),
-                commit: true,
-            }]),
-        );
+        let acts = p.on_request(0, 1, 0, decide(tid(1), true));
         assert_eq!(
             acts.append.len(),
             1,
@@ -1354,15 +1323,7 @@ mod tests {
             matches!(&acts.replies[..], [(_, 4, Response::Votes(v))] if v == &vec![(tid(2), true)]),
             "a chosen read-only vote is kept"
         );
-        p.on_request(
-            0,
-            1,
-            0,
-            Request::Decisions(vec![Decision {
-                tid: tid(2),
-                commit: false,
-            }]),
-        );
+        p.on_request(0, 1, 0, decide(tid(2), false));
         let acts = p.on_request(0, 1, 5, Request::Release { tid: tid(2) });
         assert!(matches!(
             acts.replies[..],
@@ -1620,15 +1581,7 @@ mod tests {
         let mut p = node(1, Mode::Log);
         let a = prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)]);
         p.on_synced(0, a.append[0].0);
-        p.on_request(
-            0,
-            1,
-            0,
-            Request::Decisions(vec![Decision {
-                tid: tid(1),
-                commit: true,
-            }]),
-        );
+        p.on_request(0, 1, 0, decide(tid(1), true));
         let b = prepare(&mut p, tid(2), vec![1], vec![write(8, 1)]);
         p.on_synced(0, b.append[0].0);
         let cp = p.checkpoint_begin();
@@ -1704,15 +1657,7 @@ mod tests {
             _ => panic!("one vote"),
         };
         assert_eq!((v.vote, v.reads), (Vote::CommitOk, vec![vec![0; 8]]));
-        p.on_request(
-            0,
-            1,
-            2,
-            Request::Decisions(vec![Decision {
-                tid: tid(1),
-                commit: true,
-            }]),
-        );
+        p.on_request(0, 1, 2, decide(tid(1), true));
         assert_eq!(p.space().read(0, 8), &7u64.to_le_bytes());
         assert_eq!(p.stats(0).locks_held, 0);
         // A failed compare ahead drops what the tid held.
@@ -1740,15 +1685,7 @@ mod tests {
             ahead(&mut p, 0, tid(1), vec![write(0, 1)]).vote,
             Vote::CommitOk
         );
-        p.on_request(
-            0,
-            1,
-            2,
-            Request::Decisions(vec![Decision {
-                tid: tid(1),
-                commit: false,
-            }]),
-        );
+        p.on_request(0, 1, 2, decide(tid(1), false));
         assert_eq!(p.stats(0).locks_held, 0, "an abort frees them");
         assert_eq!(
             ahead(&mut p, 10, tid(2), vec![write(0, 2)]).vote,

@@ -145,6 +145,20 @@ impl Plan<'_> {
     }
 }
 
+/// With a commit: every participant's Prepare lsn, in participant order, for the decision
+/// to carry. Empty unless every participant logged its vote (`ram` nodes log nothing) and
+/// its reply arrived; the participants then report the tid for GC on its own.
+pub fn commit_lsns(replies: &[NodeReply]) -> Vec<u64> {
+    replies
+        .iter()
+        .map(|reply| match reply {
+            NodeReply::Vote(v) if v.lsn != 0 => Some(v.lsn),
+            _ => None,
+        })
+        .collect::<Option<Vec<u64>>>()
+        .unwrap_or_default()
+}
+
 /// What came back from one participant for EXEC&PREPARE.
 #[derive(Debug, Clone)]
 pub enum NodeReply {
@@ -323,7 +337,19 @@ mod tests {
             reads: vec![],
             failed_compares: vec![],
             epoch: 1,
+            lsn: 0,
         })
+    }
+
+    #[test]
+    fn a_commit_carries_lsns_only_when_every_participant_logged_and_answered() {
+        let logged = |lsn| match vote(Vote::CommitOk) {
+            NodeReply::Vote(v) => NodeReply::Vote(VoteReply { lsn, ..v }),
+            other => other,
+        };
+        assert_eq!(commit_lsns(&[logged(7), logged(3)]), vec![7, 3]);
+        assert!(commit_lsns(&[logged(7), vote(Vote::CommitOk)]).is_empty());
+        assert!(commit_lsns(&[logged(7), NodeReply::Lost("gone".into())]).is_empty());
     }
 
     #[test]

@@ -290,25 +290,31 @@ impl Cluster {
                         return Ok(Err(reason));
                     }
                 } else if multi {
-                    self.decide(tid, plan, true).await;
+                    let lsns = coordinator::commit_lsns(&replies);
+                    let decision = Decision {
+                        tid,
+                        commit: true,
+                        lsns,
+                    };
+                    self.decide(plan, decision).await;
                 }
                 plan.outcome(tid, &replies, true)
             }
             Tally::AbortCompare => {
                 if multi {
-                    self.decide(tid, plan, false).await;
+                    self.decide(plan, Decision::abort(tid)).await;
                 }
                 plan.outcome(tid, &replies, false)
             }
             Tally::Retry(reason) => {
                 if multi {
-                    self.decide(tid, plan, false).await;
+                    self.decide(plan, Decision::abort(tid)).await;
                 }
                 Ok(Err(reason))
             }
             Tally::Rejected { node, message } => {
                 if multi {
-                    self.decide(tid, plan, false).await;
+                    self.decide(plan, Decision::abort(tid)).await;
                 }
                 Err(ExecError::Rejected { node, message })
             }
@@ -343,7 +349,7 @@ impl Cluster {
                 .await;
         }
         let tally = coordinator::tally_execute_ahead(&nodes[..replies.len()], &replies)?;
-        self.decide(tid, plan, false).await;
+        self.decide(plan, Decision::abort(tid)).await;
         Some(match tally {
             Tally::AbortCompare => {
                 let mut failed: Vec<usize> = Vec::new();
@@ -397,10 +403,10 @@ impl Cluster {
         dir.nodes.iter().any(|n| n.id == node && n.durable)
     }
 
-    async fn decide(&self, tid: Tid, plan: &coordinator::Plan<'_>, commit: bool) {
+    async fn decide(&self, plan: &coordinator::Plan<'_>, decision: Decision) {
         for &node in plan.nodes() {
             if let Ok(conn) = self.conn(node).await {
-                let _ = conn.send_decision(Decision { tid, commit }).await;
+                let _ = conn.send_decision(decision.clone()).await;
             }
         }
     }

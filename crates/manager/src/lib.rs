@@ -104,8 +104,9 @@ fn handle(manager: &Arc<Manager>, req: Request) -> Response {
             node,
             uncertain,
             applied,
+            applied_below,
         } => {
-            let (resp, batch) = state.heartbeat(node, uncertain, applied);
+            let (resp, batch) = state.heartbeat(node, uncertain, applied, applied_below);
             if let Some(batch) = batch {
                 tokio::spawn(recover(manager.clone(), batch));
             }

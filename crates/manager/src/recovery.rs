@@ -49,11 +49,13 @@ impl Recovery {
         }
         let decisions =
             decisions_by_node(self.batch.tids.iter().flat_map(|(tid, participants)| {
+                // No lsns: the participants report the tid for GC on its own.
                 let decision = Decision {
                     tid: *tid,
                     commit: self.votes[tid],
+                    lsns: Vec::new(),
                 };
-                participants.iter().map(move |&q| (q, decision))
+                participants.iter().map(move |&q| (q, decision.clone()))
             }));
         Some(decisions)
     }
@@ -99,10 +101,12 @@ mod tests {
             Decision {
                 tid: tid(1),
                 commit: true,
+                lsns: vec![],
             },
             Decision {
                 tid: tid(2),
                 commit: false,
+                lsns: vec![],
             },
         ];
         assert!(

@@ -12,6 +12,11 @@ use tutti_wire::{Applied, Directory, NodeId, NodeInfo, Response, Tid};
 
 /// Tids relayed to one node per heartbeat acknowledgement.
 const GC_BATCH_MAX: usize = 65_536;
+/// Heartbeats between two rotations of the reports awaiting their peers. A report kept
+/// through two rotations is dropped; the node that sent it settles the tid by asking the
+/// tid's peers itself, as after a manager restart. Without this, a tid whose peer took the
+/// lsn path (and so never reports it) would stay here for good.
+const REPORTS_ROTATE_HEARTBEATS: u64 = 1_000;
 
 #[derive(Serialize, Deserialize, Default)]
 struct Persisted {
@@ -85,6 +90,11 @@ pub struct ManagerState {
     rebooted: HashSet<NodeId>,
     /// Multi-participant tids some participants reported applied, and which ones did.
     applied: FxHashMap<Tid, Awaited>,
+    /// `applied` as it was at the last rotation.
+    applied_older: FxHashMap<Tid, Awaited>,
+    heartbeats: u64,
+    /// The latest `applied_below` of each node, relayed to all of them.
+    applied_below: BTreeMap<NodeId, u64>,
     gc_out: HashMap<NodeId, Vec<Tid>>,
     recovering: FxHashSet<Tid>,
 }
@@ -138,6 +148,9 @@ impl ManagerState {
             last_seen: HashMap::new(),
             rebooted: HashSet::new(),
             applied: FxHashMap::default(),
+            applied_older: FxHashMap::default(),
+            heartbeats: 0,
+            applied_below: BTreeMap::new(),
             gc_out: HashMap::new(),
             recovering: FxHashSet::default(),
         }
@@ -247,14 +260,23 @@ impl ManagerState {
         node: NodeId,
         uncertain: Vec<(Tid, Vec<NodeId>)>,
         applied: Vec<Applied>,
+        applied_below: u64,
     ) -> (Response, Option<RecoveryBatch>) {
         self.last_seen.insert(node, Instant::now());
+        self.applied_below.insert(node, applied_below);
+        self.heartbeats += 1;
+        if self.heartbeats.is_multiple_of(REPORTS_ROTATE_HEARTBEATS) {
+            self.applied_older = std::mem::take(&mut self.applied);
+        }
         for group in applied {
             let participants: Arc<[NodeId]> = group.participants.into();
             for tid in group.tids {
-                let entry = self.applied.entry(tid).or_insert_with(|| Awaited {
-                    reported: Reporters::new(&participants),
-                    participants: participants.clone(),
+                let older = &mut self.applied_older;
+                let entry = self.applied.entry(tid).or_insert_with(|| {
+                    older.remove(&tid).unwrap_or_else(|| Awaited {
+                        reported: Reporters::new(&participants),
+                        participants: participants.clone(),
+                    })
                 });
                 if entry.reported.add(&entry.participants, node) {
                     let done = self.applied.remove(&tid).expect("present");
@@ -290,6 +312,7 @@ impl ManagerState {
                 epoch: self.persisted.epoch,
                 incarnation: self.incarnation,
                 gc,
+                applied_below: self.applied_below.iter().map(|(&q, &b)| (q, b)).collect(),
             },
             batch,
         )
@@ -324,18 +347,72 @@ mod tests {
                 tids,
             }]
         };
-        let (resp, _) = s.heartbeat(1, vec![], applied(vec![tid(1), tid(2)]));
+        let (resp, _) = s.heartbeat(1, vec![], applied(vec![tid(1), tid(2)]), 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()));
-        let (resp, _) = s.heartbeat(1, vec![], applied(vec![tid(1)]));
+        let (resp, _) = s.heartbeat(1, vec![], applied(vec![tid(1)]), 0);
         assert!(
             matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()),
             "a report repeated by the same node does not count twice"
         );
-        let (resp, _) = s.heartbeat(2, vec![], applied(vec![tid(1)]));
+        let (resp, _) = s.heartbeat(2, vec![], applied(vec![tid(1)]), 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
-        let (resp, _) = s.heartbeat(1, vec![], vec![]);
+        let (resp, _) = s.heartbeat(1, vec![], vec![], 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn every_node_hears_every_nodes_latest_applied_below() {
+        let mut s = ManagerState::in_memory(1, 1);
+        let below = |resp: Response| match resp {
+            Response::HeartbeatAck { applied_below, .. } => applied_below,
+            other => panic!("{other:?}"),
+        };
+        let _ = s.heartbeat(2, vec![], vec![], 40);
+        assert_eq!(
+            below(s.heartbeat(1, vec![], vec![], 7).0),
+            vec![(1, 7), (2, 40)]
+        );
+        assert_eq!(
+            below(s.heartbeat(2, vec![], vec![], 41).0),
+            vec![(1, 7), (2, 41)]
+        );
+    }
+
+    #[test]
+    fn a_report_kept_through_two_rotations_is_dropped() {
+        let mut s = ManagerState::in_memory(1, 1);
+        let applied = |tids: Vec<Tid>| {
+            vec![Applied {
+                participants: vec![1, 2],
+                tids,
+            }]
+        };
+        let gc = |resp: Response| match resp {
+            Response::HeartbeatAck { gc, .. } => gc,
+            other => panic!("{other:?}"),
+        };
+        let _ = s.heartbeat(1, vec![], applied(vec![tid(1), tid(2)]), 0);
+        for _ in 1..REPORTS_ROTATE_HEARTBEATS {
+            let _ = s.heartbeat(3, vec![], vec![], 0);
+        }
+        assert_eq!(s.applied_older.len(), 2, "rotated once");
+        let completed = s.heartbeat(2, vec![], applied(vec![tid(1)]), 0).0;
+        assert_eq!(
+            gc(completed),
+            vec![tid(1)],
+            "a report found among the older ones"
+        );
+        assert_eq!(gc(s.heartbeat(1, vec![], vec![], 0).0), vec![tid(1)]);
+        for _ in 0..2 * REPORTS_ROTATE_HEARTBEATS {
+            let _ = s.heartbeat(3, vec![], vec![], 0);
+        }
+        assert!(s.applied.is_empty() && s.applied_older.is_empty());
+        let _ = s.heartbeat(2, vec![], applied(vec![tid(2)]), 0);
+        assert!(
+            gc(s.heartbeat(1, vec![], vec![], 0).0).is_empty(),
+            "node 1's report was dropped: node 1 settles tid 2 by asking node 2"
+        );
     }
 
     #[test]

@@ -541,18 +541,22 @@ async fn heartbeat_loop(node: Arc<Node>) {
             node: node.cfg.id,
             uncertain: report.uncertain,
             applied: report.applied,
+            applied_below: report.applied_below,
         };
         match conn.call_within(&req, RPC_TIMEOUT).await {
             Ok(Response::HeartbeatAck {
                 epoch,
                 incarnation,
                 gc,
+                applied_below,
             }) => {
-                node.step(|p, _| p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc));
+                node.step(|p, _| {
+                    p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc, &applied_below)
+                });
             }
             Ok(_) | Err(_) => {
                 // Reports may be lost: treat the manager as new so they are sent again.
-                node.step(|p, _| p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[]));
+                node.step(|p, _| p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[], &[]));
                 manager = None;
             }
         }

@@ -29,8 +29,11 @@ pub type Writes = Vec<(u64, Vec<u8>)>;
 pub struct HeartbeatReport {
     /// Tids uncertain longer than the timeout, for the recovery coordinator.
     pub uncertain: Vec<(Tid, Vec<NodeId>)>,
-    /// Multi-participant tids newly applied to the durable image, for GC.
+    /// Multi-participant tids newly applied to the durable image without their
+    /// participants' lsns, for GC.
     pub applied: Vec<Applied>,
+    /// Every committed tid whose Prepare record here has a smaller lsn is in the image.
+    pub applied_below: Lsn,
 }
 
 /// A forced-abort or epoch record this far behind the log head, or in a segment before the
@@ -109,12 +112,16 @@ struct LogTid {
     durable: bool,
     /// Every participant applied it to a durable image: the GC rule of §4.6 lets it go.
     gc_ok: bool,
+    /// From the coordinator's commit: every participant's Prepare lsn, in participant
+    /// order. A participant whose `applied_below` passed its lsn applied the tid. Empty when
+    /// the outcome came another way; the tid is then reported for GC on its own.
+    lsns: Vec<Lsn>,
 }
 
 enum Deferred<R> {
     Reply(R, u64, Response),
     OnePhase(Tid, R, u64, Response),
-    Decision(Tid, bool),
+    Decision(Decision),
 }
 
 /// What the log writer reports about the redo log.
@@ -160,6 +167,10 @@ pub struct Participant<R> {
     to_report: BTreeMap<Vec<NodeId>, Vec<Tid>>,
     /// Reported tids not yet collected, and when they were reported.
     reported: FxHashMap<Tid, u64>,
+    /// Every committed tid whose Prepare record has a smaller lsn is in the durable image.
+    applied_below: Lsn,
+    /// The highest `applied_below` each other node reported, as the manager relayed it.
+    peers_applied_below: FxHashMap<NodeId, Lsn>,
     manager_incarnation: u64,
     /// Writes of recovered Prepare records, kept only until stage 3 replays them.
     recovered_writes: BTreeMap<Lsn, (Tid, Writes)>,
@@ -189,6 +200,8 @@ impl<R> Participant<R> {
             applied_unflushed: Vec::new(),
             to_report: BTreeMap::new(),
             reported: FxHashMap::default(),
+            applied_below: next_lsn,
+            peers_applied_below: FxHashMap::default(),
             manager_incarnation: 0,
             recovered_writes: BTreeMap::new(),
             load: Load::default(),
@@ -228,6 +241,7 @@ impl<R> Participant<R> {
                             outcome,
                             durable: false,
                             gc_ok: false,
+                            lsns: Vec::new(),
                         },
                     );
                     p.by_lsn.insert(lsn, tid);
@@ -251,6 +265,8 @@ impl<R> Participant<R> {
                 }
             }
         }
+        // Below the oldest Prepare read back, every tid was collected, so applied.
+        p.applied_below = p.by_lsn.first_key_value().map_or(next_lsn, |(&lsn, _)| lsn);
         p
     }
 
@@ -383,8 +399,8 @@ impl<R> Participant<R> {
                 Err(resp) => acts.replies.push((reply_to, id, resp)),
             },
             Request::Decisions(decisions) => {
-                for Decision { tid, commit } in decisions {
-                    self.decision(&mut acts, now_ms, tid, commit);
+                for decision in decisions {
+                    self.decision(&mut acts, now_ms, decision);
                 }
             }
             Request::Release { tid } => {
@@ -572,7 +588,13 @@ impl<R> Participant<R> {
             return;
         }
         let writes = self.resolve_writes(&ep.items);
-        let ok = vote(Vote::CommitOk, reads, vec![], self.epoch);
+        let mut ok = VoteReply {
+            vote: Vote::CommitOk,
+            reads,
+            failed_compares: vec![],
+            epoch: self.epoch,
+            lsn: 0,
+        };
         let single = ep.participants == [self.cfg.id];
         let mut entry = Uncertain {
             participants: ep.participants,
@@ -584,7 +606,7 @@ impl<R> Participant<R> {
         if ep.read_only || self.cfg.mode == Mode::Ram {
             if single {
                 self.commit_applied(now_ms, tid, &entry);
-                acts.replies.push((reply_to, id, ok));
+                acts.replies.push((reply_to, id, Response::Vote(ok)));
                 return;
             }
             if !ep.read_only {
@@ -597,11 +619,12 @@ impl<R> Participant<R> {
                         outcome: Outcome::Unknown,
                         durable: false,
                         gc_ok: false,
+                        lsns: Vec::new(),
                     },
                 );
             }
             self.uncertain.insert(tid, entry);
-            acts.replies.push((reply_to, id, ok));
+            acts.replies.push((reply_to, id, Response::Vote(ok)));
             return;
         }
         let lsn = self.append(
@@ -613,6 +636,8 @@ impl<R> Participant<R> {
             },
         );
         entry.lsn = Some(lsn);
+        ok.lsn = lsn;
+        let ok = Response::Vote(ok);
         self.log_tids.insert(
             tid,
             LogTid {
@@ -621,6 +646,7 @@ impl<R> Participant<R> {
                 outcome: Outcome::Unknown,
                 durable: false,
                 gc_ok: false,
+                lsns: Vec::new(),
             },
         );
         self.by_lsn.insert(lsn, tid);
@@ -698,7 +724,8 @@ impl<R> Participant<R> {
     }
 
     /// Phase 2 of Fig. 4 (lines 26–31).
-    fn decision(&mut self, acts: &mut Actions<R>, now_ms: u64, tid: Tid, commit: bool) {
+    fn decision(&mut self, acts: &mut Actions<R>, now_ms: u64, decision: Decision) {
+        let Decision { tid, commit, lsns } = decision;
         if self.ahead.contains_key(&tid) {
             // Executed ahead and never prepared: only an abort can come, and it frees the locks.
             self.drop_ahead(tid);
@@ -709,7 +736,8 @@ impl<R> Participant<R> {
         };
         if let Some(lsn) = entry.lsn.filter(|&lsn| lsn > self.synced_lsn) {
             // Only a misbehaving sender decides before our vote is durable; wait for it.
-            self.after(acts, lsn, Deferred::Decision(tid, commit));
+            let decision = Decision { tid, commit, lsns };
+            self.after(acts, lsn, Deferred::Decision(decision));
             return;
         }
         let entry = self.uncertain.remove(&tid).expect("present");
@@ -726,10 +754,16 @@ impl<R> Participant<R> {
             } else {
                 Outcome::Abort
             };
-            self.append(acts, LogRecord::Decided { tid, commit });
             if commit {
+                let me = t.participants.iter().position(|&q| q == self.cfg.id);
+                // Lsns that disagree with this node's own record are not trusted: the tid
+                // then takes the per-tid report.
+                if lsns.len() == t.participants.len() && me.is_some_and(|i| lsns[i] == t.lsn) {
+                    t.lsns = lsns;
+                }
                 self.applied_unflushed.push(tid);
             }
+            self.append(acts, LogRecord::Decided { tid, commit });
         }
     }
 
@@ -801,7 +835,7 @@ impl<R> Participant<R> {
                     self.applied_unflushed.push(tid);
                     acts.replies.push((to, id, resp));
                 }
-                Deferred::Decision(tid, commit) => self.decision(&mut acts, now_ms, tid, commit),
+                Deferred::Decision(decision) => self.decision(&mut acts, now_ms, decision),
             }
         }
         acts
@@ -846,12 +880,27 @@ impl<R> Participant<R> {
                 t.durable = true;
                 if t.participants.len() == 1 || planted(Bug::GcBeforeAllApplied) {
                     t.gc_ok = true;
-                } else if !t.gc_ok {
+                } else if !t.gc_ok && t.lsns.is_empty() {
                     // Already confirmed when the manager's relay outran this node's replay
                     // after a restart: a report now would wait forever for peers that
                     // collected the tid long ago.
                     queue_report(&mut self.to_report, tid, &t.participants);
                 }
+            }
+        }
+        // Only the tids from the previous mark on need looking at: the mark never goes back.
+        let from = self.applied_below;
+        self.applied_below = self.next_lsn;
+        for (&lsn, tid) in self.by_lsn.range(from..) {
+            let t = &self.log_tids[tid];
+            let applied = match t.outcome {
+                Outcome::Unknown => false,
+                Outcome::Abort => true,
+                Outcome::Commit => t.durable,
+            };
+            if !applied {
+                self.applied_below = lsn;
+                break;
             }
         }
         while let Some((&lsn, &tid)) = self.by_lsn.first_key_value() {
@@ -860,7 +909,7 @@ impl<R> Participant<R> {
             let dead = match t.outcome {
                 Outcome::Unknown => false,
                 Outcome::Abort => true,
-                Outcome::Commit => t.gc_ok,
+                Outcome::Commit => t.gc_ok || (t.durable && self.applied_by_all(t)),
             };
             if !dead {
                 break;
@@ -902,6 +951,18 @@ impl<R> Participant<R> {
         acts
     }
 
+    /// The coordinator told every participant's Prepare lsn, and each other participant's
+    /// `applied_below` has passed its own: all of them applied the tid.
+    fn applied_by_all(&self, t: &LogTid) -> bool {
+        !t.lsns.is_empty()
+            && (t.participants.iter().zip(&t.lsns)).all(|(q, lsn)| {
+                *q == self.cfg.id
+                    || self.peers_applied_below.get(q).is_some_and(|b| {
+                        b > lsn || (b == lsn && planted(Bug::AppliedBelowInclusive))
+                    })
+            })
+    }
+
     /// What the heartbeat tells the manager: tids uncertain for longer than the timeout
     /// (for its recovery coordinator) and newly durable multi-node tids (for GC).
     pub fn heartbeat(&mut self, now_ms: u64) -> HeartbeatReport {
@@ -941,7 +1002,11 @@ impl<R> Participant<R> {
             }
             applied.push(Applied { participants, tids });
         }
-        HeartbeatReport { uncertain, applied }
+        HeartbeatReport {
+            uncertain,
+            applied,
+            applied_below: self.applied_below,
+        }
     }
 
     /// The manager relayed `gc`: every participant of these tids applied them durably.
@@ -953,8 +1018,13 @@ impl<R> Participant<R> {
         epoch: u64,
         incarnation: u64,
         gc: &[Tid],
+        applied_below: &[(NodeId, Lsn)],
     ) -> Actions<R> {
         let acts = self.set_epoch(epoch);
+        for &(node, below) in applied_below {
+            let known = self.peers_applied_below.entry(node).or_default();
+            *known = (*known).max(below);
+        }
         if incarnation != self.manager_incarnation {
             self.manager_incarnation = incarnation;
             let lost = sorted(
@@ -1039,6 +1109,8 @@ pub enum Bug {
     GcBeforeAllApplied,
     /// EXEC&PREPARE votes without the items executed ahead when they are gone.
     IgnoreExecutedCount,
+    /// A peer whose `applied_below` equals its Prepare lsn counts as having applied the tid.
+    AppliedBelowInclusive,
 }
 
 #[cfg(feature = "planted-bugs")]
@@ -1102,6 +1174,7 @@ fn vote(vote: Vote, reads: Vec<Vec<u8>>, failed_compares: Vec<u32>, epoch: u64) 
         reads,
         failed_compares,
         epoch,
+        lsn: 0,
     })
 }
 
@@ -1171,7 +1244,11 @@ mod tests {
 
     /// Phase 2 for one tid, as a coordinator sends it.
     fn decide(t: Tid, commit: bool) -> Request {
-        Request::Decisions(vec![Decision { tid: t, commit }])
+        Request::Decisions(vec![Decision {
+            tid: t,
+            commit,
+            lsns: vec![],
+        }])
     }
 
     /// Prepares, syncs and commits `(seq, participants)` tids in turn, then checkpoints.
@@ -1189,6 +1266,10 @@ mod tests {
         let read_only = !items.iter().any(Item::writes);
         let ep = ep(t, participants, read_only, items);
         p.on_request(0, 1, 1, Request::ExecPrepare(ep))
+    }
+
+    fn one_group(participants: Vec<NodeId>, tids: Vec<Tid>) -> Vec<Applied> {
+        vec![Applied { participants, tids }]
     }
 
     fn vote_of(acts: &Actions<u32>) -> Vote {
@@ -1588,14 +1669,8 @@ mod tests {
         let acts = p.checkpoint_done(cp);
         assert_eq!(acts.truncate_below, Some(1), "tid 1 waits for node 2");
         let report = p.heartbeat(0);
-        assert_eq!(
-            report.applied,
-            vec![Applied {
-                participants: vec![1, 2],
-                tids: vec![tid(1)]
-            }]
-        );
-        let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)]);
+        assert_eq!(report.applied, one_group(vec![1, 2], vec![tid(1)]));
+        let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)], &[]);
         let cp = p.checkpoint_begin();
         let acts = p.checkpoint_done(cp);
         assert_eq!(
@@ -1604,6 +1679,56 @@ mod tests {
             "everything but the epoch record (lsn 4) is collectable"
         );
         assert_eq!(p.stats(0).log_records_live, 0);
+    }
+
+    #[test]
+    fn with_every_participants_lsn_gc_waits_only_for_the_peers_applied_below() {
+        let mut p = node(1, Mode::Log);
+        let a = prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)]);
+        let lsn = a.append[0].0;
+        let voted = p.on_synced(0, lsn);
+        assert!(matches!(&voted.replies[..], [(_, _, Response::Vote(v))] if v.lsn == lsn));
+        let b = prepare(&mut p, tid(2), vec![1, 2], vec![write(8, 1)]);
+        p.on_synced(0, b.append[0].0);
+        let commit = |seq, lsns| {
+            Request::Decisions(vec![Decision {
+                tid: tid(seq),
+                commit: true,
+                lsns,
+            }])
+        };
+        p.on_request(0, 1, 0, commit(1, vec![lsn, 50]));
+        let c = prepare(&mut p, tid(3), vec![1, 2], vec![write(16, 1)]);
+        p.on_synced(0, c.append[0].0);
+        p.on_request(0, 1, 0, commit(3, vec![lsn, 51]));
+        let cp = p.checkpoint_begin();
+        assert_eq!(p.checkpoint_done(cp).truncate_below, Some(lsn));
+        let report = p.heartbeat(0);
+        assert_eq!(
+            report.applied,
+            one_group(vec![1, 2], vec![tid(3)]),
+            "tid 3's lsns disagree with this node's own: it is reported on its own"
+        );
+        assert_eq!(report.applied_below, b.append[0].0, "tid 2 is undecided");
+        let _ = p.on_heartbeat_ack(1, 1, 42, &[], &[(2, 50)]);
+        let cp = p.checkpoint_begin();
+        assert_eq!(
+            p.checkpoint_done(cp).truncate_below,
+            Some(lsn),
+            "node 2 has not applied past its lsn 50"
+        );
+        let _ = p.on_heartbeat_ack(2, 1, 42, &[], &[(2, 51), (1, 1)]);
+        let _ = p.on_heartbeat_ack(3, 1, 42, &[], &[(2, 20)]);
+        let cp = p.checkpoint_begin();
+        assert_eq!(
+            p.checkpoint_done(cp).truncate_below,
+            Some(b.append[0].0),
+            "tid 1 is collected; a lower report later does not take it back"
+        );
+        p.on_request(0, 1, 0, decide(tid(2), false));
+        let cp = p.checkpoint_begin();
+        let _ = p.checkpoint_done(cp);
+        assert_eq!(p.heartbeat(0).applied_below, p.next_lsn);
     }
 
     fn ahead(p: &mut P, now_ms: u64, t: Tid, items: Vec<Item>) -> VoteReply {
@@ -1765,10 +1890,10 @@ mod tests {
             },
         ];
         assert_eq!(groups(&mut p, 5), expected);
-        let _ = p.on_heartbeat_ack(5, 1, 42, &[tid(2)]);
+        let _ = p.on_heartbeat_ack(5, 1, 42, &[tid(2)], &[]);
         assert!(groups(&mut p, 6).is_empty(), "reported once");
-        let _ = p.on_heartbeat_ack(6, 1, 42, &[]);
-        let _ = p.on_heartbeat_ack(7, 1, 43, &[]);
+        let _ = p.on_heartbeat_ack(6, 1, 42, &[], &[]);
+        let _ = p.on_heartbeat_ack(7, 1, 43, &[], &[]);
         assert_eq!(
             groups(&mut p, 8),
             expected[1..],
@@ -1802,7 +1927,7 @@ mod tests {
             limits: Limits::default(),
         };
         let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 3, records);
-        let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)]);
+        let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)], &[]);
         p.finish_recovery();
         let cp = p.checkpoint_begin();
         let _ = p.checkpoint_done(cp);
@@ -1821,7 +1946,7 @@ mod tests {
                 tids: vec![tid(1), tid(2), tid(3)]
             }]
         );
-        let _ = p.on_heartbeat_ack(0, 1, 42, &[tid(1)]);
+        let _ = p.on_heartbeat_ack(0, 1, 42, &[tid(1)], &[]);
         assert_eq!(p.reported_older_than(5, 10), vec![]);
         assert_eq!(
             p.reported_older_than(10, 10),

@@ -132,10 +132,15 @@ impl Stage2 {
             .collect();
         let decisions = decisions_by_node(self.undecided.iter().zip(&outcomes).flat_map(
             |((tid, d), &(_, commit))| {
-                let decision = Decision { tid: *tid, commit };
+                // No lsns: after a restart the tid is reported for GC on its own.
+                let decision = Decision {
+                    tid: *tid,
+                    commit,
+                    lsns: Vec::new(),
+                };
                 d.iter()
                     .filter(|&&q| q != self.me)
-                    .map(move |&q| (q, decision))
+                    .map(move |&q| (q, decision.clone()))
             },
         ));
         (outcomes, decisions)
@@ -172,6 +177,7 @@ mod tests {
         let decision = |seq, commit| Decision {
             tid: tid(seq),
             commit,
+            lsns: vec![],
         };
         let (to_2, to_3) = (
             vec![decision(1, false), decision(2, true)],

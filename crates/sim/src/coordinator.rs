@@ -535,12 +535,14 @@ fn finalize(world: &mut World, c: usize, tally: Tally) {
         _ => None,
     };
     let multi = attempt.nodes.len() > 1 || attempt.executed_ahead;
+    let lsns = coordinator::commit_lsns(&flatten(&attempt.replies));
     let decide = |world: &mut World, commit: bool| {
         if multi {
             for &node in &attempt.nodes {
                 let decision = Request::Decisions(vec![Decision {
                     tid: attempt.tid,
                     commit,
+                    lsns: if commit { lsns.clone() } else { Vec::new() },
                 }]);
                 world.send_one_way(Endpoint::Coordinator(c), Endpoint::Node(node), decision);
             }

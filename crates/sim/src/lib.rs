@@ -163,6 +163,8 @@ pub struct Report {
     pub coordinator_crashes: u64,
     /// `Decisions` messages that carried the outcomes of several tids (recovery batches).
     pub batched_decisions: u64,
+    /// Commits that told the participants every participant's Prepare lsn.
+    pub commits_with_lsns: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -207,6 +209,7 @@ pub(crate) struct World {
     node_crashes: u64,
     coordinator_crashes: u64,
     batched_decisions: u64,
+    commits_with_lsns: u64,
     seed: u64,
     /// Found by checks that run during the run (see `check::after_recovery`).
     violations: Vec<Violation>,
@@ -241,6 +244,7 @@ impl World {
             node_crashes: 0,
             coordinator_crashes: 0,
             batched_decisions: 0,
+            commits_with_lsns: 0,
             seed,
             cfg,
             violations: Vec::new(),
@@ -338,8 +342,9 @@ impl World {
 
     /// A request that expects no reply (message id 0), such as a DECISION.
     fn send_one_way(&mut self, from: Endpoint, to: Endpoint, req: Request) {
-        if matches!(&req, Request::Decisions(d) if d.len() > 1) {
-            self.batched_decisions += 1;
+        if let Request::Decisions(d) = &req {
+            self.batched_decisions += u64::from(d.len() > 1);
+            self.commits_with_lsns += d.iter().filter(|d| !d.lsns.is_empty()).count() as u64;
         }
         self.send(from, to, Msg::Req { id: 0, req });
     }
@@ -510,9 +515,13 @@ impl World {
                         node,
                         uncertain,
                         applied,
+                        applied_below,
                     },
             } => {
-                let (resp, batch) = self.manager.state.heartbeat(node, uncertain, applied);
+                let (resp, batch) =
+                    self.manager
+                        .state
+                        .heartbeat(node, uncertain, applied, applied_below);
                 self.send(Endpoint::Manager, from, Msg::Resp { id, resp });
                 if let Some(batch) = batch {
                     let (recovery, requests) = Recovery::start(batch);
@@ -570,6 +579,7 @@ impl World {
             node_crashes: self.node_crashes,
             coordinator_crashes: self.coordinator_crashes,
             batched_decisions: self.batched_decisions,
+            commits_with_lsns: self.commits_with_lsns,
             violations,
         }
     }

@@ -238,7 +238,7 @@ pub(crate) fn heartbeat(world: &mut World, id: NodeId, incarnation: u64) {
     for pending in unanswered {
         if let Some(Pending::Heartbeat { sent_ms }) = node.pending.remove(&pending) {
             // An epoch of 0 never advances anything, so there is nothing to carry out.
-            let acts = p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[]);
+            let acts = p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[], &[]);
             assert!(acts.append.is_empty() && acts.replies.is_empty());
         }
     }
@@ -247,6 +247,7 @@ pub(crate) fn heartbeat(world: &mut World, id: NodeId, incarnation: u64) {
         node: id,
         uncertain: report.uncertain,
         applied: report.applied,
+        applied_below: report.applied_below,
     };
     let msg_id = world.new_id();
     world.nodes[index(id)]
@@ -276,9 +277,10 @@ pub(crate) fn deliver(world: &mut World, id: NodeId, from: Endpoint, msg: Msg) {
                     epoch,
                     incarnation,
                     gc,
+                    applied_below,
                 } = resp
                 {
-                    let acts = p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc);
+                    let acts = p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc, &applied_below);
                     apply(world, id, acts);
                 }
             }

@@ -42,3 +42,10 @@ fn gc_before_every_participant_applied_is_caught() {
     assert!(found.is_some(), "not caught in 1,000 seeds");
     eprintln!("caught: {found:?}");
 }
+
+#[test]
+fn counting_a_peer_as_applied_at_its_own_lsn_is_caught() {
+    let found = first_failing_seed(Bug::AppliedBelowInclusive);
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}

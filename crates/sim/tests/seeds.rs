@@ -12,12 +12,14 @@ fn seeds_pass_every_checker() {
     let cfg = SimConfig::default();
     let mut failures = Vec::new();
     let (mut committed, mut unknown, mut crashes, mut batched) = (0, 0, 0, 0);
+    let mut with_lsns = 0;
     for seed in 0..seeds {
         let report = run(seed, &cfg);
         committed += report.committed;
         unknown += report.unknown;
         crashes += report.node_crashes + report.coordinator_crashes;
         batched += report.batched_decisions;
+        with_lsns += report.commits_with_lsns;
         if !report.violations.is_empty() {
             failures.push(format!(
                 "seed {seed}: {:?}\n  reproduce: {}",
@@ -27,7 +29,7 @@ fn seeds_pass_every_checker() {
         }
     }
     eprintln!(
-        "{seeds} seeds: {committed} committed, {unknown} unknown outcomes, {crashes} crashes, {batched} DECISIONS with several tids"
+        "{seeds} seeds: {committed} committed, {unknown} unknown outcomes, {crashes} crashes, {batched} DECISIONS with several tids, {with_lsns} commits with every Prepare lsn"
     );
     assert!(
         failures.is_empty(),
@@ -38,6 +40,10 @@ fn seeds_pass_every_checker() {
     assert!(committed > seeds * 10, "the workload made progress");
     assert!(crashes > seeds, "faults were injected");
     assert!(batched > 0, "recovery sent DECISIONS carrying several tids");
+    assert!(
+        with_lsns > 0,
+        "coordinators told participants the Prepare lsns"
+    );
 }
 
 #[test]

@@ -159,13 +159,31 @@ pub struct VoteReply {
     pub failed_compares: Vec<u32>,
     /// The participant's current epoch, piggybacked for coordinators (§4.6).
     pub epoch: u64,
+    /// Where this node logged its commit vote (the lsn of its Prepare record); 0 if it
+    /// logged none. The coordinator hands these to every participant with a commit.
+    pub lsn: u64,
 }
 
 /// The outcome of one minitransaction, as phase 2 tells a participant.
-#[derive(Encode, Decode, Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Encode, Decode, Clone, PartialEq, Eq, Debug)]
 pub struct Decision {
     pub tid: Tid,
     pub commit: bool,
+    /// With a commit from the coordinator: every participant's `VoteReply::lsn`, in
+    /// participant order, so that a participant can tell from the others' `applied_below`
+    /// when all of them applied the tid. Empty when not known (a recovery decision): the
+    /// tid is then reported for GC on its own.
+    pub lsns: Vec<u64>,
+}
+
+impl Decision {
+    pub fn abort(tid: Tid) -> Decision {
+        Decision {
+            tid,
+            commit: false,
+            lsns: Vec::new(),
+        }
+    }
 }
 
 /// Multi-participant tids that a memory node applied to its durable image, reported to the
@@ -286,12 +304,15 @@ pub enum Request {
     },
     /// Anyone → manager.
     Directory,
-    /// Memory node → manager, periodically: tids uncertain for longer than the timeout and
-    /// tids newly applied to the node's durable image (multi-participant ones only).
+    /// Memory node → manager, periodically: tids uncertain for longer than the timeout,
+    /// tids newly applied to the node's durable image whose participants' lsns it does not
+    /// know (multi-participant ones only), and `applied_below`: every committed tid whose
+    /// Prepare record at this node has a smaller lsn is in the node's durable image.
     Heartbeat {
         node: NodeId,
         uncertain: Vec<(Tid, Vec<NodeId>)>,
         applied: Vec<Applied>,
+        applied_below: u64,
     },
 }
 
@@ -329,6 +350,8 @@ pub enum Response {
         epoch: u64,
         incarnation: u64,
         gc: Vec<Tid>,
+        /// The latest `applied_below` of every node that reported one to this incarnation.
+        applied_below: Vec<(NodeId, u64)>,
     },
     Error {
         code: ErrorCode,

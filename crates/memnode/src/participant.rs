@@ -888,21 +888,6 @@ impl<R> Participant<R> {
                 }
             }
         }
-        // Only the tids from the previous mark on need looking at: the mark never goes back.
-        let from = self.applied_below;
-        self.applied_below = self.next_lsn;
-        for (&lsn, tid) in self.by_lsn.range(from..) {
-            let t = &self.log_tids[tid];
-            let applied = match t.outcome {
-                Outcome::Unknown => false,
-                Outcome::Abort => true,
-                Outcome::Commit => t.durable,
-            };
-            if !applied {
-                self.applied_below = lsn;
-                break;
-            }
-        }
         while let Some((&lsn, &tid)) = self.by_lsn.first_key_value() {
             let t = &self.log_tids[&tid];
             assert_eq!(t.lsn, lsn);
@@ -921,6 +906,22 @@ impl<R> Participant<R> {
             .by_lsn
             .first_key_value()
             .map_or(self.next_lsn, |(&lsn, _)| lsn);
+        // Everything below the head was collected, so applied, and the mark never goes back:
+        // only the tids from the later of the two on need looking at.
+        let from = self.applied_below.max(head);
+        self.applied_below = self.next_lsn;
+        for (&lsn, tid) in self.by_lsn.range(from..) {
+            let t = &self.log_tids[tid];
+            let applied = match t.outcome {
+                Outcome::Unknown => false,
+                Outcome::Abort => true,
+                Outcome::Commit => t.durable,
+            };
+            if !applied {
+                self.applied_below = lsn;
+                break;
+            }
+        }
         let epoch = self.epoch;
         self.forced_abort.retain(|tid, _| tid.epoch + 2 > epoch);
         // Forced-aborts and the epoch must outlive the records around them. Far behind the

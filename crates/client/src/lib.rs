@@ -82,6 +82,8 @@ pub enum ExecError {
     OutcomeUnknown { tid: Tid, node: NodeId },
     #[error("minitransaction {tid} committed but the reply carrying node {node}'s reads was lost")]
     ReadsLost { tid: Tid, node: NodeId },
+    #[error("queued decisions not sent: {0}")]
+    Flush(String),
 }
 
 struct Inner {
@@ -158,6 +160,25 @@ impl Cluster {
             .expect("directory poisoned")
             .nodes
             .clone()
+    }
+
+    /// Writes out every decision still queued, waiting at most the deadline. Decisions are
+    /// one-way and leave in batches after `exec_and_commit` returns: call this before the
+    /// process exits, or a decision lost with it leaves the minitransaction's locks held
+    /// until the manager's recovery coordinator settles it (2 s by default).
+    pub async fn flush(&self) -> Result<(), ExecError> {
+        let conns = self.inner.conns.all();
+        let flushes = futures::future::join_all(conns.iter().map(|c| c.flush()));
+        match tokio::time::timeout(self.inner.opts.deadline, flushes).await {
+            Ok(results) => results
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(()), |e| Err(ExecError::Flush(e.to_string()))),
+            Err(_) => Err(ExecError::Flush(format!(
+                "decisions not written within {} ms",
+                self.inner.opts.deadline.as_millis()
+            ))),
+        }
     }
 
     /// Load statistics of every memory node in the directory.

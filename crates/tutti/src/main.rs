@@ -668,6 +668,9 @@ async fn txn(a: TxnArgs) -> Result<(), String> {
         .exec_and_commit(&tx)
         .await
         .map_err(|e| e.to_string())?;
+    // The decision must reach the participants before this process exits, or the locks
+    // stay held until the recovery coordinator steps in.
+    cluster.flush().await.map_err(|e| e.to_string())?;
     let json = serde_json::json!({
         "committed": out.committed,
         "reads": out.reads.iter().map(|r| to_hex(r)).collect::<Vec<_>>(),

@@ -76,6 +76,31 @@ fn children_alive(data: &std::path::Path) -> usize {
         .count()
 }
 
+/// Each `tutti txn` is a process that exits right after its minitransaction: its one-way
+/// decisions must be on the wire by then, or the next one finds the locks still held.
+#[test]
+fn back_to_back_txn_processes_never_meet_a_predecessors_locks() {
+    let data = common::scratch("up-back-to-back");
+    let (mut child, manager) = up(&data);
+    for _ in 0..6 {
+        let out = txn(&manager, &["add:1:0:1", "add:2:0:1"]);
+        assert_eq!(out["committed"], true);
+    }
+    let out = txn(&manager, &["read:1:0:8", "read:2:0:8"]);
+    assert_eq!(
+        out["reads"],
+        serde_json::json!(["0600000000000000", "0600000000000000"])
+    );
+    for node in [1, 2] {
+        let metrics = scrape(&data, node);
+        let no_lock_aborts =
+            format!("tutti_load_aborted_lock{{node=\"{node}\",class=\"txn\",window=\"60s\"}} 0");
+        assert!(metrics.contains(&no_lock_aborts), "{metrics}");
+    }
+    sigterm_and_wait(&mut child);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
 #[test]
 fn up_serves_stops_cleanly_and_restarts_with_data_intact() {
     let data = common::scratch("up");

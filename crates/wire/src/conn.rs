@@ -48,11 +48,12 @@ pub type Replies = mpsc::UnboundedSender<(u64, Response)>;
 
 type Pending = Arc<Mutex<FxHashMap<u64, oneshot::Sender<Response>>>>;
 
-/// What the writer task is handed: an encoded frame, or the cue to encode the decisions
-/// queued so far as one frame.
+/// What the writer task is handed: an encoded frame, the cue to encode the decisions
+/// queued so far as one frame, or a caller to tell once all before it is on the socket.
 enum Outbound {
     Frame(Bytes),
     Decisions,
+    Flushed(oneshot::Sender<()>),
 }
 
 /// A client end of a pipelined connection. Cheap to share behind an `Arc`.
@@ -104,24 +105,31 @@ impl Connection {
         let decisions: Arc<Mutex<Vec<Decision>>> = Arc::default();
         let queued = decisions.clone();
         tokio::spawn(async move {
-            let encode = |out| match out {
-                Outbound::Frame(frame) => frame,
-                Outbound::Decisions => {
-                    let decisions = std::mem::take(&mut *queued.lock().expect("queue poisoned"));
-                    encode_envelope(ONE_WAY, &Request::Decisions(decisions))
-                }
-            };
-            'write: while let Some(out) = frames_rx.recv().await {
-                if sink.feed(encode(out)).await.is_err() {
-                    break;
-                }
-                while let Ok(out) = frames_rx.try_recv() {
-                    if sink.feed(encode(out)).await.is_err() {
+            let mut flushed = Vec::new();
+            'write: while let Some(first) = frames_rx.recv().await {
+                let mut next = Some(first);
+                while let Some(out) = next.take().or_else(|| frames_rx.try_recv().ok()) {
+                    let frame = match out {
+                        Outbound::Frame(frame) => frame,
+                        Outbound::Decisions => {
+                            let decisions =
+                                std::mem::take(&mut *queued.lock().expect("queue poisoned"));
+                            encode_envelope(ONE_WAY, &Request::Decisions(decisions))
+                        }
+                        Outbound::Flushed(waiter) => {
+                            flushed.push(waiter);
+                            continue;
+                        }
+                    };
+                    if sink.feed(frame).await.is_err() {
                         break 'write;
                     }
                 }
                 if SinkExt::<Bytes>::flush(&mut sink).await.is_err() {
                     break;
+                }
+                for waiter in flushed.drain(..) {
+                    let _ = waiter.send(());
                 }
             }
             writer_closed.store(true, Ordering::Release);
@@ -238,6 +246,14 @@ impl Connection {
             (self.frames.send(Outbound::Decisions).await).map_err(|_| self.closed_error())?;
         }
         Ok(())
+    }
+
+    /// Waits until every request and decision handed to this connection before the call is
+    /// written to the socket.
+    pub async fn flush(&self) -> Result<(), RpcError> {
+        let (tx, rx) = oneshot::channel();
+        (self.frames.send(Outbound::Flushed(tx)).await).map_err(|_| self.closed_error())?;
+        rx.await.map_err(|_| self.closed_error())
     }
 
     fn closed_error(&self) -> RpcError {
@@ -383,6 +399,12 @@ impl Connections {
         }
         conns.retain(|c| !c.is_closed());
         None
+    }
+
+    /// Every open connection, for `Connection::flush`.
+    pub fn all(&self) -> Vec<Arc<Connection>> {
+        let open = self.open.lock().expect("connections poisoned");
+        open.values().flatten().cloned().collect()
     }
 
     /// A task keeps to one connection, so that each connection carries the requests of a

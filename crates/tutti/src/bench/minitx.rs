@@ -140,6 +140,8 @@ pub async fn run_minitx(
         progress(&point);
         points.push(point);
     }
+    // Against a running cluster the process exits next: leave no decision unsent.
+    cluster.flush().await?;
     Ok(points)
 }
 

@@ -12,11 +12,12 @@ use tutti_wire::{Applied, Directory, NodeId, NodeInfo, Response, Tid};
 
 /// Tids relayed to one node per heartbeat acknowledgement.
 const GC_BATCH_MAX: usize = 65_536;
-/// Heartbeats between two rotations of the reports awaiting their peers. A report kept
-/// through two rotations is dropped; the node that sent it settles the tid by asking the
-/// tid's peers itself, as after a manager restart. Without this, a tid whose peer took the
-/// lsn path (and so never reports it) would stay here for good.
-const REPORTS_ROTATE_HEARTBEATS: u64 = 1_000;
+/// Heartbeats per registered node between two rotations of the reports awaiting their peers
+/// (250 rounds of 200 ms: 50 s, whatever the cluster's size). A report kept through two
+/// rotations is dropped; the node that sent it settles the tid by asking the tid's peers
+/// itself, as after a manager restart. Without this, a tid whose peer took the lsn path (and
+/// so never reports it) would stay here for good.
+const REPORTS_ROTATE_ROUNDS: u64 = 250;
 
 #[derive(Serialize, Deserialize, Default)]
 struct Persisted {
@@ -92,6 +93,7 @@ pub struct ManagerState {
     applied: FxHashMap<Tid, Awaited>,
     /// `applied` as it was at the last rotation.
     applied_older: FxHashMap<Tid, Awaited>,
+    /// Heartbeats since the last rotation of `applied`.
     heartbeats: u64,
     /// The latest `applied_below` of each node, relayed to all of them.
     applied_below: BTreeMap<NodeId, u64>,
@@ -253,6 +255,10 @@ impl ManagerState {
         }
     }
 
+    fn rotate_after(&self) -> u64 {
+        REPORTS_ROTATE_ROUNDS * (self.persisted.nodes.len() as u64).max(1)
+    }
+
     /// Records a heartbeat; returns the acknowledgement and, if the node reported uncertain
     /// tids not already under recovery, a batch for the recovery coordinator.
     pub fn heartbeat(
@@ -265,7 +271,8 @@ impl ManagerState {
         self.last_seen.insert(node, Instant::now());
         self.applied_below.insert(node, applied_below);
         self.heartbeats += 1;
-        if self.heartbeats.is_multiple_of(REPORTS_ROTATE_HEARTBEATS) {
+        if self.heartbeats >= self.rotate_after() {
+            self.heartbeats = 0;
             self.applied_older = std::mem::take(&mut self.applied);
         }
         for group in applied {
@@ -393,7 +400,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let _ = s.heartbeat(1, vec![], applied(vec![tid(1), tid(2)]), 0);
-        for _ in 1..REPORTS_ROTATE_HEARTBEATS {
+        for _ in 1..s.rotate_after() {
             let _ = s.heartbeat(3, vec![], vec![], 0);
         }
         assert_eq!(s.applied_older.len(), 2, "rotated once");
@@ -404,7 +411,7 @@ mod tests {
             "a report found among the older ones"
         );
         assert_eq!(gc(s.heartbeat(1, vec![], vec![], 0).0), vec![tid(1)]);
-        for _ in 0..2 * REPORTS_ROTATE_HEARTBEATS {
+        for _ in 0..2 * s.rotate_after() {
             let _ = s.heartbeat(3, vec![], vec![], 0);
         }
         assert!(s.applied.is_empty() && s.applied_older.is_empty());

@@ -3,7 +3,7 @@
 //! `tutti up`, `tutti bench` and the cross-process tests all start clusters through it.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -72,18 +72,23 @@ pub struct LocalCluster {
 
 /// A port free now and below the kernel's ephemeral range. A port from that range (what
 /// binding port 0 gives) can be taken by any outgoing connection before the process meant
-/// for it binds it; a CI run lost a manager that way ("Address already in use").
+/// for it binds it; a CI run lost a manager that way ("Address already in use"). Never the
+/// same port twice in one process: clusters started at once (tests run in parallel) would
+/// otherwise both find a port free before either child binds it.
 pub(crate) fn free_port() -> Result<u16, LocalError> {
     use rand::Rng;
+    static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
     let range = 10_000..ephemeral_low.max(20_000);
     let mut rng = rand::thread_rng();
+    let mut handed_out = HANDED_OUT.lock().expect("ports poisoned");
     for _ in 0..1000 {
         let port = rng.gen_range(range.clone());
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !handed_out.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
             return Ok(port);
         }
     }

@@ -725,21 +725,20 @@ impl<R> Participant<R> {
 
     /// Phase 2 of Fig. 4 (lines 26–31).
     fn decision(&mut self, acts: &mut Actions<R>, now_ms: u64, decision: Decision) {
-        let Decision { tid, commit, lsns } = decision;
-        if self.ahead.contains_key(&tid) {
+        if self.ahead.contains_key(&decision.tid) {
             // Executed ahead and never prepared: only an abort can come, and it frees the locks.
-            self.drop_ahead(tid);
+            self.drop_ahead(decision.tid);
             return;
         }
-        let Some(entry) = self.uncertain.get(&tid) else {
+        let Some(entry) = self.uncertain.get(&decision.tid) else {
             return;
         };
         if let Some(lsn) = entry.lsn.filter(|&lsn| lsn > self.synced_lsn) {
             // Only a misbehaving sender decides before our vote is durable; wait for it.
-            let decision = Decision { tid, commit, lsns };
             self.after(acts, lsn, Deferred::Decision(decision));
             return;
         }
+        let Decision { tid, commit, lsns } = decision;
         let entry = self.uncertain.remove(&tid).expect("present");
         if commit {
             self.commit_applied(now_ms, tid, &entry);
@@ -1245,10 +1244,14 @@ mod tests {
 
     /// Phase 2 for one tid, as a coordinator sends it.
     fn decide(t: Tid, commit: bool) -> Request {
+        decide_with_lsns(t, commit, vec![])
+    }
+
+    fn decide_with_lsns(t: Tid, commit: bool, lsns: Vec<Lsn>) -> Request {
         Request::Decisions(vec![Decision {
             tid: t,
             commit,
-            lsns: vec![],
+            lsns,
         }])
     }
 
@@ -1691,17 +1694,10 @@ mod tests {
         assert!(matches!(&voted.replies[..], [(_, _, Response::Vote(v))] if v.lsn == lsn));
         let b = prepare(&mut p, tid(2), vec![1, 2], vec![write(8, 1)]);
         p.on_synced(0, b.append[0].0);
-        let commit = |seq, lsns| {
-            Request::Decisions(vec![Decision {
-                tid: tid(seq),
-                commit: true,
-                lsns,
-            }])
-        };
-        p.on_request(0, 1, 0, commit(1, vec![lsn, 50]));
+        p.on_request(0, 1, 0, decide_with_lsns(tid(1), true, vec![lsn, 50]));
         let c = prepare(&mut p, tid(3), vec![1, 2], vec![write(16, 1)]);
         p.on_synced(0, c.append[0].0);
-        p.on_request(0, 1, 0, commit(3, vec![lsn, 51]));
+        p.on_request(0, 1, 0, decide_with_lsns(tid(3), true, vec![lsn, 51]));
         let cp = p.checkpoint_begin();
         assert_eq!(p.checkpoint_done(cp).truncate_below, Some(lsn));
         let report = p.heartbeat(0);

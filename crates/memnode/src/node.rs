@@ -88,10 +88,46 @@ enum LogCmd {
     Sync(oneshot::Sender<()>),
 }
 
+/// Log records appended by requests but not yet handed to the writer, in lsn order.
+#[derive(Default)]
+struct Unsent {
+    records: Vec<(Lsn, LogRecord)>,
+    handover_scheduled: bool,
+}
+
+impl Unsent {
+    /// Sends the unsent records, then `append`, then `truncate` to the writer.
+    fn hand_over(
+        &mut self,
+        log: &std::sync::mpsc::Sender<LogCmd>,
+        append: Vec<(Lsn, LogRecord)>,
+        truncate: Option<Lsn>,
+    ) {
+        let mut records = std::mem::take(&mut self.records);
+        records.extend(append);
+        if !records.is_empty() {
+            let _ = log.send(LogCmd::Append(records));
+        }
+        if let Some(lsn) = truncate {
+            let _ = log.send(LogCmd::Truncate(lsn));
+        }
+    }
+}
+
+fn send_replies(replies: Vec<(Replies, u64, Response)>) {
+    for (to, id, resp) in replies {
+        if id != tutti_wire::ONE_WAY {
+            let _ = to.send((id, resp));
+        }
+    }
+}
+
 struct Node {
     cfg: NodeConfig,
     participant: Mutex<Participant<Replies>>,
     log: Option<std::sync::mpsc::Sender<LogCmd>>,
+    /// Whoever holds this lock sends to `log`, so records reach the writer in lsn order.
+    unsent: Mutex<Unsent>,
     start: Instant,
     peers: Connections,
     directory: Mutex<HashMap<NodeId, String>>,
@@ -102,27 +138,68 @@ impl Node {
         self.start.elapsed().as_millis() as u64
     }
 
-    /// Runs `f` on the participant and carries out its actions. Appends are queued while the
-    /// lock is held so that the writer receives them in lsn order.
+    /// Runs `f` on the participant and carries out its actions, handing its log records
+    /// (after any unsent ones) to the writer at once.
     fn step(&self, f: impl FnOnce(&mut Participant<Replies>, u64) -> Actions<Replies>) {
-        let acts = {
+        let replies = {
             let mut p = self.participant.lock().expect("participant poisoned");
             let acts = f(&mut p, self.now_ms());
             if let Some(log) = &self.log {
-                if !acts.append.is_empty() {
-                    let _ = log.send(LogCmd::Append(acts.append));
-                }
-                if let Some(lsn) = acts.truncate_below {
-                    let _ = log.send(LogCmd::Truncate(lsn));
+                let mut unsent = self.unsent.lock().expect("unsent poisoned");
+                unsent.hand_over(log, acts.append, acts.truncate_below);
+            }
+            acts.replies
+        };
+        send_replies(replies);
+    }
+
+    /// `step` for a request read from a connection. Its log records wait until the
+    /// connection has handled every request already received: the writer then gets the
+    /// whole burst at once and syncs it in one go, where waking it for the burst's first
+    /// record would cost one more sync (two device round trips) for a few records.
+    fn step_request(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Participant<Replies>, u64) -> Actions<Replies>,
+    ) {
+        let replies = {
+            let mut p = self.participant.lock().expect("participant poisoned");
+            let acts = f(&mut p, self.now_ms());
+            if let Some(log) = &self.log {
+                let mut unsent = self.unsent.lock().expect("unsent poisoned");
+                unsent.records.extend(acts.append);
+                if acts.truncate_below.is_some() {
+                    unsent.hand_over(log, Vec::new(), acts.truncate_below);
+                } else if !unsent.records.is_empty() && !unsent.handover_scheduled {
+                    unsent.handover_scheduled = true;
+                    // Runs once the tasks ready now, this connection's among them, yield.
+                    let node = self.clone();
+                    tokio::spawn(async move { node.hand_over_unsent() });
                 }
             }
             acts.replies
         };
-        for (to, id, resp) in acts {
-            if id != tutti_wire::ONE_WAY {
-                let _ = to.send((id, resp));
-            }
+        send_replies(replies);
+    }
+
+    fn hand_over_unsent(&self) {
+        if let Some(log) = &self.log {
+            let mut unsent = self.unsent.lock().expect("unsent poisoned");
+            unsent.handover_scheduled = false;
+            unsent.hand_over(log, Vec::new(), None);
         }
+    }
+
+    /// Waits until every record appended so far is on disk.
+    async fn sync_log(&self) -> Result<(), ()> {
+        let Some(log) = &self.log else { return Ok(()) };
+        let (tx, rx) = oneshot::channel();
+        {
+            // Under the lock: the cue must follow the records handed over before it.
+            let mut unsent = self.unsent.lock().expect("unsent poisoned");
+            unsent.hand_over(log, Vec::new(), None);
+            log.send(LogCmd::Sync(tx)).map_err(|_| ())?;
+        }
+        rx.await.map_err(|_| ())
     }
 
     async fn peer(&self, id: NodeId) -> Result<Arc<Connection>, RpcError> {
@@ -220,6 +297,7 @@ pub async fn run(
         cfg: cfg.clone(),
         participant: Mutex::new(participant),
         log: log.as_ref().map(|_| log_tx.clone()),
+        unsent: Mutex::default(),
         start: Instant::now(),
         peers: Connections::new(cfg.frame_bytes_max, RPC_TIMEOUT),
         directory: Mutex::default(),
@@ -237,7 +315,7 @@ pub async fn run(
         tokio::spawn(tutti_wire::serve(
             listener,
             frame_bytes_max,
-            move |id, req, replies| node.step(|p, now| p.on_request(now, replies, id, req)),
+            move |id, req, replies| node.step_request(|p, now| p.on_request(now, replies, id, req)),
         ))
     };
     tokio::spawn(register(node.clone(), listen_addr.clone(), rebooted));
@@ -264,12 +342,7 @@ pub async fn run(
     shutdown.await;
     acceptor.abort();
     recovery.abort();
-    if let Some(log) = &node.log {
-        let (tx, rx) = oneshot::channel();
-        if log.send(LogCmd::Sync(tx)).is_ok() {
-            let _ = rx.await;
-        }
-    }
+    let _ = node.sync_log().await;
     drop(writer);
     tracing::info!("memory node stopped");
     Ok(())
@@ -564,7 +637,6 @@ async fn heartbeat_loop(node: Arc<Node>) {
 }
 
 async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
-    let log = node.log.clone().expect("checkpoints need a log");
     loop {
         tokio::time::sleep(Duration::from_millis(node.cfg.checkpoint_interval_ms)).await;
         let cp = node
@@ -580,8 +652,7 @@ async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
                 std::process::exit(70);
             }
         }
-        let (tx, rx) = oneshot::channel();
-        if log.send(LogCmd::Sync(tx)).is_err() || rx.await.is_err() {
+        if node.sync_log().await.is_err() {
             return;
         }
         node.step(|p, _| p.checkpoint_done(cp));

@@ -594,6 +594,17 @@ async fn call_until_ok(node: &Node, q: NodeId, req: &Request) -> Response {
     }
 }
 
+/// This process's resident set (`/proc/self/statm`), 0 where that cannot be read.
+fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
 async fn heartbeat_loop(node: Arc<Node>) {
     let mut manager: Option<Connection> = None;
     loop {
@@ -605,11 +616,12 @@ async fn heartbeat_loop(node: Arc<Node>) {
         }
         let Some(conn) = &manager else { continue };
         let sent_ms = node.now_ms();
-        let report = node
-            .participant
-            .lock()
-            .expect("participant poisoned")
-            .heartbeat(sent_ms);
+        let rss_bytes = resident_bytes();
+        let report = {
+            let mut p = node.participant.lock().expect("participant poisoned");
+            p.set_rss_bytes(rss_bytes);
+            p.heartbeat(sent_ms)
+        };
         let req = Request::Heartbeat {
             node: node.cfg.id,
             uncertain: report.uncertain,
@@ -787,6 +799,7 @@ pub fn prometheus_text(r: &tutti_wire::StatsReport) -> String {
         ("log_records_live", r.log_records_live),
         ("epoch", r.epoch),
         ("serving", u64::from(r.serving)),
+        ("resident_memory_bytes", r.rss_bytes),
     ] {
         let _ = writeln!(
             out,

@@ -176,6 +176,7 @@ pub struct Participant<R> {
     recovered_writes: BTreeMap<Lsn, (Tid, Writes)>,
     load: Load,
     log: LogCounters,
+    rss_bytes: u64,
 }
 
 impl<R> Participant<R> {
@@ -206,6 +207,7 @@ impl<R> Participant<R> {
             recovered_writes: BTreeMap::new(),
             load: Load::default(),
             log: LogCounters::default(),
+            rss_bytes: 0,
         }
     }
 
@@ -289,6 +291,11 @@ impl<R> Participant<R> {
 
     pub fn set_log_counters(&mut self, log: LogCounters) {
         self.log = log;
+    }
+
+    /// The driver's reading of its process's resident memory, for `stats`.
+    pub fn set_rss_bytes(&mut self, rss_bytes: u64) {
+        self.rss_bytes = rss_bytes;
     }
 
     pub fn space(&self) -> &Space {
@@ -1093,6 +1100,7 @@ impl<R> Participant<R> {
             log_records_live: self.by_lsn.len() as u64,
             epoch: self.epoch,
             serving: self.stage == Stage::Serving,
+            rss_bytes: self.rss_bytes,
         }
     }
 }

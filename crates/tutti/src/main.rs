@@ -691,6 +691,7 @@ async fn stats(a: StatsArgs) -> Result<(), String> {
                     "node": id, "serving": s.serving, "epoch": s.epoch, "uncertain": s.uncertain,
                     "locks_held": s.locks_held, "log_bytes": s.log_bytes, "log_records_live": s.log_records_live,
                     "log_syncs": s.log_syncs, "log_records_appended": s.log_records_appended,
+                    "rss_bytes": s.rss_bytes,
                     "classes": s.classes.iter().map(|c| serde_json::json!({
                         "class": c.class,
                         "windows": s.windows_s.iter().zip(&c.windows).map(|(w, l)| serde_json::json!({
@@ -739,7 +740,7 @@ async fn stats(a: StatsArgs) -> Result<(), String> {
                         );
                     }
                 }
-                println!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live, s.log_syncs, s.log_records_appended);
+                println!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={} rss_bytes={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live, s.log_syncs, s.log_records_appended, s.rss_bytes);
             }
             Err(e) => println!("{id:>4} unreachable: {e}"),
         }

@@ -1,5 +1,6 @@
 //! `tutti bench minitx --quick` runs on scratch clusters and writes valid records (no
-//! wall-clock number is checked: benchmarks never gate CI).
+//! wall-clock number is checked: benchmarks never gate CI), and a `ram` node keeps to the
+//! core's memory target.
 
 mod common;
 
@@ -52,4 +53,24 @@ fn bench_minitx_takes_a_connection_count_and_refuses_zero() {
     let zero = run("0");
     assert!(!zero.status.success());
     assert!(String::from_utf8_lossy(&zero.stderr).contains("--connections"));
+}
+
+/// The core's memory target for `ram` nodes, read as `tutti bench all` reads it: from the
+/// resident set the node reports in its statistics.
+#[test]
+fn a_ram_node_holds_no_more_than_the_bytes_written_plus_64_mib() {
+    let c = common::start("memory-ram", 1, "ram", &[], &[]);
+    common::runtime().block_on(async {
+        let cluster = common::ready(&c).await;
+        let written = 48 << 20;
+        let points = tutti::bench::memory::ram(&cluster, 1, written)
+            .await
+            .expect("memory points");
+        let rss: Vec<u64> = points.iter().map(|p| p.rss_bytes.unwrap()).collect();
+        for p in &points {
+            assert!(p.rss_bytes <= p.limit_bytes, "{p:?}");
+        }
+        // The reading is real: the node holds most of what was written.
+        assert!(rss[1] >= rss[0] + written * 3 / 4, "{rss:?}");
+    });
 }

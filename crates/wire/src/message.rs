@@ -258,6 +258,8 @@ pub struct StatsReport {
     pub epoch: u64,
     /// False while the node recovers (stages 1–3 of Fig. 8).
     pub serving: bool,
+    /// Resident memory of the node's process, sampled at its last heartbeat (0 before).
+    pub rss_bytes: u64,
 }
 
 /// Requests a state machine asks its driver to send, each to a memory node.

@@ -3,6 +3,7 @@
 //! every point in one JSON record format.
 
 pub mod limits;
+pub mod memory;
 pub mod minitx;
 pub mod peers;
 pub mod suite;
@@ -43,6 +44,16 @@ pub struct Point {
     /// in the order measured; the record itself is the median run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<f64>,
+    /// Memory: the node's resident set and the most it may use, after `written_bytes`
+    /// written (`ram`) or `log_records` appended to its log since it started (`log`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_records: Option<u64>,
 }
 
 impl Point {
@@ -72,6 +83,10 @@ impl Point {
             operation: None,
             variant: None,
             runs: Vec::new(),
+            rss_bytes: None,
+            limit_bytes: None,
+            written_bytes: None,
+            log_records: None,
         }
     }
 

@@ -3,7 +3,7 @@
 //! `RESULTS.md` (tables with the ratios to each peer and to the limits).
 
 use super::minitx::{run_minitx, Access, MinitxBench, MinitxKind};
-use super::{limits, peers, Point};
+use super::{limits, memory, peers, Point};
 use crate::local::{Layout, LocalCluster};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
@@ -177,6 +177,7 @@ pub async fn run(
             );
         }
     }
+    points.extend(memory_use(cfg, progress).await?);
     points.extend(breakdown(cfg, progress).await?);
     points.extend(scalability(cfg, progress).await?);
     points.extend(contention(cfg, progress).await?);
@@ -186,10 +187,41 @@ pub async fn run(
     Ok(keep_median_runs(points))
 }
 
-/// Points that do not depend on the outstanding counts: 5 limits, Fig. 17 (16), Fig. 18 (8),
-/// Fig. 19 (4), Fig. 20 (18).
-pub const FIXED_POINTS: usize =
-    5 + BREAKDOWN_WORKLOADS.len() * 4 + 2 * SIZES.len() + SIZES.len() + 3 * CONTENTION_ITEMS.len();
+/// Points that do not depend on the outstanding counts: 5 limits, memory (6), Fig. 17 (16),
+/// Fig. 18 (8), Fig. 19 (4), Fig. 20 (18).
+pub const FIXED_POINTS: usize = 5
+    + 2
+    + MEMORY_LOG_ROUNDS
+    + BREAKDOWN_WORKLOADS.len() * 4
+    + 2 * SIZES.len()
+    + SIZES.len()
+    + 3 * CONTENTION_ITEMS.len();
+
+/// Bytes written to one `ram` node, of the scratch cluster's 256 MiB.
+const MEMORY_RAM_WRITTEN: u64 = 192 << 20;
+/// Rounds of Fig. 16's 1PC load on one `log` node, its memory read after each.
+const MEMORY_LOG_ROUNDS: usize = 4;
+
+/// The memory targets: one `ram` node before and after `MEMORY_RAM_WRITTEN` bytes are
+/// written to it, and one `log` node as its log takes `MEMORY_LOG_ROUNDS` rounds of load.
+async fn memory_use(
+    cfg: &SuiteConfig,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let mut points = Vec::new();
+    {
+        let c =
+            ScratchCluster::start(&cfg.exe, cfg.scratch.join("tutti-memory-ram"), 1, "ram").await?;
+        for p in memory::ram(&c.cluster, 1, MEMORY_RAM_WRITTEN).await? {
+            progress(&p);
+            points.push(p);
+        }
+    }
+    let c = ScratchCluster::start(&cfg.exe, cfg.scratch.join("tutti-memory-log"), 1, "log").await?;
+    let b = cfg.scaling_point("memory", "log", 1);
+    points.extend(memory::log(&c.cluster, &b, MEMORY_LOG_ROUNDS, progress).await?);
+    Ok(points)
+}
 
 /// Fig. 17's workloads: (name, minitransaction items, read-write).
 const BREAKDOWN_WORKLOADS: [(&str, usize, bool); 4] = [
@@ -497,6 +529,40 @@ fn table_header<S: std::fmt::Display>(md: &mut String, columns: impl IntoIterato
     );
 }
 
+fn memory_md(md: &mut String, points: &[Point]) {
+    let memory: Vec<&Point> = points.iter().filter(|p| p.experiment == "memory").collect();
+    if memory.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## Memory\n\nOne memory node's resident set (`rss_bytes` in `tutti stats`), read at a heartbeat after each step. Targets: a `ram` node within the bytes written to it plus {} MiB; a `log` node flat while its log takes more records, here within {} MiB of its reading after the first round of Fig. 16's 1PC load at {SCALING_OUTSTANDING} outstanding.\n",
+        memory::RAM_HEADROOM_BYTES >> 20,
+        memory::LOG_SLACK_BYTES >> 20
+    );
+    table_header(md, ["node", "after", "resident MiB", "limit MiB", "within"]);
+    let mib = |b: Option<u64>| b.map_or("–".into(), |b| format!("{:.1}", b as f64 / 1048576.0));
+    for p in memory {
+        let after = match (p.written_bytes, p.log_records) {
+            (Some(w), _) => format!("{} MiB written", w >> 20),
+            (_, Some(r)) => format!("{r} records appended"),
+            _ => "–".into(),
+        };
+        let within = match (p.rss_bytes, p.limit_bytes) {
+            (Some(r), Some(l)) if r <= l => "yes",
+            (Some(_), Some(_)) => "**no**",
+            _ => "–",
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {after} | {} | {} | {within} |",
+            p.mode,
+            mib(p.rss_bytes),
+            mib(p.limit_bytes)
+        );
+    }
+}
+
 fn breakdown_md(md: &mut String, points: &[Point]) {
     if !points.iter().any(|p| p.experiment == "fig17") {
         return;
@@ -774,6 +840,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             .collect();
         let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
     }
+    memory_md(&mut md, points);
     breakdown_md(&mut md, points);
     scaling_md(&mut md, points);
     contention_md(&mut md, points);

@@ -33,46 +33,20 @@ struct PersistedNode {
 }
 
 /// A tid reported applied by some of its participants. The participants are shared by all
-/// the tids of one report group, so an entry allocates nothing of its own.
+/// the tids of one report group. Only decisions that carry no lsns come this way (the
+/// recovery coordinator's and a restart's stage 2), so a list of reporters is enough.
 struct Awaited {
     participants: Arc<[NodeId]>,
-    reported: Reporters,
+    reported: Vec<NodeId>,
 }
 
-/// Which participants reported a tid: bit `i` for `participants[i]`, or a list for sets too
-/// large for the mask.
-enum Reporters {
-    Mask(u64),
-    List(Vec<NodeId>),
-}
-
-impl Reporters {
-    fn new(participants: &[NodeId]) -> Reporters {
-        if participants.len() <= 64 {
-            Reporters::Mask(0)
-        } else {
-            Reporters::List(Vec::new())
-        }
-    }
-
+impl Awaited {
     /// Records that `node` reported; true once every participant has.
-    fn add(&mut self, participants: &[NodeId], node: NodeId) -> bool {
-        match self {
-            Reporters::Mask(mask) => {
-                for (i, &q) in participants.iter().enumerate() {
-                    if q == node {
-                        *mask |= 1 << i;
-                    }
-                }
-                mask.count_ones() as usize == participants.len()
-            }
-            Reporters::List(nodes) => {
-                if !nodes.contains(&node) {
-                    nodes.push(node);
-                }
-                participants.iter().all(|q| nodes.contains(q))
-            }
+    fn report(&mut self, node: NodeId) -> bool {
+        if self.participants.contains(&node) && !self.reported.contains(&node) {
+            self.reported.push(node);
         }
+        self.participants.iter().all(|q| self.reported.contains(q))
     }
 }
 
@@ -281,11 +255,11 @@ impl ManagerState {
                 let older = &mut self.applied_older;
                 let entry = self.applied.entry(tid).or_insert_with(|| {
                     older.remove(&tid).unwrap_or_else(|| Awaited {
-                        reported: Reporters::new(&participants),
                         participants: participants.clone(),
+                        reported: Vec::new(),
                     })
                 });
-                if entry.reported.add(&entry.participants, node) {
+                if entry.report(node) {
                     let done = self.applied.remove(&tid).expect("present");
                     for &q in done.participants.iter() {
                         self.gc_out.entry(q).or_default().push(tid);
@@ -423,20 +397,21 @@ mod tests {
     }
 
     #[test]
-    fn reporters_complete_once_every_distinct_participant_reported() {
-        let twice = [1, 1, 2];
-        let mut r = Reporters::new(&twice);
-        assert!(!r.add(&twice, 1));
-        assert!(!r.add(&twice, 9), "not a participant");
-        assert!(r.add(&twice, 2));
-        let many: Vec<NodeId> = (1..=65).collect();
-        let mut r = Reporters::new(&many);
-        assert!(matches!(r, Reporters::List(_)));
+    fn a_tid_is_applied_once_every_distinct_participant_reported() {
+        let awaited = |participants: Vec<NodeId>| Awaited {
+            participants: participants.into(),
+            reported: Vec::new(),
+        };
+        let mut twice = awaited(vec![1, 1, 2]);
+        assert!(!twice.report(1));
+        assert!(!twice.report(9), "not a participant");
+        assert!(twice.report(2));
+        let mut many = awaited((1..=65).collect());
         for q in 1..65 {
-            assert!(!r.add(&many, q));
-            assert!(!r.add(&many, q));
+            assert!(!many.report(q));
+            assert!(!many.report(q));
         }
-        assert!(r.add(&many, 65));
+        assert!(many.report(65));
     }
 
     #[test]

@@ -31,6 +31,7 @@ fn bench_minitx_quick_writes_valid_json() {
         );
         assert!(p.committed > 0 && p.throughput_per_s > 0.0, "{p:?}");
         assert!(p.p50_us > 0.0 && p.p99_us >= p.p50_us, "{p:?}");
+        assert!(p.max_us >= p.p999_us && p.p999_us >= p.p99_us, "{p:?}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

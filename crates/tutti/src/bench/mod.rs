@@ -24,6 +24,12 @@ pub struct Point {
     pub throughput_per_s: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    /// The tail: a stall that stops every operation in flight for a moment shows here
+    /// first, not at p99.
+    #[serde(default)]
+    pub p999_us: f64,
+    #[serde(default)]
+    pub max_us: f64,
     pub committed: u64,
     pub compare_failed: u64,
     pub errors: u64,
@@ -75,6 +81,8 @@ impl Point {
             throughput_per_s: 0.0,
             p50_us: 0.0,
             p99_us: 0.0,
+            p999_us: 0.0,
+            max_us: 0.0,
             committed: 0,
             compare_failed: 0,
             errors: 0,
@@ -96,6 +104,8 @@ impl Point {
         self.throughput_per_s = (ops as f64 / elapsed.as_secs_f64() * 10.0).round() / 10.0;
         self.p50_us = lat.quantile_us(0.5);
         self.p99_us = lat.quantile_us(0.99);
+        self.p999_us = lat.quantile_us(0.999);
+        self.max_us = lat.quantile_us(1.0);
         self
     }
 }

@@ -49,12 +49,7 @@ impl Recovery {
         }
         let decisions =
             decisions_by_node(self.batch.tids.iter().flat_map(|(tid, participants)| {
-                // No lsns: the participants report the tid for GC on its own.
-                let decision = Decision {
-                    tid: *tid,
-                    commit: self.votes[tid],
-                    lsns: Vec::new(),
-                };
+                let decision = Decision::without_lsns(*tid, self.votes[tid]);
                 participants.iter().map(move |&q| (q, decision.clone()))
             }));
         Some(decisions)
@@ -98,16 +93,8 @@ mod tests {
         );
         let decisions = r.on_votes(2, &[(tid(1), true), (tid(2), false)]).unwrap();
         let both = vec![
-            Decision {
-                tid: tid(1),
-                commit: true,
-                lsns: vec![],
-            },
-            Decision {
-                tid: tid(2),
-                commit: false,
-                lsns: vec![],
-            },
+            Decision::without_lsns(tid(1), true),
+            Decision::without_lsns(tid(2), false),
         ];
         assert!(
             matches!(&decisions[..], [(1, Request::Decisions(a)), (2, Request::Decisions(b))]

@@ -132,12 +132,7 @@ impl Stage2 {
             .collect();
         let decisions = decisions_by_node(self.undecided.iter().zip(&outcomes).flat_map(
             |((tid, d), &(_, commit))| {
-                // No lsns: after a restart the tid is reported for GC on its own.
-                let decision = Decision {
-                    tid: *tid,
-                    commit,
-                    lsns: Vec::new(),
-                };
+                let decision = Decision::without_lsns(*tid, commit);
                 d.iter()
                     .filter(|&&q| q != self.me)
                     .map(move |&q| (q, decision.clone()))
@@ -174,11 +169,7 @@ mod tests {
         assert!(s.done());
         let (outcomes, decisions) = s.outcomes();
         assert_eq!(outcomes, vec![(tid(1), false), (tid(2), true)]);
-        let decision = |seq, commit| Decision {
-            tid: tid(seq),
-            commit,
-            lsns: vec![],
-        };
+        let decision = |seq, commit| Decision::without_lsns(tid(seq), commit);
         let (to_2, to_3) = (
             vec![decision(1, false), decision(2, true)],
             vec![decision(1, false)],

@@ -177,12 +177,18 @@ pub struct Decision {
 }
 
 impl Decision {
-    pub fn abort(tid: Tid) -> Decision {
+    /// An outcome learnt without the participants' lsns (by recovery): each participant
+    /// then reports the tid for GC on its own.
+    pub fn without_lsns(tid: Tid, commit: bool) -> Decision {
         Decision {
             tid,
-            commit: false,
+            commit,
             lsns: Vec::new(),
         }
+    }
+
+    pub fn abort(tid: Tid) -> Decision {
+        Decision::without_lsns(tid, false)
     }
 }
 

@@ -1,396 +1,802 @@
-//! The coordinator's protocol logic as pure functions (Sinfonia Fig. 4 lines 1–10): split
-//! items by memory node, tally the participants' replies into a decision, and assemble the
-//! outcome. The async driver in `lib.rs` and a simulator both call these.
+//! The coordinator of one minitransaction (Sinfonia Fig. 4 lines 1–10) as a sans-I/O state
+//! machine: it takes replies, timer expiries and the time, and returns the requests to send,
+//! the one-way decisions, the timer to set and, once decided, the outcome. The async
+//! `Cluster` and the simulator drive this same code; the coordinator keeps no log.
+//!
+//! One attempt runs under one tid: optionally the items executed ahead (Fig. 17 Systems A
+//! and B), then EXEC&PREPARE to every participant, then, if a vote was lost, REQUEST-ABORT
+//! to the silent nodes, or, for a read-only minitransaction over several nodes, RELEASE.
+//! A transient abort ends the attempt and asks the driver for a new tid after a randomized
+//! exponential backoff, until the deadline.
 
+use crate::plan::{self, split, NodeReply, Plan, Tally};
 use crate::{ExecError, Minitx, Outcome};
-use std::collections::BTreeMap;
-use tutti_wire::{
-    ErrorCode, ExecPrepare, Item, NodeId, Outgoing, Request, Response, Tid, Vote, VoteReply,
-};
+use std::borrow::Cow;
+use tutti_wire::{Decision, NodeId, Request, Response, Tid, Vote};
 
-/// Items grouped by memory node (`π_q` in Fig. 4), as positions in the minitransaction.
-pub struct Plan<'a> {
-    tx: &'a Minitx,
-    nodes: Vec<NodeId>,
-    groups: Vec<Vec<usize>>,
-    read_only: bool,
+/// Names one request of a coordinator, so that its reply can be matched to it.
+pub type CallId = u64;
+
+/// How the items are executed before the commit protocol (`Cluster::exec_and_commit_ahead`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecuteAhead {
+    /// One request per item, one after the other (Sinfonia Fig. 17, System A).
+    PerItem,
+    /// One request per node, all at once (System B).
+    PerNode,
 }
 
-pub fn split(tx: &Minitx) -> Plan<'_> {
-    let mut by_node: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
-    for (i, (node, _)) in tx.items.iter().enumerate() {
-        by_node.entry(*node).or_default().push(i);
-    }
-    let (nodes, groups) = by_node.into_iter().unzip();
-    let read_only = !tx.items.iter().any(|(_, item)| item.writes());
-    Plan {
-        tx,
-        nodes,
-        groups,
-        read_only,
-    }
+/// Times in microseconds on the driver's clock (any origin, never going back).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// How long the minitransaction may take, retries included.
+    pub deadline_us: u64,
+    /// How long a round waits for a reply before counting it as lost. `None`: until the
+    /// deadline, for a transport that reports a broken connection as soon as it breaks
+    /// (TCP); a network that drops messages silently needs `Some`.
+    pub reply_timeout_us: Option<u64>,
+    pub backoff_initial_us: u64,
+    pub backoff_max_us: u64,
+    pub ahead: Option<ExecuteAhead>,
 }
 
-impl Plan<'_> {
-    /// Participants `D`, sorted.
-    pub fn nodes(&self) -> &[NodeId] {
-        &self.nodes
-    }
+/// A request to send to `node`; its reply goes back through `Coordinator::on_reply`.
+#[derive(Debug)]
+pub struct Call {
+    pub id: CallId,
+    pub node: NodeId,
+    pub request: Request,
+}
 
-    /// No item writes: nothing is logged and a retry after a lost reply is harmless.
-    pub fn read_only(&self) -> bool {
-        self.read_only
-    }
+/// What the coordinator asks its driver to do after a step, in this order: send the
+/// decisions and calls, (re)set the timer, then act on `next`.
+#[derive(Debug, Default)]
+pub struct Actions {
+    pub calls: Vec<Call>,
+    /// One-way phase-2 outcomes; nothing answers them.
+    pub decisions: Vec<(NodeId, Decision)>,
+    /// Call `on_timer` at this time (replaces any earlier timer; one that fires late or
+    /// after being replaced does nothing).
+    pub timer_at_us: Option<u64>,
+    /// The highest epoch named by a vote in this step (0 if none): tids of later attempts
+    /// carry at least this epoch (Sinfonia §4.6).
+    pub epoch_seen: u64,
+    pub next: Next,
+}
 
-    fn item(&self, position: usize) -> &Item {
-        &self.tx.items[position].1
-    }
+#[derive(Debug, Default)]
+pub enum Next {
+    /// Wait for replies or the timer.
+    #[default]
+    Wait,
+    /// The attempt aborted for a transient reason: call `begin` with a new tid at this time.
+    Retry { at_us: u64 },
+    /// Decided. Calls still outstanding may be dropped.
+    Done(Result<Outcome, ExecError>),
+}
 
-    /// The EXEC&PREPARE of the items at `positions`.
-    fn exec_prepare(&self, tid: Tid, positions: &[usize], executed: u32) -> ExecPrepare {
-        ExecPrepare {
-            tid,
-            participants: self.nodes.clone(),
-            class: self.tx.class_name().to_string(),
-            read_only: self.read_only,
-            items: positions.iter().map(|&i| self.item(i).clone()).collect(),
-            executed,
+/// The replies of one round of calls, by position.
+struct Round {
+    /// The call asked at each position so far.
+    asked: Vec<CallId>,
+    replies: Vec<Option<NodeReply>>,
+}
+
+impl Round {
+    fn new(positions: usize) -> Round {
+        Round {
+            asked: Vec::with_capacity(positions),
+            replies: vec![None; positions],
         }
     }
 
-    pub fn requests(&self, tid: Tid) -> Vec<(NodeId, Request)> {
-        self.nodes
-            .iter()
-            .zip(&self.groups)
-            .map(|(&node, group)| (node, Request::ExecPrepare(self.exec_prepare(tid, group, 0))))
-            .collect()
+    /// Keeps the first reply to `call`; false if the call is not this round's.
+    fn record(&mut self, call: CallId, reply: NodeReply) -> bool {
+        match self.asked.iter().position(|&c| c == call) {
+            Some(i) if self.replies[i].is_none() => {
+                self.replies[i] = Some(reply);
+                true
+            }
+            _ => false,
+        }
     }
 
-    /// The requests of System B in Sinfonia Fig. 17: each node's items executed ahead of
-    /// the commit protocol, in one request per node (`per_item`: one per item in item
-    /// order, System A), each with the positions of its items in the minitransaction.
-    pub fn execute_ahead_requests(
-        &self,
-        tid: Tid,
-        per_item: bool,
-    ) -> Vec<(NodeId, Request, Vec<usize>)> {
-        let mut chunks: Vec<(NodeId, Vec<usize>)> = if per_item {
-            (self.nodes.iter().zip(&self.groups))
-                .flat_map(|(&node, group)| group.iter().map(move |&i| (node, vec![i])))
-                .collect()
-        } else {
-            self.nodes
-                .iter()
-                .copied()
-                .zip(self.groups.iter().cloned())
-                .collect()
-        };
-        chunks.sort_by_key(|(_, positions)| positions[0]);
-        chunks
+    fn answered(&self) -> usize {
+        self.replies.iter().filter(|r| r.is_some()).count()
+    }
+
+    fn complete(&self) -> bool {
+        self.answered() == self.replies.len()
+    }
+
+    /// The replies so far; a call not answered counts as lost (it may have been delivered).
+    fn into_replies(self) -> Vec<NodeReply> {
+        let missing = || NodeReply::Lost("no reply within the reply timeout".into());
+        self.replies
             .into_iter()
-            .map(|(node, positions)| {
-                let ep = self.exec_prepare(tid, &positions, 0);
-                (node, Request::ExecuteAhead(ep), positions)
-            })
+            .map(|r| r.unwrap_or_else(missing))
             .collect()
     }
-
-    /// EXEC&PREPAREs after `execute_ahead_requests`: no items, only how many were executed.
-    pub fn requests_after_execute_ahead(&self, tid: Tid) -> Vec<(NodeId, Request)> {
-        self.nodes
-            .iter()
-            .zip(&self.groups)
-            .map(|(&node, group)| {
-                let ep = self.exec_prepare(tid, &[], group.len() as u32);
-                (node, Request::ExecPrepare(ep))
-            })
-            .collect()
-    }
-
-    /// Reads in item order and failed compares as positions among all items.
-    pub fn outcome(
-        &self,
-        tid: Tid,
-        replies: &[NodeReply],
-        committed: bool,
-    ) -> Result<Result<Outcome, String>, ExecError> {
-        let mut reads: Vec<(usize, Vec<u8>)> = Vec::new();
-        let mut failed = Vec::new();
-        for ((node, group), reply) in self.nodes.iter().zip(&self.groups).zip(replies) {
-            let positions = group
-                .iter()
-                .copied()
-                .filter(|&i| matches!(self.item(i), Item::Read { .. }));
-            match reply {
-                NodeReply::Vote(v) => {
-                    reads.extend(positions.zip(v.reads.iter().cloned()));
-                    failed.extend(
-                        v.failed_compares
-                            .iter()
-                            .filter_map(|&k| group.get(k as usize).copied()),
-                    );
-                }
-                _ if positions.clone().next().is_none() => {}
-                _ if committed => return Err(ExecError::ReadsLost { tid, node: *node }),
-                _ => return Ok(Err(format!("node {node}'s reply was lost"))),
-            }
-        }
-        reads.sort_by_key(|(i, _)| *i);
-        failed.sort_unstable();
-        Ok(Ok(Outcome {
-            committed,
-            reads: reads.into_iter().map(|(_, r)| r).collect(),
-            failed_compares: failed,
-        }))
-    }
 }
 
-/// With a commit: every participant's Prepare lsn, in participant order, for the decision
-/// to carry. Empty unless every participant logged its vote (`ram` nodes log nothing) and
-/// its reply arrived; the participants then report the tid for GC on its own.
-pub fn commit_lsns(replies: &[NodeReply]) -> Vec<u64> {
-    replies
-        .iter()
-        .map(|reply| match reply {
-            NodeReply::Vote(v) if v.lsn != 0 => Some(v.lsn),
-            _ => None,
-        })
-        .collect::<Option<Vec<u64>>>()
-        .unwrap_or_default()
+/// Items executed ahead of phase 1: the requests not sent yet (System A sends the next
+/// only after the previous one executed), the nodes and item positions of all of them.
+struct Ahead {
+    unsent: std::collections::VecDeque<(NodeId, Request)>,
+    nodes: Vec<NodeId>,
+    positions: Vec<Vec<usize>>,
+    round: Round,
 }
 
-/// What came back from one participant for EXEC&PREPARE.
-#[derive(Debug, Clone)]
-pub enum NodeReply {
-    Vote(VoteReply),
-    /// The node answered with an error: it did not vote.
-    Refused(ErrorCode, String),
-    /// The request was never delivered: no vote.
-    Unreachable(String),
-    /// The request may have been delivered and the reply was lost: vote unknown.
-    Lost(String),
-    Other(Response),
+/// One REQUEST-ABORT of lost-vote resolution, asked again until a node answers it.
+struct Query {
+    node: NodeId,
+    request: Request,
+    calls: Vec<CallId>,
+    answered: bool,
+    /// The last call failed (or timed out): ask again at the timer.
+    failed: bool,
 }
 
-impl NodeReply {
-    pub fn from_response(resp: Response) -> NodeReply {
-        match resp {
-            Response::Vote(v) => NodeReply::Vote(v),
-            Response::Error { code, message } => NodeReply::Refused(code, message),
-            other => NodeReply::Other(other),
-        }
-    }
+enum Phase {
+    /// Before `begin`, or between attempts.
+    Idle,
+    Ahead(Ahead),
+    Prepare(Round),
+    /// Phase-1 replies (one lost) and the REQUEST-ABORTs that fix the outcome.
+    Resolve {
+        replies: Vec<NodeReply>,
+        queries: Vec<Query>,
+        answers: Vec<(Tid, bool)>,
+    },
+    /// Phase-1 replies of a committed read-only minitransaction, and the RELEASE round.
+    Release {
+        replies: Vec<NodeReply>,
+        round: Round,
+    },
+    Done,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum Tally {
-    /// Every participant voted COMMIT-OK: the minitransaction is committed.
-    Commit,
-    /// Some compare failed and nothing calls for a retry: report it, do not retry.
-    AbortCompare,
-    /// Aborted for a transient reason (busy lock, forced abort, stale epoch, node down).
-    Retry(String),
-    /// A participant refused the request itself (bad address, say): abort, report.
-    Rejected { node: NodeId, message: String },
-    /// No participant voted abort, but one vote is unknown: the outcome is not ours to pick.
-    Unknown { node: NodeId },
-}
-
-/// The decision rule of Fig. 4 lines 7–8, refined for why an attempt aborted.
-pub fn tally(nodes: &[NodeId], replies: &[NodeReply]) -> Tally {
-    let mut retry: Option<String> = None;
-    let mut compare_failed = false;
-    let mut lost = None;
-    for (&node, reply) in nodes.iter().zip(replies) {
-        match reply {
-            NodeReply::Vote(v) => match v.vote {
-                Vote::CommitOk => {}
-                Vote::AbortCompare => compare_failed = true,
-                Vote::AbortLock => retry = retry.or(Some("a lock was busy".into())),
-                Vote::AbortForced => retry = retry.or(Some("forced abort by recovery".into())),
-                Vote::AbortEpoch => retry = retry.or(Some("stale epoch".into())),
-            },
-            NodeReply::Refused(ErrorCode::NotReady, m) | NodeReply::Unreachable(m) => {
-                retry = retry.or(Some(m.clone()))
-            }
-            NodeReply::Refused(_, m) => {
-                return Tally::Rejected {
-                    node,
-                    message: m.clone(),
-                }
-            }
-            NodeReply::Lost(_) => lost = lost.or(Some(node)),
-            NodeReply::Other(_) => {
-                return Tally::Rejected {
-                    node,
-                    message: "unexpected reply".into(),
-                }
-            }
-        }
-    }
-    match (retry, compare_failed, lost) {
-        (Some(reason), _, _) => Tally::Retry(reason),
-        (None, true, _) => Tally::AbortCompare,
-        (None, false, Some(node)) => Tally::Unknown { node },
-        (None, false, None) => Tally::Commit,
-    }
-}
-
-/// The replies to `execute_ahead_requests` (by node, in `nodes` order): `None` if every
-/// item executed and the commit protocol may start, or the tally to abort with. Nothing is
-/// logged ahead, so a lost reply is only a reason to retry.
-pub fn tally_execute_ahead(nodes: &[NodeId], replies: &[NodeReply]) -> Option<Tally> {
-    match tally(nodes, replies) {
-        Tally::Commit => None,
-        Tally::Unknown { node } => Some(Tally::Retry(format!("node {node}'s reply was lost"))),
-        other => Some(other),
-    }
-}
-
-/// A vote was lost with its connection and no participant voted abort: the outcome is
-/// already fixed by the votes on record, so ask each silent node with REQUEST-ABORT (which
-/// forces an abort if it never voted). A ram node's one-phase commit leaves no record to
-/// ask about, so that case is `Err(Tally::Unknown)` at once.
-pub fn lost_vote_queries(
-    plan: &Plan<'_>,
+/// The control flow of one minitransaction, from its first attempt to its outcome.
+pub struct Coordinator<'a> {
+    plan: Plan<'a>,
+    cfg: Config,
+    /// A write on one `ram` node leaves no record to ask about after a lost vote.
+    unrecorded: bool,
+    jitter_seed: u64,
+    deadline_us: u64,
+    backoff_us: u64,
+    attempts: u32,
     tid: Tid,
-    replies: &[NodeReply],
-    durable: impl Fn(NodeId) -> bool,
-) -> Result<Outgoing, Tally> {
-    if let [node] = plan.nodes() {
-        if !plan.read_only() && !durable(*node) {
-            return Err(Tally::Unknown { node: *node });
+    next_call: CallId,
+    timer_at_us: Option<u64>,
+    phase: Phase,
+}
+
+impl<'a> Coordinator<'a> {
+    /// A coordinator for `tx`, started at `now_us`. `durable` tells whether a memory node
+    /// logs its votes; `jitter_seed` makes the backoff's randomness the driver's choice.
+    pub fn new(
+        tx: Cow<'a, Minitx>,
+        cfg: Config,
+        now_us: u64,
+        durable: impl Fn(NodeId) -> bool,
+        jitter_seed: u64,
+    ) -> Coordinator<'a> {
+        let plan = split(tx);
+        let unrecorded = match plan.nodes() {
+            [node] => !plan.read_only() && !durable(*node),
+            _ => false,
+        };
+        Coordinator {
+            unrecorded,
+            jitter_seed,
+            deadline_us: now_us.saturating_add(cfg.deadline_us),
+            backoff_us: cfg.backoff_initial_us,
+            attempts: 0,
+            tid: Tid {
+                epoch: 0,
+                coordinator: 0,
+                seq: 0,
+            },
+            next_call: 1,
+            timer_at_us: None,
+            phase: Phase::Idle,
+            plan,
+            cfg,
         }
     }
-    let participants = plan.nodes().to_vec();
-    Ok(plan
-        .nodes()
-        .iter()
-        .zip(replies)
-        .filter(|(_, reply)| matches!(reply, NodeReply::Lost(_)))
-        .map(|(&node, _)| {
-            (
-                node,
-                Request::RequestAbort {
-                    tids: vec![(tid, participants.clone())],
-                },
-            )
-        })
-        .collect())
-}
 
-/// Phase 2 of a committed read-only minitransaction over several nodes: RELEASEs whose
-/// answers `released` must confirm. (One that writes sends one-way decisions instead, and a
-/// single participant needs nothing.)
-pub fn releases(plan: &Plan<'_>, tid: Tid) -> Outgoing {
-    plan.nodes()
-        .iter()
-        .map(|&n| (n, Request::Release { tid }))
-        .collect()
-}
+    /// When `on_timer` is due, if a timer is set.
+    pub fn timer_at_us(&self) -> Option<u64> {
+        self.timer_at_us
+    }
 
-/// A read-only minitransaction over several nodes is serializable only if every participant
-/// still held its read locks when the last vote was cast; a participant that crashed or was
-/// decided by recovery meanwhile did not, and the reads must be retried.
-pub fn released(answers: &[Option<Response>]) -> Tally {
-    if answers
-        .iter()
-        .all(|a| matches!(a, Some(Response::Released { held: true })))
-    {
-        Tally::Commit
-    } else {
-        Tally::Retry("a participant lost its read locks before the release".into())
+    /// Starts an attempt under `tid`, which no earlier attempt of any coordinator used.
+    pub fn begin(&mut self, now_us: u64, tid: Tid) -> Actions {
+        assert!(
+            matches!(self.phase, Phase::Idle),
+            "begin while an attempt is under way"
+        );
+        self.tid = tid;
+        self.attempts += 1;
+        let mut acts = Actions::default();
+        match self.cfg.ahead {
+            Some(ahead) => {
+                let per_item = ahead == ExecuteAhead::PerItem;
+                let requests = self.plan.execute_ahead_requests(tid, per_item);
+                let mut round = Round::new(requests.len());
+                let nodes = requests.iter().map(|(node, _, _)| *node).collect();
+                let mut positions = Vec::with_capacity(requests.len());
+                let mut unsent = std::collections::VecDeque::with_capacity(requests.len());
+                for (node, request, at) in requests {
+                    positions.push(at);
+                    unsent.push_back((node, request));
+                }
+                let now_sent = if per_item { 1 } else { unsent.len() };
+                for (node, request) in unsent.drain(..now_sent).collect::<Vec<_>>() {
+                    round.asked.push(self.call(&mut acts, node, request));
+                }
+                self.phase = Phase::Ahead(Ahead {
+                    unsent,
+                    nodes,
+                    positions,
+                    round,
+                });
+            }
+            None => {
+                let requests = self.plan.requests(tid);
+                self.prepare(&mut acts, requests);
+            }
+        }
+        self.arm_round(&mut acts, now_us);
+        acts
+    }
+
+    /// The reply to `call`: a node's response, or what the driver knows of its fate.
+    pub fn on_reply(&mut self, now_us: u64, call: CallId, reply: NodeReply) -> Actions {
+        let mut acts = Actions::default();
+        if let NodeReply::Vote(v) = &reply {
+            acts.epoch_seen = v.epoch;
+        }
+        match &mut self.phase {
+            Phase::Ahead(ahead) => {
+                let executed = matches!(&reply, NodeReply::Vote(v) if v.vote == Vote::CommitOk);
+                if !ahead.round.record(call, reply) {
+                    return acts;
+                }
+                if executed && !ahead.unsent.is_empty() {
+                    let (node, request) = ahead.unsent.pop_front().expect("not empty");
+                    let id = self.call(&mut acts, node, request);
+                    let Phase::Ahead(ahead) = &mut self.phase else {
+                        unreachable!("still executing ahead")
+                    };
+                    ahead.round.asked.push(id);
+                    self.arm_round(&mut acts, now_us);
+                } else if ahead.round.answered() == ahead.round.asked.len() {
+                    // Every request sent is answered, and none is left to send or the
+                    // last one did not execute (System A stops there).
+                    self.ahead_done(&mut acts, now_us);
+                }
+            }
+            Phase::Prepare(round) => {
+                if round.record(call, reply) && round.complete() {
+                    self.proceed(&mut acts, now_us);
+                }
+            }
+            Phase::Resolve { .. } => self.on_answer(&mut acts, now_us, call, reply),
+            Phase::Release { round, .. } => {
+                if round.record(call, reply) && round.complete() {
+                    self.release_done(&mut acts, now_us);
+                }
+            }
+            Phase::Idle | Phase::Done => {}
+        }
+        acts
+    }
+
+    /// The timer set by an earlier step expired (an early or stale call does nothing).
+    pub fn on_timer(&mut self, now_us: u64) -> Actions {
+        let mut acts = Actions::default();
+        if self.timer_at_us.is_none_or(|at| now_us < at) {
+            return acts;
+        }
+        self.timer_at_us = None;
+        match &mut self.phase {
+            Phase::Ahead(_) => self.ahead_done(&mut acts, now_us),
+            Phase::Prepare(_) => self.proceed(&mut acts, now_us),
+            Phase::Resolve { .. } if now_us >= self.deadline_us => {
+                let Phase::Resolve { replies, .. } =
+                    std::mem::replace(&mut self.phase, Phase::Idle)
+                else {
+                    unreachable!("resolving")
+                };
+                let node = lost_node(self.plan.nodes(), &replies);
+                self.finish(&mut acts, now_us, replies, Tally::Unknown { node });
+            }
+            Phase::Resolve { .. } => self.ask_again(&mut acts, now_us),
+            Phase::Release { .. } => self.release_done(&mut acts, now_us),
+            Phase::Idle | Phase::Done => {}
+        }
+        acts
+    }
+
+    fn call(&mut self, acts: &mut Actions, node: NodeId, request: Request) -> CallId {
+        let id = self.next_call;
+        self.next_call += 1;
+        acts.calls.push(Call { id, node, request });
+        id
+    }
+
+    fn set_timer(&mut self, acts: &mut Actions, at_us: u64) {
+        let at_us = at_us.min(self.deadline_us);
+        self.timer_at_us = Some(at_us);
+        acts.timer_at_us = Some(at_us);
+    }
+
+    /// A new round waits for its replies at most the reply timeout, and never past the
+    /// deadline.
+    fn arm_round(&mut self, acts: &mut Actions, now_us: u64) {
+        let timeout = self.cfg.reply_timeout_us.unwrap_or(u64::MAX);
+        self.set_timer(acts, now_us.saturating_add(timeout));
+    }
+
+    fn prepare(&mut self, acts: &mut Actions, requests: Vec<(NodeId, Request)>) {
+        let mut round = Round::new(requests.len());
+        for (node, request) in requests {
+            round.asked.push(self.call(acts, node, request));
+        }
+        self.phase = Phase::Prepare(round);
+    }
+
+    /// Every item executed ahead (start phase 1 without items) or one did not (abort).
+    fn ahead_done(&mut self, acts: &mut Actions, now_us: u64) {
+        let Phase::Ahead(ahead) = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            unreachable!("executing ahead")
+        };
+        let sent = ahead.round.asked.len();
+        let mut replies = ahead.round.into_replies();
+        replies.truncate(sent);
+        let Some(tally) = plan::tally_execute_ahead(&ahead.nodes[..sent], &replies) else {
+            let requests = self.plan.requests_after_execute_ahead(self.tid);
+            self.prepare(acts, requests);
+            return self.arm_round(acts, now_us);
+        };
+        if tally != Tally::AbortCompare {
+            return self.finish(acts, now_us, replies, tally);
+        }
+        self.decide(acts, false, Vec::new());
+        let mut failed: Vec<usize> = Vec::new();
+        for (positions, reply) in ahead.positions.iter().zip(&replies) {
+            if let NodeReply::Vote(v) = reply {
+                let found = v.failed_compares.iter();
+                failed.extend(found.filter_map(|&k| positions.get(k as usize).copied()));
+            }
+        }
+        failed.sort_unstable();
+        self.done(
+            acts,
+            Ok(Outcome {
+                committed: false,
+                reads: Vec::new(),
+                failed_compares: failed,
+            }),
+        );
+    }
+
+    /// Phase 1 is over (every reply in, or the timer): decide, or find out a lost vote.
+    fn proceed(&mut self, acts: &mut Actions, now_us: u64) {
+        let Phase::Prepare(round) = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            unreachable!("in phase 1")
+        };
+        let replies = round.into_replies();
+        let tally = plan::tally(self.plan.nodes(), &replies);
+        if !matches!(tally, Tally::Unknown { .. }) {
+            return self.settle(acts, now_us, replies, tally);
+        }
+        let unrecorded = self.unrecorded;
+        match plan::lost_vote_queries(&self.plan, self.tid, &replies, |_| !unrecorded) {
+            Err(tally) => self.finish(acts, now_us, replies, tally),
+            Ok(requests) => {
+                let queries = requests
+                    .into_iter()
+                    .map(|(node, request)| Query {
+                        node,
+                        request,
+                        calls: Vec::new(),
+                        answered: false,
+                        failed: true,
+                    })
+                    .collect();
+                self.phase = Phase::Resolve {
+                    replies,
+                    queries,
+                    answers: Vec::new(),
+                };
+                self.ask_again(acts, now_us);
+            }
+        }
+    }
+
+    /// Asks every unanswered REQUEST-ABORT whose last call failed or timed out.
+    fn ask_again(&mut self, acts: &mut Actions, now_us: u64) {
+        let Phase::Resolve { queries, .. } = &mut self.phase else {
+            unreachable!("resolving")
+        };
+        let resend = self.cfg.reply_timeout_us.is_some();
+        let mut asks = Vec::new();
+        for (i, q) in queries.iter_mut().enumerate() {
+            if !q.answered && (q.failed || resend) {
+                q.failed = false;
+                asks.push((i, q.node, q.request.clone()));
+            }
+        }
+        for (i, node, request) in asks {
+            let id = self.call(acts, node, request);
+            let Phase::Resolve { queries, .. } = &mut self.phase else {
+                unreachable!("resolving")
+            };
+            queries[i].calls.push(id);
+        }
+        self.arm_round(acts, now_us);
+    }
+
+    fn on_answer(&mut self, acts: &mut Actions, now_us: u64, call: CallId, reply: NodeReply) {
+        let Phase::Resolve {
+            queries, answers, ..
+        } = &mut self.phase
+        else {
+            unreachable!("resolving")
+        };
+        let Some(q) = queries.iter_mut().find(|q| q.calls.contains(&call)) else {
+            return;
+        };
+        if q.answered {
+            return;
+        }
+        match reply {
+            NodeReply::Other(Response::Votes(votes)) => {
+                q.answered = true;
+                answers.extend(votes);
+            }
+            _ => {
+                // Ask again soon, not in a tight loop with a node that keeps refusing.
+                q.failed = true;
+                let soon = now_us.saturating_add(self.cfg.backoff_max_us);
+                if self.timer_at_us.is_none_or(|at| at > soon) {
+                    self.set_timer(acts, soon);
+                }
+                return;
+            }
+        }
+        if !queries.iter().all(|q| q.answered) {
+            return;
+        }
+        let Phase::Resolve {
+            replies, answers, ..
+        } = std::mem::replace(&mut self.phase, Phase::Idle)
+        else {
+            unreachable!("resolving")
+        };
+        let tally = plan::resolve(&self.plan, &replies, &answers);
+        self.settle(acts, now_us, replies, tally);
+    }
+
+    /// A commit of a read-only minitransaction over several nodes first needs every
+    /// participant to confirm it still held its read locks (RELEASE).
+    fn settle(&mut self, acts: &mut Actions, now_us: u64, replies: Vec<NodeReply>, tally: Tally) {
+        let multi = self.plan.nodes().len() > 1;
+        if tally != Tally::Commit || !self.plan.read_only() || !multi {
+            return self.finish(acts, now_us, replies, tally);
+        }
+        let releases = plan::releases(&self.plan, self.tid);
+        let mut round = Round::new(releases.len());
+        for (node, request) in releases {
+            round.asked.push(self.call(acts, node, request));
+        }
+        self.phase = Phase::Release { replies, round };
+        self.arm_round(acts, now_us);
+    }
+
+    fn release_done(&mut self, acts: &mut Actions, now_us: u64) {
+        let Phase::Release { replies, round } = std::mem::replace(&mut self.phase, Phase::Idle)
+        else {
+            unreachable!("releasing")
+        };
+        let answers: Vec<Option<Response>> = (round.replies.into_iter())
+            .map(|r| match r {
+                Some(NodeReply::Other(resp)) => Some(resp),
+                _ => None,
+            })
+            .collect();
+        let tally = plan::released(&answers);
+        self.finish(acts, now_us, replies, tally);
+    }
+
+    /// Phase 2 and the outcome of the attempt, from its phase-1 `replies`.
+    fn finish(&mut self, acts: &mut Actions, now_us: u64, replies: Vec<NodeReply>, tally: Tally) {
+        let tid = self.tid;
+        match tally {
+            Tally::Commit | Tally::AbortCompare => {
+                let commit = tally == Tally::Commit;
+                if !commit || !self.plan.read_only() {
+                    let lsns = if commit {
+                        plan::commit_lsns(&replies)
+                    } else {
+                        Vec::new()
+                    };
+                    self.decide(acts, commit, lsns);
+                }
+                // A lost reply that carried reads retries an abort; a commit stays one.
+                match self.plan.outcome(tid, &replies, commit) {
+                    Ok(Ok(outcome)) => self.done(acts, Ok(outcome)),
+                    Ok(Err(reason)) => self.retry(acts, now_us, reason),
+                    Err(e) => self.done(acts, Err(e)),
+                }
+            }
+            Tally::Retry(reason) => {
+                self.decide(acts, false, Vec::new());
+                self.retry(acts, now_us, reason);
+            }
+            Tally::Rejected { node, message } => {
+                self.decide(acts, false, Vec::new());
+                self.done(acts, Err(ExecError::Rejected { node, message }));
+            }
+            Tally::Unknown { node } => {
+                self.done(acts, Err(ExecError::OutcomeUnknown { tid, node }))
+            }
+        }
+    }
+
+    /// Phase 2: one-way decisions to every participant. A single participant decided on
+    /// its own (one-phase commit), unless it holds items executed ahead.
+    fn decide(&mut self, acts: &mut Actions, commit: bool, lsns: Vec<u64>) {
+        if self.plan.nodes().len() < 2 && self.cfg.ahead.is_none() {
+            return;
+        }
+        let decision = Decision {
+            tid: self.tid,
+            commit,
+            lsns,
+        };
+        let nodes = self.plan.nodes();
+        acts.decisions
+            .extend(nodes.iter().map(|&node| (node, decision.clone())));
+    }
+
+    /// Another attempt after a randomized exponential backoff, if the deadline allows.
+    fn retry(&mut self, acts: &mut Actions, now_us: u64, reason: String) {
+        let pause_us = self.backoff_us / 2
+            + jitter(self.jitter_seed, self.attempts) % (self.backoff_us / 2 + 1);
+        if now_us.saturating_add(pause_us) >= self.deadline_us {
+            let attempts = self.attempts;
+            return self.done(
+                acts,
+                Err(ExecError::Timeout {
+                    attempts,
+                    last: reason,
+                }),
+            );
+        }
+        self.backoff_us = (self.backoff_us * 2).min(self.cfg.backoff_max_us);
+        self.timer_at_us = None;
+        acts.next = Next::Retry {
+            at_us: now_us + pause_us,
+        };
+    }
+
+    fn done(&mut self, acts: &mut Actions, result: Result<Outcome, ExecError>) {
+        self.phase = Phase::Done;
+        self.timer_at_us = None;
+        acts.next = Next::Done(result);
     }
 }
 
-/// The decision once the silent nodes answered `lost_vote_queries`. Only "holds a commit
-/// vote" can be trusted: a node that answers "no vote" may have collected the tid after it
-/// committed everywhere (collected tids look like ones never seen), so a writing
-/// minitransaction is then `Unknown`, never retried; a read-only one may be retried.
-pub fn resolve(plan: &Plan<'_>, replies: &[NodeReply], answers: &[(Tid, bool)]) -> Tally {
-    let voted_ok = replies.iter().all(|r| match r {
-        NodeReply::Vote(v) => v.vote == Vote::CommitOk,
-        NodeReply::Lost(_) => true,
-        _ => false,
-    });
-    if voted_ok && answers.iter().all(|(_, ok)| *ok) {
-        return Tally::Commit;
-    }
-    match plan
-        .nodes()
-        .iter()
-        .zip(replies)
+/// The first participant whose vote was lost.
+fn lost_node(nodes: &[NodeId], replies: &[NodeReply]) -> NodeId {
+    (nodes.iter().zip(replies))
         .find(|(_, r)| matches!(r, NodeReply::Lost(_)))
-    {
-        Some((&node, _)) if !plan.read_only() => Tally::Unknown { node },
-        _ => Tally::Retry("a node's reply was lost and the read-only attempt aborted".into()),
-    }
+        .map_or(nodes[0], |(&node, _)| node)
+}
+
+/// SplitMix64 of (seed, attempt): the backoff's randomness, reproducible from the seed.
+fn jitter(seed: u64, attempt: u32) -> u64 {
+    let mut z = seed.wrapping_add(u64::from(attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Deliberate bugs in the coordinator that prove the simulator's checkers can fail. They
+/// exist only with the `planted-bugs` feature; without it `planted` is always false.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Bug {
+    /// A vote lost with its reply counts as COMMIT-OK: the coordinator may report (and
+    /// decide) a commit that a participant voted against.
+    LostVoteCountsAsCommit,
+}
+
+#[cfg(feature = "planted-bugs")]
+thread_local! {
+    static PLANTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
+}
+
+/// Plants `bug` (or none) in every coordinator of this thread.
+#[cfg(feature = "planted-bugs")]
+pub fn plant(bug: Option<Bug>) {
+    PLANTED.with(|p| p.set(bug));
+}
+
+#[cfg(feature = "planted-bugs")]
+pub(crate) fn planted(bug: Bug) -> bool {
+    PLANTED.with(|p| p.get() == Some(bug))
+}
+
+#[cfg(not(feature = "planted-bugs"))]
+pub(crate) fn planted(_: Bug) -> bool {
+    false
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tutti_wire::VoteReply;
 
-    fn vote(vote: Vote) -> NodeReply {
+    fn cfg(ahead: Option<ExecuteAhead>) -> Config {
+        Config {
+            deadline_us: 1_000_000,
+            reply_timeout_us: Some(30_000),
+            backoff_initial_us: 200,
+            backoff_max_us: 100_000,
+            ahead,
+        }
+    }
+
+    fn tid(seq: u64) -> Tid {
+        Tid {
+            epoch: 1,
+            coordinator: 9,
+            seq,
+        }
+    }
+
+    fn vote(vote: Vote, failed: Vec<u32>, lsn: u64) -> NodeReply {
         NodeReply::Vote(VoteReply {
             vote,
             reads: vec![],
-            failed_compares: vec![],
+            failed_compares: failed,
             epoch: 1,
-            lsn: 0,
+            lsn,
         })
     }
 
-    #[test]
-    fn a_commit_carries_lsns_only_when_every_participant_logged_and_answered() {
-        let logged = |lsn| match vote(Vote::CommitOk) {
-            NodeReply::Vote(v) => NodeReply::Vote(VoteReply { lsn, ..v }),
-            other => other,
-        };
-        assert_eq!(commit_lsns(&[logged(7), logged(3)]), vec![7, 3]);
-        assert!(commit_lsns(&[logged(7), vote(Vote::CommitOk)]).is_empty());
-        assert!(commit_lsns(&[logged(7), NodeReply::Lost("gone".into())]).is_empty());
+    fn two_node_swap() -> Minitx {
+        Minitx::new()
+            .compare(2, 0, vec![1])
+            .write(2, 0, vec![2])
+            .compare(1, 0, vec![1])
+            .write(1, 0, vec![2])
+    }
+
+    fn done(acts: Actions) -> Result<Outcome, ExecError> {
+        match acts.next {
+            Next::Done(result) => result,
+            other => panic!("not done: {other:?}"),
+        }
     }
 
     #[test]
-    fn decision_rule() {
-        let nodes = [1, 2];
-        assert_eq!(
-            tally(&nodes, &[vote(Vote::CommitOk), vote(Vote::CommitOk)]),
-            Tally::Commit
-        );
-        assert_eq!(
-            tally(&nodes, &[vote(Vote::CommitOk), vote(Vote::AbortCompare)]),
-            Tally::AbortCompare
-        );
+    fn two_commit_votes_decide_a_commit_with_every_lsn() {
+        let mut co = Coordinator::new(Cow::Owned(two_node_swap()), cfg(None), 0, |_| true, 1);
+        let acts = co.begin(0, tid(1));
+        assert_eq!(acts.calls.len(), 2);
+        assert_eq!(acts.timer_at_us, Some(30_000));
+        let (a, b) = (acts.calls[0].id, acts.calls[1].id);
         assert!(matches!(
-            tally(&nodes, &[vote(Vote::AbortLock), vote(Vote::AbortCompare)]),
-            Tally::Retry(_)
+            co.on_reply(10, a, vote(Vote::CommitOk, vec![], 7)).next,
+            Next::Wait
         ));
-        assert_eq!(
-            tally(&nodes, &[vote(Vote::CommitOk), NodeReply::Lost("x".into())]),
-            Tally::Unknown { node: 2 }
+        let acts = co.on_reply(20, b, vote(Vote::CommitOk, vec![], 3));
+        let lsns: Vec<_> = acts
+            .decisions
+            .iter()
+            .map(|(n, d)| (*n, d.commit, d.lsns.clone()))
+            .collect();
+        assert_eq!(lsns, vec![(1, true, vec![7, 3]), (2, true, vec![7, 3])]);
+        assert!(done(acts).expect("decided").committed);
+    }
+
+    #[test]
+    fn executing_ahead_per_node_waits_for_every_node() {
+        let tx = Minitx::new().compare(3, 0, vec![1]).compare(1, 0, vec![1]);
+        let ahead = Some(ExecuteAhead::PerNode);
+        let mut co = Coordinator::new(Cow::Owned(tx), cfg(ahead), 0, |_| true, 1);
+        let acts = co.begin(0, tid(1));
+        let ids: Vec<_> = acts.calls.iter().map(|c| (c.node, c.id)).collect();
+        assert_eq!(ids.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![3, 1]);
+        let first = co.on_reply(10, ids[0].1, vote(Vote::AbortCompare, vec![0], 0));
+        assert!(
+            matches!(first.next, Next::Wait),
+            "one node has not answered"
         );
-        // A known abort vote decides even if another vote is lost.
-        assert!(matches!(
-            tally(
-                &nodes,
-                &[vote(Vote::AbortForced), NodeReply::Lost("x".into())]
-            ),
-            Tally::Retry(_)
-        ));
+        let acts = co.on_reply(20, ids[1].1, vote(Vote::AbortCompare, vec![0], 0));
         assert_eq!(
-            tally(
-                &nodes,
-                &[
-                    vote(Vote::CommitOk),
-                    NodeReply::Refused(ErrorCode::OutOfRange, "far".into())
-                ]
-            ),
-            Tally::Rejected {
-                node: 2,
-                message: "far".into()
+            acts.decisions.len(),
+            2,
+            "both nodes hold items executed ahead"
+        );
+        assert_eq!(done(acts).expect("decided").failed_compares, vec![0, 1]);
+    }
+
+    #[test]
+    fn executing_ahead_per_item_stops_at_the_first_failed_item() {
+        let tx = Minitx::new().compare(3, 0, vec![1]).compare(1, 0, vec![1]);
+        let ahead = Some(ExecuteAhead::PerItem);
+        let mut co = Coordinator::new(Cow::Owned(tx), cfg(ahead), 0, |_| true, 1);
+        let acts = co.begin(0, tid(1));
+        assert_eq!(acts.calls.len(), 1, "one item at a time");
+        let acts = co.on_reply(10, acts.calls[0].id, vote(Vote::AbortCompare, vec![0], 0));
+        assert!(acts.calls.is_empty());
+        assert_eq!(done(acts).expect("decided").failed_compares, vec![0]);
+    }
+
+    #[test]
+    fn a_lost_vote_is_asked_for_and_decides_once_answered() {
+        let mut co = Coordinator::new(Cow::Owned(two_node_swap()), cfg(None), 0, |_| true, 1);
+        let acts = co.begin(0, tid(1));
+        co.on_reply(10, acts.calls[0].id, vote(Vote::CommitOk, vec![], 4));
+        assert!(
+            co.on_timer(29_999).calls.is_empty(),
+            "early timers do nothing"
+        );
+        let acts = co.on_timer(30_000);
+        assert_eq!(acts.calls.len(), 1);
+        assert_eq!(acts.calls[0].node, 2);
+        assert!(matches!(
+            acts.calls[0].request,
+            Request::RequestAbort { .. }
+        ));
+        let query = acts.calls[0].id;
+        // No answer within the reply timeout: asked again, under a new call.
+        let again = co.on_timer(60_000);
+        assert_eq!(again.calls.len(), 1);
+        let votes = NodeReply::Other(Response::Votes(vec![(tid(1), true)]));
+        let acts = co.on_reply(70_000, query, votes);
+        assert!(acts
+            .decisions
+            .iter()
+            .all(|(_, d)| d.commit && d.lsns.is_empty()));
+        assert!(done(acts).expect("decided").committed);
+    }
+
+    #[test]
+    fn a_busy_lock_retries_after_backoff_until_the_deadline() {
+        let mut co = Coordinator::new(Cow::Owned(two_node_swap()), cfg(None), 0, |_| true, 1);
+        let (mut now, mut seq, mut attempts) = (0, 1, 0);
+        let result = loop {
+            let acts = co.begin(now, tid(seq));
+            attempts += 1;
+            let ids: Vec<_> = acts.calls.iter().map(|c| c.id).collect();
+            co.on_reply(now, ids[0], vote(Vote::CommitOk, vec![], 1));
+            let acts = co.on_reply(now, ids[1], vote(Vote::AbortLock, vec![], 0));
+            assert!(acts
+                .decisions
+                .iter()
+                .all(|(_, d)| !d.commit && d.tid == tid(seq)));
+            match acts.next {
+                Next::Retry { at_us } => {
+                    assert!(at_us > now);
+                    now = at_us;
+                    seq += 1;
+                }
+                Next::Done(result) => break result,
+                Next::Wait => panic!("both replies are in"),
             }
-        );
+        };
+        assert!(now < 1_000_000);
+        match result {
+            Err(ExecError::Timeout { attempts: a, .. }) => assert_eq!(a, attempts),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
     }
 }

@@ -1,14 +1,16 @@
-//! Simulated coordinators running the bank workload with the client's own decision
-//! functions (`tutti_client::coordinator`): split, tally, lost-vote resolution, outcome.
-//! Each transfer also writes a one-byte receipt on every node it touches, so the checker
-//! can see exactly which transfers were applied where.
+//! Simulated coordinators running the bank workload: each operation is driven by the
+//! client's own `Coordinator` (the code `Cluster` runs), here over the simulated network.
+//! Faults are the driver's: a coordinator stalls (its process pauses) after its first
+//! EXEC&PREPARE, or dies between the phases. Each transfer also writes a one-byte receipt
+//! on every node it touches, so the checker can see exactly which transfers were applied.
 
 use crate::{Endpoint, Event, Msg, SimConfig, World};
 use rand::Rng;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-use tutti_client::coordinator::{self, NodeReply, Tally};
-use tutti_client::Minitx;
-use tutti_wire::{CmpOp, Decision, NodeId, Outgoing, Request, Response, Tid};
+use tutti_client::coordinator::{self, Actions, CallId, Coordinator, ExecuteAhead, Next};
+use tutti_client::{ExecError, Minitx, NodeReply, Outcome};
+use tutti_wire::{CmpOp, NodeId, Request, Tid};
 
 pub(crate) const SPACE_BYTES: u64 = 8192;
 pub(crate) const INITIAL_BALANCE: u64 = 100;
@@ -56,42 +58,13 @@ pub(crate) enum OpKind {
 }
 
 struct Op {
+    /// Names this operation in timer events, so that a later one ignores them.
+    id: u64,
     k: usize,
     kind: OpKind,
-    tx: Minitx,
-    deadline_us: u64,
-    backoff_us: u64,
-}
-
-/// Answers so far, and the REQUEST-ABORTs awaited by message id.
-type Resolving = (Vec<(Tid, bool)>, BTreeMap<u64, (NodeId, Request)>);
-/// RELEASE answers by participant position, and the positions awaited by message id.
-type Releasing = (Vec<Option<Response>>, BTreeMap<u64, usize>);
-
-struct Attempt {
-    id: u64,
-    tid: Tid,
-    nodes: Vec<NodeId>,
-    replies: Vec<Option<NodeReply>>,
-    asked: BTreeMap<u64, usize>,
-    /// Lost-vote resolution: answers so far and the REQUEST-ABORTs awaited.
-    resolving: Option<Resolving>,
-    /// EXEC&PREPAREs a stalled coordinator has yet to send.
-    stalled: Vec<(NodeId, Msg)>,
-    /// Phase 2 of a read-only minitransaction over several nodes: RELEASE answers.
-    releasing: Option<Releasing>,
-    /// Items executed ahead of phase 1 (`ExecuteAhead`), while that is still going on.
-    ahead: Option<Ahead>,
-    /// Some node may hold items of this attempt executed ahead: an abort must reach every
-    /// node, even when there is only one.
-    executed_ahead: bool,
-}
-
-/// `ExecuteAhead` requests' nodes and replies, and their positions by message id.
-struct Ahead {
-    nodes: Vec<NodeId>,
-    replies: Vec<Option<NodeReply>>,
-    asked: BTreeMap<u64, usize>,
+    co: Coordinator<'static>,
+    /// Message id of each request in flight → the coordinator's call.
+    calls: BTreeMap<u64, CallId>,
 }
 
 pub(crate) struct SimCoordinator {
@@ -101,8 +74,11 @@ pub(crate) struct SimCoordinator {
     next_k: usize,
     ops_total: usize,
     op: Option<Op>,
-    attempt: Option<Attempt>,
     crashed: bool,
+    /// A stalled coordinator handles nothing before this time.
+    paused_until_us: u64,
+    /// Requests a stalled coordinator sends when it resumes.
+    held: Vec<(NodeId, Msg)>,
     outcomes: Vec<(usize, OpKind, OpOutcome)>,
     /// Totals seen by committed audits.
     pub(crate) audits: Vec<u64>,
@@ -118,19 +94,13 @@ impl SimCoordinator {
             next_k: 0,
             ops_total: cfg.ops_per_coordinator,
             op: None,
-            attempt: None,
             crashed: false,
+            paused_until_us: 0,
+            held: Vec::new(),
             outcomes: Vec::new(),
             audits: Vec::new(),
             errors: Vec::new(),
         }
-    }
-
-    /// Attempt `id`, if it is still the current one of a coordinator that has not crashed.
-    fn live_attempt(&mut self, id: u64) -> Option<&mut Attempt> {
-        self.attempt
-            .as_mut()
-            .filter(|a| a.id == id && !self.crashed)
     }
 
     pub(crate) fn done(&self) -> bool {
@@ -148,6 +118,23 @@ impl SimCoordinator {
                 OpKind::Transfer { from, to, amount } => Some((k, from, to, amount, outcome)),
                 OpKind::Audit => None,
             })
+    }
+
+    fn next_tid(&mut self) -> Tid {
+        self.seq += 1;
+        Tid {
+            epoch: self.epoch,
+            coordinator: self.coordinator_id,
+            seq: self.seq - 1,
+        }
+    }
+
+    /// The current operation's coordinator, if `op` is still current and the process alive.
+    fn live(&mut self, op: u64) -> Option<&mut Coordinator<'static>> {
+        match &mut self.op {
+            Some(o) if o.id == op && !self.crashed => Some(&mut o.co),
+            _ => None,
+        }
     }
 }
 
@@ -184,426 +171,216 @@ pub(crate) fn start_next(world: &mut World, c: usize) {
         return;
     }
     let (kind, tx) = build(world, c, k);
-    let deadline_us = world.now_us + OP_DEADLINE_US;
-    let co = &mut world.coordinators[c];
-    co.next_k += 1;
-    co.op = Some(Op {
+    let ahead = world
+        .rng
+        .gen_bool(world.cfg.execute_ahead_probability)
+        .then(|| match world.rng.gen_bool(0.5) {
+            true => ExecuteAhead::PerItem,
+            false => ExecuteAhead::PerNode,
+        });
+    let cfg = coordinator::Config {
+        deadline_us: OP_DEADLINE_US,
+        reply_timeout_us: Some(REPLY_TIMEOUT_US),
+        backoff_initial_us: 200,
+        backoff_max_us: 100_000,
+        ahead,
+    };
+    let jitter_seed = world.rng.gen();
+    let mut co = Coordinator::new(Cow::Owned(tx), cfg, world.now_us, |_| true, jitter_seed);
+    let id = world.new_id();
+    let sc = &mut world.coordinators[c];
+    sc.next_k += 1;
+    let acts = co.begin(world.now_us, sc.next_tid());
+    sc.op = Some(Op {
+        id,
         k,
         kind,
-        tx,
-        deadline_us,
-        backoff_us: 200,
+        co,
+        calls: BTreeMap::new(),
     });
-    begin_attempt(world, c);
+    apply(world, c, acts);
 }
 
-fn begin_attempt(world: &mut World, c: usize) {
-    let id = world.new_id();
-    let co = &mut world.coordinators[c];
-    let op = co.op.as_ref().expect("an operation");
-    let tid = Tid {
-        epoch: co.epoch,
-        coordinator: co.coordinator_id,
-        seq: co.seq,
-    };
-    co.seq += 1;
-    let tx = op.tx.clone();
-    let plan = coordinator::split(&tx);
-    let nodes = plan.nodes().to_vec();
-    let mut attempt = Attempt {
-        id,
-        tid,
-        replies: vec![None; nodes.len()].into_iter().collect(),
-        nodes,
-        asked: BTreeMap::new(),
-        resolving: None,
-        stalled: Vec::new(),
-        releasing: None,
-        ahead: None,
-        executed_ahead: false,
-    };
-    if world.rng.gen_bool(world.cfg.execute_ahead_probability) {
-        let per_item = world.rng.gen_bool(0.5);
-        let requests: Vec<(NodeId, Request)> = plan
-            .execute_ahead_requests(tid, per_item)
-            .into_iter()
-            .map(|(node, req, _)| (node, req))
-            .collect();
-        attempt.ahead = Some(Ahead {
-            nodes: requests.iter().map(|(node, _)| *node).collect(),
-            replies: vec![None; requests.len()],
-            asked: BTreeMap::new(),
-        });
-        attempt.executed_ahead = true;
-        world.coordinators[c].attempt = Some(attempt);
-        let ids = send_requests(world, c, requests);
-        let ahead = world.coordinators[c]
-            .attempt
+/// Carries out a coordinator's actions over the simulated network, injecting the
+/// coordinator's own faults after a multi-node phase 1 goes out.
+fn apply(world: &mut World, c: usize, acts: Actions) {
+    let from = Endpoint::Coordinator(c);
+    let sc = &mut world.coordinators[c];
+    sc.epoch = sc.epoch.max(acts.epoch_seen);
+    let op = sc.op.as_ref().expect("an operation").id;
+    for (node, decision) in acts.decisions {
+        let decisions = Request::Decisions(vec![decision]);
+        world.send_one_way(from, Endpoint::Node(node), decisions);
+    }
+    let phase_one = acts.calls.len() > 1
+        && (acts.calls.iter()).all(|call| matches!(call.request, Request::ExecPrepare(_)));
+    let mut sends = Vec::with_capacity(acts.calls.len());
+    for call in acts.calls {
+        let id = world.new_id();
+        let sc = &mut world.coordinators[c];
+        sc.op
             .as_mut()
-            .and_then(|a| a.ahead.as_mut())
-            .expect("executing ahead");
-        ahead.asked = ids.into_iter().enumerate().map(|(i, id)| (id, i)).collect();
-        arm_timeout(world, c, id);
-        return;
+            .expect("an operation")
+            .calls
+            .insert(id, call.id);
+        let msg = Msg::Req {
+            id,
+            req: call.request,
+        };
+        sends.push((call.node, msg));
     }
-    send_prepares(world, c, attempt, plan.requests(tid));
+    if phase_one && world.faults_on() && world.rng.gen_bool(world.cfg.slow_coordinator_probability)
+    {
+        // Stalls after its first EXEC&PREPARE for longer than the uncertain timeout, so
+        // recovery runs concurrently with it (Sinfonia Fig. 9).
+        let stall = world.rng.gen_range(120_000..400_000);
+        let sc = &mut world.coordinators[c];
+        sc.held = sends.split_off(1);
+        sc.paused_until_us = world.now_us + stall;
+        world.at(stall, Event::CoordinatorResume { coordinator: c });
+    }
+    for (node, msg) in sends {
+        world.send(from, Endpoint::Node(node), msg);
+    }
+    if let Some(at) = acts.timer_at_us {
+        let event = Event::CoordinatorTimer { coordinator: c, op };
+        world.at(at.saturating_sub(world.now_us), event);
+    }
+    match acts.next {
+        Next::Wait => {}
+        Next::Retry { at_us } => {
+            let event = Event::CoordinatorRetry { coordinator: c, op };
+            world.at(at_us.saturating_sub(world.now_us), event);
+        }
+        Next::Done(result) => return finish(world, c, result),
+    }
+    if phase_one && world.faults_on() && world.rng.gen_bool(world.cfg.coordinator_crash_probability)
+    {
+        crash(world, c);
+    }
 }
 
-/// Phase 1: sends `requests` (one EXEC&PREPARE per participant) for `attempt`.
-fn send_prepares(world: &mut World, c: usize, mut attempt: Attempt, requests: Outgoing) {
-    let id = attempt.id;
-    let mut sends = Vec::new();
-    for (i, (node, req)) in requests.into_iter().enumerate() {
-        let msg_id = world.new_id();
-        attempt.asked.insert(msg_id, i);
-        sends.push((node, Msg::Req { id: msg_id, req }));
+/// Dies between the phases: its votes stay uncertain until the manager recovers them.
+fn crash(world: &mut World, c: usize) {
+    let sc = &mut world.coordinators[c];
+    sc.crashed = true;
+    sc.held.clear();
+    sc.paused_until_us = 0;
+    let op = sc.op.take().expect("an operation");
+    sc.outcomes.push((op.k, op.kind, OpOutcome::Unknown));
+    world.coordinator_crashes += 1;
+    let down = world.rng.gen_range(1_000..50_000);
+    world.at(down, Event::CoordinatorRestart { coordinator: c });
+}
+
+fn finish(world: &mut World, c: usize, result: Result<Outcome, ExecError>) {
+    let sc = &mut world.coordinators[c];
+    let op = sc.op.take().expect("an operation");
+    let outcome = match result {
+        Ok(Outcome {
+            committed: true,
+            reads,
+            ..
+        }) => {
+            if let OpKind::Audit = op.kind {
+                let total = reads
+                    .iter()
+                    .map(|r| u64::from_le_bytes(r[..8].try_into().expect("8 bytes")));
+                sc.audits.push(total.sum());
+            }
+            OpOutcome::Committed
+        }
+        Ok(_) => OpOutcome::AbortedCompare,
+        Err(ExecError::Rejected { node, message }) => {
+            let error = format!("node {node} rejected a valid minitransaction: {message}");
+            sc.errors.push(error);
+            OpOutcome::Unknown
+        }
+        Err(_) => OpOutcome::Unknown,
+    };
+    sc.outcomes.push((op.k, op.kind, outcome));
+    start_next(world, c);
+}
+
+/// A stalled coordinator handles no event before it resumes: `false` when this one was
+/// put off until then.
+fn awake(world: &mut World, c: usize, event: impl FnOnce() -> Event) -> bool {
+    let until = world.coordinators[c].paused_until_us;
+    if world.now_us >= until {
+        return true;
     }
-    let multi = attempt.nodes.len() > 1;
-    if multi && world.faults_on() && world.rng.gen_bool(world.cfg.slow_coordinator_probability) {
-        let (first, rest) = (sends.remove(0), sends);
-        attempt.stalled = rest;
-        sends = vec![first];
-        let stall = world.rng.gen_range(120_000..400_000);
-        world.at(
-            stall,
-            Event::CoordinatorResume {
-                coordinator: c,
-                attempt: id,
-            },
-        );
-    } else {
-        arm_timeout(world, c, id);
-    }
-    world.coordinators[c].attempt = Some(attempt);
-    for (node, msg) in sends {
-        world.send(Endpoint::Coordinator(c), Endpoint::Node(node), msg);
-    }
-    if multi && world.faults_on() && world.rng.gen_bool(world.cfg.coordinator_crash_probability) {
-        // Dies between the phases: its votes stay uncertain until the manager recovers them.
-        let co = &mut world.coordinators[c];
-        co.crashed = true;
-        co.attempt = None;
-        let op = co.op.take().expect("an operation");
-        co.outcomes.push((op.k, op.kind, OpOutcome::Unknown));
-        world.coordinator_crashes += 1;
-        let down = world.rng.gen_range(1_000..50_000);
-        world.at(down, Event::CoordinatorRestart { coordinator: c });
-    }
+    world.at(until - world.now_us, event());
+    false
 }
 
 pub(crate) fn restart(world: &mut World, c: usize) {
     let fresh = world.rng.gen::<u64>() | 1 << 63;
-    let co = &mut world.coordinators[c];
-    co.crashed = false;
-    co.coordinator_id = fresh;
-    co.seq = 1;
+    let sc = &mut world.coordinators[c];
+    sc.crashed = false;
+    sc.coordinator_id = fresh;
+    sc.seq = 1;
     start_next(world, c);
 }
 
-pub(crate) fn deliver(world: &mut World, c: usize, msg: Msg) {
+pub(crate) fn deliver(world: &mut World, c: usize, from: Endpoint, msg: Msg) {
     let Msg::Resp { id, resp } = msg else { return };
-    let co = &mut world.coordinators[c];
-    if co.crashed {
+    if world.coordinators[c].crashed {
         return;
     }
-    let Some(attempt) = co.attempt.as_mut() else {
-        return;
-    };
-    if let Some(ahead) = attempt.ahead.as_mut() {
-        if let Some(&i) = ahead.asked.get(&id) {
-            if record_reply(&mut co.epoch, &mut ahead.replies, i, resp) {
-                ahead_done(world, c);
-            }
-        }
-        return;
-    }
-    if let Some(&i) = attempt.asked.get(&id) {
-        if attempt.resolving.is_none() && record_reply(&mut co.epoch, &mut attempt.replies, i, resp)
-        {
-            proceed(world, c);
-        }
-        return;
-    }
-    if let Some((answers, waiting)) = attempt.releasing.as_mut() {
-        if let Some(i) = waiting.remove(&id) {
-            answers[i] = Some(resp);
-            if answers.iter().all(Option::is_some) {
-                let tally = coordinator::released(answers);
-                finalize(world, c, tally);
-            }
-        }
-        return;
-    }
-    if let Some((answers, waiting)) = attempt.resolving.as_mut() {
-        if let (Some(_), Response::Votes(votes)) = (waiting.remove(&id), resp) {
-            answers.extend(votes);
-            if waiting.is_empty() {
-                let op = co.op.as_ref().expect("an operation");
-                let tally = coordinator::resolve(
-                    &coordinator::split(&op.tx),
-                    &flatten(&attempt.replies),
-                    answers,
-                );
-                settle(world, c, tally);
-            }
-        }
-    }
-}
-
-/// Records the first reply at position `i` (learning the epoch from a vote); true once
-/// every position has one.
-fn record_reply(
-    epoch: &mut u64,
-    replies: &mut [Option<NodeReply>],
-    i: usize,
-    resp: Response,
-) -> bool {
-    if replies[i].is_some() {
-        return false;
-    }
-    if let Response::Vote(v) = &resp {
-        *epoch = (*epoch).max(v.epoch);
-    }
-    replies[i] = Some(NodeReply::from_response(resp));
-    replies.iter().all(Option::is_some)
-}
-
-/// Every `ExecuteAhead` was answered (or timed out): run the commit protocol, or abort.
-fn ahead_done(world: &mut World, c: usize) {
-    let co = &mut world.coordinators[c];
-    let mut attempt = co.attempt.take().expect("attempt");
-    let ahead = attempt.ahead.take().expect("executing ahead");
-    let replies = flatten(&ahead.replies);
-    match coordinator::tally_execute_ahead(&ahead.nodes, &replies) {
-        Some(tally) => {
-            co.attempt = Some(attempt);
-            finalize(world, c, tally)
-        }
-        None => {
-            let op = co.op.as_ref().expect("an operation");
-            let requests = coordinator::split(&op.tx).requests_after_execute_ahead(attempt.tid);
-            send_prepares(world, c, attempt, requests);
-        }
-    }
-}
-
-fn flatten(replies: &[Option<NodeReply>]) -> Vec<NodeReply> {
-    replies
-        .iter()
-        .map(|r| r.clone().unwrap_or(NodeReply::Lost("no reply".into())))
-        .collect()
-}
-
-pub(crate) fn timeout(world: &mut World, c: usize, attempt_id: u64) {
-    let now = world.now_us;
-    let co = &mut world.coordinators[c];
-    let Some(deadline) = co.op.as_ref().map(|op| op.deadline_us) else {
-        return;
-    };
-    let Some(attempt) = co.live_attempt(attempt_id) else {
-        return;
-    };
-    if let Some((answers, _)) = attempt.releasing.as_ref() {
-        let tally = coordinator::released(answers);
-        return finalize(world, c, tally);
-    }
-    if let Some(ahead) = attempt.ahead.as_mut() {
-        for r in ahead.replies.iter_mut().filter(|r| r.is_none()) {
-            *r = Some(NodeReply::Lost("timed out".into()));
-        }
-        return ahead_done(world, c);
-    }
-    match attempt.resolving.as_mut() {
-        None => {
-            for r in attempt.replies.iter_mut().filter(|r| r.is_none()) {
-                *r = Some(NodeReply::Lost("timed out".into()));
-            }
-            proceed(world, c);
-        }
-        Some(_) if now > deadline => finalize(world, c, Tally::Unknown { node: 0 }),
-        Some((_, waiting)) => {
-            // Ask again, as `call_until` does until the deadline.
-            let again: Vec<(NodeId, Request)> = std::mem::take(waiting).into_values().collect();
-            let ids = send_requests(world, c, again.clone());
-            let co = &mut world.coordinators[c];
-            let resolving = co
-                .attempt
-                .as_mut()
-                .expect("attempt")
-                .resolving
-                .as_mut()
-                .expect("resolving");
-            resolving.1 = ids.into_iter().zip(again).collect();
-            arm_timeout(world, c, attempt_id);
-        }
-    }
-}
-
-fn proceed(world: &mut World, c: usize) {
-    let co = &mut world.coordinators[c];
-    let attempt = co.attempt.as_mut().expect("attempt");
-    let replies = flatten(&attempt.replies);
-    let tally = coordinator::tally(&attempt.nodes, &replies);
-    if !matches!(tally, Tally::Unknown { .. }) {
-        return settle(world, c, tally);
-    }
-    let op = co.op.as_ref().expect("an operation");
-    let plan = coordinator::split(&op.tx);
-    match coordinator::lost_vote_queries(&plan, attempt.tid, &replies, |_| true) {
-        Err(tally) => finalize(world, c, tally),
-        Ok(queries) => {
-            let attempt_id = attempt.id;
-            let waiting: BTreeMap<u64, (NodeId, Request)> =
-                send_requests(world, c, queries.clone())
-                    .into_iter()
-                    .zip(queries)
-                    .collect();
-            world.coordinators[c]
-                .attempt
-                .as_mut()
-                .expect("attempt")
-                .resolving = Some((Vec::new(), waiting));
-            arm_timeout(world, c, attempt_id);
-        }
-    }
-}
-
-/// A commit of a read-only minitransaction over several nodes first needs every participant
-/// to confirm it still held its read locks (`coordinator::releases`, `coordinator::released`).
-fn settle(world: &mut World, c: usize, tally: Tally) {
-    let co = &world.coordinators[c];
-    let (attempt, op) = (
-        co.attempt.as_ref().expect("attempt"),
-        co.op.as_ref().expect("an operation"),
-    );
-    let plan = coordinator::split(&op.tx);
-    if tally != Tally::Commit || !plan.read_only() || plan.nodes().len() < 2 {
-        return finalize(world, c, tally);
-    }
-    let (tid, attempt_id, n) = (attempt.tid, attempt.id, plan.nodes().len());
-    let ids = send_requests(world, c, coordinator::releases(&plan, tid));
-    let waiting = ids.into_iter().enumerate().map(|(i, id)| (id, i)).collect();
-    world.coordinators[c]
-        .attempt
-        .as_mut()
-        .expect("attempt")
-        .releasing = Some((vec![None; n], waiting));
-    arm_timeout(world, c, attempt_id);
-}
-
-/// Sends `requests` from coordinator `c`, each under a fresh message id (returned in order).
-fn send_requests(world: &mut World, c: usize, requests: Vec<(NodeId, Request)>) -> Vec<u64> {
-    requests
-        .into_iter()
-        .map(|(node, req)| {
-            let id = world.new_id();
-            world.send(
-                Endpoint::Coordinator(c),
-                Endpoint::Node(node),
-                Msg::Req { id, req },
-            );
-            id
-        })
-        .collect()
-}
-
-fn arm_timeout(world: &mut World, c: usize, attempt: u64) {
-    world.at(
-        REPLY_TIMEOUT_US,
-        Event::CoordinatorTimeout {
-            coordinator: c,
-            attempt,
+    if !awake(world, c, || Event::Deliver {
+        from,
+        to: Endpoint::Coordinator(c),
+        msg: Msg::Resp {
+            id,
+            resp: resp.clone(),
         },
-    );
+    }) {
+        return;
+    }
+    let now = world.now_us;
+    let Some(op) = world.coordinators[c].op.as_mut() else {
+        return;
+    };
+    let Some(call) = op.calls.remove(&id) else {
+        return;
+    };
+    let acts = op.co.on_reply(now, call, NodeReply::from_response(resp));
+    apply(world, c, acts);
 }
 
-fn finalize(world: &mut World, c: usize, tally: Tally) {
-    let co = &mut world.coordinators[c];
-    let attempt = co.attempt.take().expect("attempt");
-    let op = co.op.as_ref().expect("an operation");
-    let audit_total = match (&tally, op.kind) {
-        (Tally::Commit, OpKind::Audit) => {
-            let out =
-                coordinator::split(&op.tx).outcome(attempt.tid, &flatten(&attempt.replies), true);
-            out.ok().and_then(Result::ok).map(|out| {
-                out.reads
-                    .iter()
-                    .map(|r| u64::from_le_bytes(r[..8].try_into().expect("8 bytes")))
-                    .sum::<u64>()
-            })
-        }
-        _ => None,
-    };
-    let multi = attempt.nodes.len() > 1 || attempt.executed_ahead;
-    let lsns = coordinator::commit_lsns(&flatten(&attempt.replies));
-    let decide = |world: &mut World, commit: bool| {
-        if multi {
-            for &node in &attempt.nodes {
-                let decision = Request::Decisions(vec![Decision {
-                    tid: attempt.tid,
-                    commit,
-                    lsns: if commit { lsns.clone() } else { Vec::new() },
-                }]);
-                world.send_one_way(Endpoint::Coordinator(c), Endpoint::Node(node), decision);
-            }
-        }
-    };
-    let outcome = match tally {
-        Tally::Commit => {
-            if audit_total.is_none() {
-                decide(world, true);
-            }
-            world.coordinators[c].audits.extend(audit_total);
-            OpOutcome::Committed
-        }
-        Tally::AbortCompare => {
-            decide(world, false);
-            OpOutcome::AbortedCompare
-        }
-        Tally::Retry(_) => {
-            decide(world, false);
-            let op = world.coordinators[c].op.as_mut().expect("an operation");
-            if world.now_us + op.backoff_us < op.deadline_us {
-                let pause = op.backoff_us / 2 + world.rng.gen_range(0..=op.backoff_us / 2);
-                let op = world.coordinators[c].op.as_mut().expect("an operation");
-                op.backoff_us = (op.backoff_us * 2).min(100_000);
-                world.coordinators[c].attempt = None;
-                world.at(pause, Event::CoordinatorRetry { coordinator: c });
-                return;
-            }
-            OpOutcome::Unknown
-        }
-        Tally::Rejected { node, message } => {
-            decide(world, false);
-            world.coordinators[c].errors.push(format!(
-                "node {node} rejected a valid minitransaction: {message}"
-            ));
-            OpOutcome::Unknown
-        }
-        Tally::Unknown { .. } => OpOutcome::Unknown,
-    };
-    let co = &mut world.coordinators[c];
-    let op = co.op.take().expect("an operation");
-    co.outcomes.push((op.k, op.kind, outcome));
-    start_next(world, c);
+pub(crate) fn timer(world: &mut World, c: usize, op: u64) {
+    if !awake(world, c, || Event::CoordinatorTimer { coordinator: c, op }) {
+        return;
+    }
+    let now = world.now_us;
+    if let Some(co) = world.coordinators[c].live(op) {
+        let acts = co.on_timer(now);
+        apply(world, c, acts);
+    }
+}
+
+pub(crate) fn retry(world: &mut World, c: usize, op: u64) {
+    if !awake(world, c, || Event::CoordinatorRetry { coordinator: c, op }) {
+        return;
+    }
+    let now = world.now_us;
+    let sc = &mut world.coordinators[c];
+    if sc.live(op).is_none() {
+        return;
+    }
+    let tid = sc.next_tid();
+    let acts = sc.live(op).expect("live").begin(now, tid);
+    apply(world, c, acts);
 }
 
 /// A stalled coordinator wakes up and sends the rest of phase 1.
-pub(crate) fn resume(world: &mut World, c: usize, attempt_id: u64) {
-    let Some(attempt) = world.coordinators[c].live_attempt(attempt_id) else {
+pub(crate) fn resume(world: &mut World, c: usize) {
+    let sc = &mut world.coordinators[c];
+    if sc.crashed {
         return;
-    };
-    let sends = std::mem::take(&mut attempt.stalled);
-    for (node, msg) in sends {
+    }
+    sc.paused_until_us = 0;
+    for (node, msg) in std::mem::take(&mut sc.held) {
         world.send(Endpoint::Coordinator(c), Endpoint::Node(node), msg);
     }
-    arm_timeout(world, c, attempt_id);
-}
-
-pub(crate) fn retry(world: &mut World, c: usize) {
-    let co = &world.coordinators[c];
-    if co.crashed || co.op.is_none() || co.attempt.is_some() {
-        return;
-    }
-    begin_attempt(world, c);
 }

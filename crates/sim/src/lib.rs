@@ -1,6 +1,6 @@
 //! Deterministic simulation of a tutti cluster. One thread runs N memory nodes (the real
 //! `Participant` and `Stage2` state machines), a manager (the real `ManagerState` and
-//! `Recovery`) and M coordinators (the real coordinator decision functions) over a simulated
+//! `Recovery`) and M coordinators (the client's real `Coordinator`) over a simulated
 //! network that drops, duplicates, delays and reorders messages and partitions nodes, and a
 //! simulated disk that loses what was not synced when a node loses power. Time is simulated
 //! and every choice comes from one seeded RNG, so a seed replays the same run exactly.
@@ -16,8 +16,8 @@ pub use check::Violation;
 
 use coordinator::SimCoordinator;
 use node::SimNode;
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use tutti_manager::{ManagerState, Recovery};
 use tutti_wire::{NodeId, Request, Response};
@@ -79,19 +79,19 @@ enum Event {
     RecoveryTimeout {
         recovery: u64,
     },
-    CoordinatorTimeout {
+    CoordinatorTimer {
         coordinator: usize,
-        attempt: u64,
+        op: u64,
     },
     CoordinatorRestart {
         coordinator: usize,
     },
     CoordinatorRetry {
         coordinator: usize,
+        op: u64,
     },
     CoordinatorResume {
         coordinator: usize,
-        attempt: u64,
     },
 }
 
@@ -190,7 +190,9 @@ struct Manager {
 
 pub(crate) struct World {
     cfg: SimConfig,
-    rng: StdRng,
+    /// Every choice of a run. ChaCha8 is specified (unlike `StdRng`, which rand may change
+    /// between versions), so a recorded seed keeps replaying; `tests/seeds.rs` pins traces.
+    rng: ChaCha8Rng,
     now_us: u64,
     queue: BTreeMap<(u64, u64), Event>,
     seq: u64,
@@ -224,7 +226,7 @@ impl World {
             .map(|i| SimCoordinator::new(i, &cfg))
             .collect();
         let mut world = World {
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha8Rng::seed_from_u64(seed),
             now_us: 0,
             queue: BTreeMap::new(),
             seq: 0,
@@ -291,8 +293,10 @@ impl World {
         }
     }
 
-    /// Sends `msg`, subject to the network's faults. EXEC&PREPARE is never duplicated: TCP
-    /// does not duplicate, and coordinators never resend one (they retry with a new tid).
+    /// Sends `msg`, subject to the network's faults. EXEC&PREPARE and EXECUTE-AHEAD are
+    /// never duplicated: TCP does not duplicate, and coordinators never resend one (they
+    /// retry with a new tid). A participant counts the items executed ahead, so a duplicate
+    /// would be counted twice.
     fn send(&mut self, from: Endpoint, to: Endpoint, msg: Msg) {
         let touches = |set: &std::collections::BTreeSet<NodeId>| {
             set.iter()
@@ -311,7 +315,7 @@ impl World {
         let duplicable = !matches!(
             msg,
             Msg::Req {
-                req: Request::ExecPrepare(_),
+                req: Request::ExecPrepare(_) | Request::ExecuteAhead(_),
                 ..
             }
         );
@@ -400,7 +404,7 @@ impl World {
                 });
                 match to {
                     Endpoint::Node(n) => node::deliver(self, n, from, msg),
-                    Endpoint::Coordinator(c) => coordinator::deliver(self, c, msg),
+                    Endpoint::Coordinator(c) => coordinator::deliver(self, c, from, msg),
                     Endpoint::Manager => self.manager_deliver(from, msg),
                 }
             }
@@ -466,16 +470,14 @@ impl World {
                     self.manager.state.recovery_done(r.batch());
                 }
             }
-            Event::CoordinatorTimeout {
-                coordinator,
-                attempt,
-            } => coordinator::timeout(self, coordinator, attempt),
+            Event::CoordinatorTimer { coordinator, op } => {
+                coordinator::timer(self, coordinator, op)
+            }
             Event::CoordinatorRestart { coordinator } => coordinator::restart(self, coordinator),
-            Event::CoordinatorRetry { coordinator } => coordinator::retry(self, coordinator),
-            Event::CoordinatorResume {
-                coordinator,
-                attempt,
-            } => coordinator::resume(self, coordinator, attempt),
+            Event::CoordinatorRetry { coordinator, op } => {
+                coordinator::retry(self, coordinator, op)
+            }
+            Event::CoordinatorResume { coordinator } => coordinator::resume(self, coordinator),
         }
     }
 

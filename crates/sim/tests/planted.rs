@@ -1,18 +1,34 @@
 //! The checkers can fail: each planted protocol bug is caught within 1,000 seeds.
 #![cfg(feature = "planted-bugs")]
 
+use tutti_client::coordinator;
 use tutti_memnode::participant::{plant, Bug};
 use tutti_sim::{run, SimConfig};
 
 fn first_failing_seed(bug: Bug) -> Option<(u64, String)> {
     plant(Some(bug));
-    let cfg = SimConfig::default();
-    let found = (0..1000).find_map(|seed| {
-        let report = run(seed, &cfg);
-        report.violations.first().map(|v| (seed, v.to_string()))
-    });
+    let found = first_failing();
     plant(None);
     found
+}
+
+fn first_failing() -> Option<(u64, String)> {
+    let cfg = SimConfig::default();
+    (0..1000).find_map(|seed| {
+        let report = run(seed, &cfg);
+        report.violations.first().map(|v| (seed, v.to_string()))
+    })
+}
+
+/// The coordinator the simulator runs is the one `Cluster` runs: a bug planted in it is
+/// caught here.
+#[test]
+fn a_lost_vote_counted_as_commit_is_caught() {
+    coordinator::plant(Some(coordinator::Bug::LostVoteCountsAsCommit));
+    let found = first_failing();
+    coordinator::plant(None);
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
 }
 
 #[test]

@@ -59,6 +59,31 @@ fn a_seed_replays_identically() {
     }
 }
 
+/// The exact runs of a few seeds: trace hash, events, simulated end time. A dependency bump
+/// (a new `rand` sampling algorithm, say) that changes them would silently stop recorded
+/// seeds from replaying, so it fails here. A protocol or simulator change that alters these
+/// runs on purpose updates the numbers in the same commit and says so.
+#[test]
+fn trace_hashes_are_pinned() {
+    let cfg = SimConfig::default();
+    let got: Vec<(u64, u64, u64, u64)> = PINNED
+        .iter()
+        .map(|&(seed, ..)| {
+            let r = run(seed, &cfg);
+            (seed, r.trace_hash, r.events, r.end_us)
+        })
+        .collect();
+    assert_eq!(got, PINNED, "recorded seeds no longer replay the same runs");
+}
+
+/// (seed, trace hash, events, end µs), recorded with the client's `Coordinator` in the
+/// simulator and ChaCha8 seeding.
+const PINNED: [(u64, u64, u64, u64); 3] = [
+    (1, 14_743_221_111_404_688_183, 2_300, 1_679_325),
+    (77, 600_028_829_115_382_479, 2_424, 1_879_792),
+    (4242, 17_034_406_723_921_138_833, 2_438, 1_790_067),
+];
+
 /// Seeds that broke an invariant before a fix (docs/simulation.md lists which bug each
 /// caught); they must keep passing.
 #[test]
@@ -66,7 +91,7 @@ fn regression_seeds_stay_fixed() {
     let cfg = SimConfig::default();
     for seed in [
         4, 40, 191, 282, 784, 671, 806, 873, 903, 20468, 64798, 71751, 31661, 35453, 36071, 75528,
-        62060, 62782,
+        62060, 62782, 19716,
     ] {
         let report = run(seed, &cfg);
         assert!(

@@ -5,13 +5,14 @@
 
 mod recovery;
 mod state;
+mod store;
 
 pub use recovery::Recovery;
-pub use state::{ManagerState, RecoveryBatch};
+pub use state::{ManagerState, Persisted, RecoveryBatch};
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tutti_wire::{serve, Connection, Connections, NodeId, Request, Response};
 
@@ -52,6 +53,14 @@ struct Manager {
     cfg: ManagerConfig,
     state: Mutex<ManagerState>,
     conns: Connections,
+    /// The origin of the state machine's clock.
+    started: Instant,
+}
+
+impl Manager {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
 }
 
 /// Runs the manager until `shutdown` resolves. Prints nothing; logs through `tracing`.
@@ -59,7 +68,17 @@ pub async fn run(
     cfg: ManagerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ManagerError> {
-    let state = ManagerState::open(&cfg.data)?;
+    let persisted = store::load(&cfg.data)?;
+    store::save(&cfg.data, &persisted).map_err(|source| ManagerError::Io {
+        what: "write manager.json".into(),
+        source,
+    })?;
+    // Differs at each start: nodes learn from it that GC reports held here are gone.
+    let incarnation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1;
+    let state = ManagerState::new(persisted, incarnation);
     let listener = TcpListener::bind(&cfg.listen)
         .await
         .map_err(|source| ManagerError::Io {
@@ -72,6 +91,7 @@ pub async fn run(
         cfg,
         state: Mutex::new(state),
         conns: Connections::new(frame_bytes_max, Duration::from_secs(1)),
+        started: Instant::now(),
     });
     let acceptor = {
         let (manager, frame_bytes_max) = (manager.clone(), manager.cfg.frame_bytes_max);
@@ -90,6 +110,7 @@ pub async fn run(
 }
 
 fn handle(manager: &Arc<Manager>, req: Request) -> Response {
+    let now_ms = manager.now_ms();
     let mut state = manager.state.lock().expect("manager state poisoned");
     match req {
         Request::Register {
@@ -98,15 +119,26 @@ fn handle(manager: &Arc<Manager>, req: Request) -> Response {
             size_bytes,
             durable,
             rebooted,
-        } => state.register(node, addr, size_bytes, durable, rebooted),
-        Request::Directory => Response::Directory(state.directory(manager.cfg.failure_timeout_ms)),
+        } => {
+            let (resp, written) = state.register(now_ms, node, addr, size_bytes, durable, rebooted);
+            match written.map(|p| store::save(&manager.cfg.data, &p)) {
+                Some(Err(e)) => Response::Error {
+                    code: tutti_wire::ErrorCode::NotReady,
+                    message: format!("persisting: {e}"),
+                },
+                _ => resp,
+            }
+        }
+        Request::Directory => {
+            Response::Directory(state.directory(now_ms, manager.cfg.failure_timeout_ms))
+        }
         Request::Heartbeat {
             node,
             uncertain,
             applied,
             applied_below,
         } => {
-            let (resp, batch) = state.heartbeat(node, uncertain, applied, applied_below);
+            let (resp, batch) = state.heartbeat(now_ms, node, uncertain, applied, applied_below);
             if let Some(batch) = batch {
                 tokio::spawn(recover(manager.clone(), batch));
             }
@@ -122,12 +154,13 @@ fn handle(manager: &Arc<Manager>, req: Request) -> Response {
 async fn epoch_clock(manager: Arc<Manager>) {
     loop {
         tokio::time::sleep(Duration::from_millis(manager.cfg.epoch_period_ms)).await;
-        let epoch = manager
-            .state
-            .lock()
-            .expect("manager state poisoned")
-            .advance_epoch();
-        tracing::info!(epoch, "epoch advanced");
+        // Saved under the lock: no heartbeat acknowledgement names the epoch before it is.
+        let mut state = manager.state.lock().expect("manager state poisoned");
+        let persisted = state.advance_epoch();
+        if let Err(e) = store::save(&manager.cfg.data, &persisted) {
+            tracing::error!("persisting the epoch: {e}");
+        }
+        tracing::info!(epoch = state.epoch(), "epoch advanced");
     }
 }
 

@@ -1,13 +1,12 @@
-//! The manager's state as plain data: directory, epoch, GC relay and tids under recovery.
-//! The directory and epoch are persisted (written to a temporary file, synced, renamed).
+//! The manager's state machine: directory, epoch, GC relay and tids under recovery. It is
+//! deterministic: the time comes in as an argument, and a change to the durable part (the
+//! directory and the epoch) comes back as a `Persisted` snapshot that the driver writes
+//! before it sends the reply that depends on it (`store` on disk; the simulator in memory).
 
-use crate::ManagerError;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 use tutti_wire::{Applied, Directory, NodeId, NodeInfo, Response, Tid};
 
 /// Tids relayed to one node per heartbeat acknowledgement.
@@ -19,13 +18,24 @@ const GC_BATCH_MAX: usize = 65_536;
 /// so never reports it) would stay here for good.
 const REPORTS_ROTATE_ROUNDS: u64 = 250;
 
-#[derive(Serialize, Deserialize, Default)]
-struct Persisted {
+/// What the manager keeps across restarts: the epoch and the directory.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Persisted {
     epoch: u64,
     nodes: BTreeMap<NodeId, PersistedNode>,
 }
 
-#[derive(Serialize, Deserialize, Clone, PartialEq)]
+impl Persisted {
+    /// A new cluster's: no node, the first epoch.
+    pub fn fresh() -> Persisted {
+        Persisted {
+            epoch: 1,
+            nodes: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 struct PersistedNode {
     addr: String,
     size_bytes: u64,
@@ -57,11 +67,10 @@ pub struct RecoveryBatch {
 }
 
 pub struct ManagerState {
-    /// Where the directory and epoch are persisted; `None` keeps them in memory only.
-    path: Option<PathBuf>,
     persisted: Persisted,
     incarnation: u64,
-    last_seen: HashMap<NodeId, Instant>,
+    /// When each node was last heard from, on the driver's clock (ms).
+    last_seen_ms: HashMap<NodeId, u64>,
     rebooted: HashSet<NodeId>,
     /// Multi-participant tids some participants reported applied, and which ones did.
     applied: FxHashMap<Tid, Awaited>,
@@ -76,52 +85,13 @@ pub struct ManagerState {
 }
 
 impl ManagerState {
-    pub fn open(dir: &Path) -> Result<ManagerState, ManagerError> {
-        std::fs::create_dir_all(dir).map_err(|source| ManagerError::Io {
-            what: format!("create {}", dir.display()),
-            source,
-        })?;
-        let path = dir.join("manager.json");
-        let persisted = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ManagerError::State {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Persisted {
-                epoch: 1,
-                nodes: BTreeMap::new(),
-            },
-            Err(source) => {
-                return Err(ManagerError::Io {
-                    what: format!("read {}", path.display()),
-                    source,
-                })
-            }
-        };
-        let incarnation = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            | 1;
-        let mut state = ManagerState::in_memory(persisted.epoch, incarnation);
-        state.path = Some(path);
-        state.persisted = persisted;
-        state.persist().map_err(|source| ManagerError::Io {
-            what: "write manager.json".into(),
-            source,
-        })?;
-        Ok(state)
-    }
-
-    /// A manager whose state lives in memory only (for simulation), starting at `epoch`.
-    pub fn in_memory(epoch: u64, incarnation: u64) -> ManagerState {
+    /// The state machine over `persisted` (as last written). `incarnation` differs at each
+    /// start, so that nodes can tell a restarted manager (its GC reports are gone).
+    pub fn new(persisted: Persisted, incarnation: u64) -> ManagerState {
         ManagerState {
-            path: None,
-            persisted: Persisted {
-                epoch,
-                nodes: BTreeMap::new(),
-            },
+            persisted,
             incarnation,
-            last_seen: HashMap::new(),
+            last_seen_ms: HashMap::new(),
             rebooted: HashSet::new(),
             applied: FxHashMap::default(),
             applied_older: FxHashMap::default(),
@@ -132,63 +102,53 @@ impl ManagerState {
         }
     }
 
-    fn persist(&self) -> std::io::Result<()> {
-        let Some(path) = &self.path else {
-            return Ok(());
-        };
-        let tmp = path.with_extension("json.tmp");
-        let bytes = serde_json::to_vec_pretty(&self.persisted).map_err(std::io::Error::other)?;
-        std::fs::write(&tmp, bytes)?;
-        std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(path.parent().expect("state file has a directory"))?.sync_all()
+    /// The durable part as it is now.
+    pub fn persisted(&self) -> &Persisted {
+        &self.persisted
     }
 
     pub fn epoch(&self) -> u64 {
         self.persisted.epoch
     }
 
-    pub fn advance_epoch(&mut self) -> u64 {
+    /// Starts the next epoch. Write the snapshot before any message naming it leaves.
+    pub fn advance_epoch(&mut self) -> Persisted {
         self.persisted.epoch += 1;
-        if let Err(e) = self.persist() {
-            tracing::error!("persisting the epoch: {e}");
-        }
-        self.persisted.epoch
+        self.persisted.clone()
     }
 
     pub fn addr(&self, node: NodeId) -> Option<String> {
         self.persisted.nodes.get(&node).map(|n| n.addr.clone())
     }
 
+    /// Registers a memory node at `now_ms`. With a snapshot, the directory changed: write
+    /// it before sending the reply (and send an error instead if that fails).
     pub fn register(
         &mut self,
+        now_ms: u64,
         node: NodeId,
         addr: String,
         size_bytes: u64,
         durable: bool,
         rebooted: bool,
-    ) -> Response {
+    ) -> (Response, Option<Persisted>) {
         if node == 0 {
-            return Response::Error {
+            let refused = Response::Error {
                 code: tutti_wire::ErrorCode::BadRequest,
                 message: "node ids start at 1".into(),
             };
+            return (refused, None);
         }
         let entry = PersistedNode {
             addr,
             size_bytes,
             durable,
         };
-        if self.persisted.nodes.get(&node) != Some(&entry) {
+        let changed = self.persisted.nodes.get(&node) != Some(&entry);
+        if changed {
             self.persisted.nodes.insert(node, entry);
-            if let Err(e) = self.persist() {
-                return Response::Error {
-                    code: tutti_wire::ErrorCode::NotReady,
-                    message: format!("persisting: {e}"),
-                };
-            }
         }
-        self.last_seen.insert(node, Instant::now());
+        self.last_seen_ms.insert(node, now_ms);
         if rebooted {
             self.rebooted.insert(node);
             let (n, r) = (self.persisted.nodes.len(), self.rebooted.len());
@@ -201,13 +161,15 @@ impl ManagerState {
             }
         }
         tracing::info!(node, "memory node registered");
-        Response::Registered {
+        let registered = Response::Registered {
             epoch: self.persisted.epoch,
             incarnation: self.incarnation,
-        }
+        };
+        (registered, changed.then(|| self.persisted.clone()))
     }
 
-    pub fn directory(&self, failure_timeout_ms: u64) -> Directory {
+    /// The directory at `now_ms`: a node not heard from for `failure_timeout_ms` is down.
+    pub fn directory(&self, now_ms: u64, failure_timeout_ms: u64) -> Directory {
         let nodes = self
             .persisted
             .nodes
@@ -217,10 +179,8 @@ impl ManagerState {
                 addr: n.addr.clone(),
                 size_bytes: n.size_bytes,
                 durable: n.durable,
-                alive: self
-                    .last_seen
-                    .get(&id)
-                    .is_some_and(|t| t.elapsed().as_millis() < u128::from(failure_timeout_ms)),
+                alive: (self.last_seen_ms.get(&id))
+                    .is_some_and(|&t| now_ms.saturating_sub(t) < failure_timeout_ms),
             })
             .collect();
         Directory {
@@ -237,12 +197,13 @@ impl ManagerState {
     /// tids not already under recovery, a batch for the recovery coordinator.
     pub fn heartbeat(
         &mut self,
+        now_ms: u64,
         node: NodeId,
         uncertain: Vec<(Tid, Vec<NodeId>)>,
         applied: Vec<Applied>,
         applied_below: u64,
     ) -> (Response, Option<RecoveryBatch>) {
-        self.last_seen.insert(node, Instant::now());
+        self.last_seen_ms.insert(node, now_ms);
         self.applied_below.insert(node, applied_below);
         self.heartbeats += 1;
         if self.heartbeats >= self.rotate_after() {
@@ -320,49 +281,47 @@ mod tests {
 
     #[test]
     fn gc_relayed_once_every_participant_applied() {
-        let dir = std::env::temp_dir().join(format!("tutti-mgr-{}", std::process::id()));
-        let mut s = ManagerState::open(&dir).unwrap();
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
         let applied = |tids: Vec<Tid>| {
             vec![Applied {
                 participants: vec![1, 2],
                 tids,
             }]
         };
-        let (resp, _) = s.heartbeat(1, vec![], applied(vec![tid(1), tid(2)]), 0);
+        let (resp, _) = s.heartbeat(0, 1, vec![], applied(vec![tid(1), tid(2)]), 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()));
-        let (resp, _) = s.heartbeat(1, vec![], applied(vec![tid(1)]), 0);
+        let (resp, _) = s.heartbeat(0, 1, vec![], applied(vec![tid(1)]), 0);
         assert!(
             matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()),
             "a report repeated by the same node does not count twice"
         );
-        let (resp, _) = s.heartbeat(2, vec![], applied(vec![tid(1)]), 0);
+        let (resp, _) = s.heartbeat(0, 2, vec![], applied(vec![tid(1)]), 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
-        let (resp, _) = s.heartbeat(1, vec![], vec![], 0);
+        let (resp, _) = s.heartbeat(0, 1, vec![], vec![], 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn every_node_hears_every_nodes_latest_applied_below() {
-        let mut s = ManagerState::in_memory(1, 1);
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
         let below = |resp: Response| match resp {
             Response::HeartbeatAck { applied_below, .. } => applied_below,
             other => panic!("{other:?}"),
         };
-        let _ = s.heartbeat(2, vec![], vec![], 40);
+        let _ = s.heartbeat(0, 2, vec![], vec![], 40);
         assert_eq!(
-            below(s.heartbeat(1, vec![], vec![], 7).0),
+            below(s.heartbeat(0, 1, vec![], vec![], 7).0),
             vec![(1, 7), (2, 40)]
         );
         assert_eq!(
-            below(s.heartbeat(2, vec![], vec![], 41).0),
+            below(s.heartbeat(0, 2, vec![], vec![], 41).0),
             vec![(1, 7), (2, 41)]
         );
     }
 
     #[test]
     fn a_report_kept_through_two_rotations_is_dropped() {
-        let mut s = ManagerState::in_memory(1, 1);
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
         let applied = |tids: Vec<Tid>| {
             vec![Applied {
                 participants: vec![1, 2],
@@ -373,25 +332,25 @@ mod tests {
             Response::HeartbeatAck { gc, .. } => gc,
             other => panic!("{other:?}"),
         };
-        let _ = s.heartbeat(1, vec![], applied(vec![tid(1), tid(2)]), 0);
+        let _ = s.heartbeat(0, 1, vec![], applied(vec![tid(1), tid(2)]), 0);
         for _ in 1..s.rotate_after() {
-            let _ = s.heartbeat(3, vec![], vec![], 0);
+            let _ = s.heartbeat(0, 3, vec![], vec![], 0);
         }
         assert_eq!(s.applied_older.len(), 2, "rotated once");
-        let completed = s.heartbeat(2, vec![], applied(vec![tid(1)]), 0).0;
+        let completed = s.heartbeat(0, 2, vec![], applied(vec![tid(1)]), 0).0;
         assert_eq!(
             gc(completed),
             vec![tid(1)],
             "a report found among the older ones"
         );
-        assert_eq!(gc(s.heartbeat(1, vec![], vec![], 0).0), vec![tid(1)]);
+        assert_eq!(gc(s.heartbeat(0, 1, vec![], vec![], 0).0), vec![tid(1)]);
         for _ in 0..2 * s.rotate_after() {
-            let _ = s.heartbeat(3, vec![], vec![], 0);
+            let _ = s.heartbeat(0, 3, vec![], vec![], 0);
         }
         assert!(s.applied.is_empty() && s.applied_older.is_empty());
-        let _ = s.heartbeat(2, vec![], applied(vec![tid(2)]), 0);
+        let _ = s.heartbeat(0, 2, vec![], applied(vec![tid(2)]), 0);
         assert!(
-            gc(s.heartbeat(1, vec![], vec![], 0).0).is_empty(),
+            gc(s.heartbeat(0, 1, vec![], vec![], 0).0).is_empty(),
             "node 1's report was dropped: node 1 settles tid 2 by asking node 2"
         );
     }
@@ -415,15 +374,27 @@ mod tests {
     }
 
     #[test]
-    fn directory_and_epoch_survive_restart() {
-        let dir = std::env::temp_dir().join(format!("tutti-mgr2-{}", std::process::id()));
-        let mut s = ManagerState::open(&dir).unwrap();
-        s.register(4, "127.0.0.1:9".into(), 4096, true, false);
-        s.advance_epoch();
-        drop(s);
-        let s = ManagerState::open(&dir).unwrap();
-        assert_eq!(s.epoch(), 2);
-        assert_eq!(s.addr(4).as_deref(), Some("127.0.0.1:9"));
-        std::fs::remove_dir_all(&dir).unwrap();
+    fn durable_changes_come_back_as_snapshots_to_write() {
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let (_, written) = s.register(0, 4, "127.0.0.1:9".into(), 4096, true, false);
+        let written = written.expect("a new node is written before the reply");
+        assert_eq!(&written, s.persisted());
+        let (_, again) = s.register(10, 4, "127.0.0.1:9".into(), 4096, true, true);
+        assert!(again.is_none(), "nothing changed");
+        assert_eq!(s.advance_epoch().epoch, 2);
+        let restarted = ManagerState::new(s.persisted().clone(), 2);
+        assert_eq!(restarted.epoch(), 2);
+        assert_eq!(restarted.addr(4).as_deref(), Some("127.0.0.1:9"));
+    }
+
+    #[test]
+    fn a_node_is_alive_until_the_failure_timeout_passes_on_the_given_clock() {
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let _ = s.register(1_000, 1, "127.0.0.1:9".into(), 4096, true, false);
+        let alive = |s: &ManagerState, now| s.directory(now, 3_000).nodes[0].alive;
+        assert!(alive(&s, 3_999));
+        assert!(!alive(&s, 4_000));
+        let _ = s.heartbeat(5_000, 1, vec![], vec![], 0);
+        assert!(alive(&s, 7_999));
     }
 }

@@ -19,7 +19,7 @@ use node::SimNode;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
-use tutti_manager::{ManagerState, Recovery};
+use tutti_manager::{ManagerState, Persisted, Recovery};
 use tutti_wire::{NodeId, Request, Response};
 
 /// Who sends and receives simulated messages.
@@ -236,7 +236,7 @@ impl World {
             nodes,
             coordinators,
             manager: Manager {
-                state: ManagerState::in_memory(1, 1),
+                state: ManagerState::new(Persisted::fresh(), 1),
                 recoveries: BTreeMap::new(),
                 asked: BTreeMap::new(),
             },
@@ -459,7 +459,8 @@ impl World {
             }
             Event::EpochTick => {
                 if self.faults_on() {
-                    self.manager.state.advance_epoch();
+                    // The simulated manager never crashes: its snapshots need no disk.
+                    let _written = self.manager.state.advance_epoch();
                     let next = self.cfg.epoch_interval_us;
                     self.at(next, Event::EpochTick);
                 }
@@ -520,10 +521,11 @@ impl World {
                         applied_below,
                     },
             } => {
+                let now_ms = self.now_us / 1000;
                 let (resp, batch) =
                     self.manager
                         .state
-                        .heartbeat(node, uncertain, applied, applied_below);
+                        .heartbeat(now_ms, node, uncertain, applied, applied_below);
                 self.send(Endpoint::Manager, from, Msg::Resp { id, resp });
                 if let Some(batch) = batch {
                     let (recovery, requests) = Recovery::start(batch);

@@ -1,0 +1,60 @@
+//! The manager's durable state on disk: `manager.json` in the data directory, replaced
+//! atomically (written to a temporary file, synced, renamed, the directory synced). Only
+//! the driver calls this; `ManagerState` hands it the snapshots to write.
+
+use crate::state::Persisted;
+use crate::ManagerError;
+use std::path::{Path, PathBuf};
+
+fn path(dir: &Path) -> PathBuf {
+    dir.join("manager.json")
+}
+
+/// The state last saved in `dir` (created if missing), or a fresh one.
+pub(crate) fn load(dir: &Path) -> Result<Persisted, ManagerError> {
+    std::fs::create_dir_all(dir).map_err(|source| ManagerError::Io {
+        what: format!("create {}", dir.display()),
+        source,
+    })?;
+    let path = path(dir);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ManagerError::State {
+            path,
+            reason: e.to_string(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Persisted::fresh()),
+        Err(source) => Err(ManagerError::Io {
+            what: format!("read {}", path.display()),
+            source,
+        }),
+    }
+}
+
+/// Makes `state` what `load` returns from now on, even across a crash.
+pub(crate) fn save(dir: &Path, state: &Persisted) -> std::io::Result<()> {
+    let path = path(dir);
+    let tmp = path.with_extension("json.tmp");
+    let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, bytes)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManagerState;
+
+    #[test]
+    fn directory_and_epoch_survive_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ManagerState::new(load(dir.path()).unwrap(), 1);
+        let (_, written) = s.register(0, 4, "127.0.0.1:9".into(), 4096, true, false);
+        save(dir.path(), &written.unwrap()).unwrap();
+        save(dir.path(), &s.advance_epoch()).unwrap();
+        let s = ManagerState::new(load(dir.path()).unwrap(), 2);
+        assert_eq!(s.epoch(), 2);
+        assert_eq!(s.addr(4).as_deref(), Some("127.0.0.1:9"));
+    }
+}

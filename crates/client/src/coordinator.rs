@@ -267,10 +267,7 @@ impl<'a> Coordinator<'a> {
                 }
                 if executed && !ahead.unsent.is_empty() {
                     let (node, request) = ahead.unsent.pop_front().expect("not empty");
-                    let id = self.call(&mut acts, node, request);
-                    let Phase::Ahead(ahead) = &mut self.phase else {
-                        unreachable!("still executing ahead")
-                    };
+                    let id = add_call(&mut self.next_call, &mut acts, node, request);
                     ahead.round.asked.push(id);
                     self.arm_round(&mut acts, now_us);
                 } else if ahead.round.answered() == ahead.round.asked.len() {
@@ -322,10 +319,7 @@ impl<'a> Coordinator<'a> {
     }
 
     fn call(&mut self, acts: &mut Actions, node: NodeId, request: Request) -> CallId {
-        let id = self.next_call;
-        self.next_call += 1;
-        acts.calls.push(Call { id, node, request });
-        id
+        add_call(&mut self.next_call, acts, node, request)
     }
 
     fn set_timer(&mut self, acts: &mut Actions, at_us: u64) {
@@ -424,19 +418,13 @@ impl<'a> Coordinator<'a> {
             unreachable!("resolving")
         };
         let resend = self.cfg.reply_timeout_us.is_some();
-        let mut asks = Vec::new();
-        for (i, q) in queries.iter_mut().enumerate() {
-            if !q.answered && (q.failed || resend) {
-                q.failed = false;
-                asks.push((i, q.node, q.request.clone()));
-            }
-        }
-        for (i, node, request) in asks {
-            let id = self.call(acts, node, request);
-            let Phase::Resolve { queries, .. } = &mut self.phase else {
-                unreachable!("resolving")
-            };
-            queries[i].calls.push(id);
+        for q in queries
+            .iter_mut()
+            .filter(|q| !q.answered && (q.failed || resend))
+        {
+            q.failed = false;
+            let id = add_call(&mut self.next_call, acts, q.node, q.request.clone());
+            q.calls.push(id);
         }
         self.arm_round(acts, now_us);
     }
@@ -592,6 +580,14 @@ impl<'a> Coordinator<'a> {
     }
 }
 
+/// Adds a call to `acts` under the next id of its coordinator.
+fn add_call(next: &mut CallId, acts: &mut Actions, node: NodeId, request: Request) -> CallId {
+    let id = *next;
+    *next += 1;
+    acts.calls.push(Call { id, node, request });
+    id
+}
+
 /// The first participant whose vote was lost.
 fn lost_node(nodes: &[NodeId], replies: &[NodeReply]) -> NodeId {
     (nodes.iter().zip(replies))
@@ -616,26 +612,7 @@ pub enum Bug {
     LostVoteCountsAsCommit,
 }
 
-#[cfg(feature = "planted-bugs")]
-thread_local! {
-    static PLANTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
-}
-
-/// Plants `bug` (or none) in every coordinator of this thread.
-#[cfg(feature = "planted-bugs")]
-pub fn plant(bug: Option<Bug>) {
-    PLANTED.with(|p| p.set(bug));
-}
-
-#[cfg(feature = "planted-bugs")]
-pub(crate) fn planted(bug: Bug) -> bool {
-    PLANTED.with(|p| p.get() == Some(bug))
-}
-
-#[cfg(not(feature = "planted-bugs"))]
-pub(crate) fn planted(_: Bug) -> bool {
-    false
-}
+tutti_wire::planted_bugs!(Bug);
 
 #[cfg(test)]
 mod tests {

@@ -1121,26 +1121,7 @@ pub enum Bug {
     AppliedBelowInclusive,
 }
 
-#[cfg(feature = "planted-bugs")]
-thread_local! {
-    static PLANTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
-}
-
-/// Plants `bug` (or none) in every participant of this thread.
-#[cfg(feature = "planted-bugs")]
-pub fn plant(bug: Option<Bug>) {
-    PLANTED.with(|p| p.set(bug));
-}
-
-#[cfg(feature = "planted-bugs")]
-fn planted(bug: Bug) -> bool {
-    PLANTED.with(|p| p.get() == Some(bug))
-}
-
-#[cfg(not(feature = "planted-bugs"))]
-fn planted(_: Bug) -> bool {
-    false
-}
+tutti_wire::planted_bugs!(Bug);
 
 /// Adds `tid` to the next heartbeat's report, in the group of its participant set.
 fn queue_report(

@@ -7,6 +7,7 @@ pub mod conn;
 pub mod frame;
 pub mod limits;
 pub mod message;
+mod planted;
 
 pub use conn::{bad_request, serve, serve_connection, Connection, Connections, Replies, RpcError};
 pub use frame::{decode_envelope, encode_envelope, FrameError, FRAME_BYTES_MAX_DEFAULT, ONE_WAY};

@@ -252,11 +252,16 @@ impl Cluster {
         let mut a = pin!(Fuse::terminated());
         let mut b = pin!(Fuse::terminated());
         let mut more = None::<FuturesUnordered<_>>;
-        // One timer for the whole minitransaction, moved only when the coordinator's moves.
-        let mut timer_at_us = self.coordinator_deadline_us();
-        let timer = tokio::time::sleep_until(instant(timer_at_us));
-        tokio::pin!(timer);
         let mut acts = co.begin(0, tid);
+        // One timer for the whole minitransaction, moved only when the coordinator's moves.
+        let timer_at = |co: &Coordinator<'_>| {
+            instant(
+                co.timer_at_us()
+                    .expect("a waiting coordinator has a timer set"),
+            )
+        };
+        let timer = tokio::time::sleep_until(timer_at(&co));
+        tokio::pin!(timer);
         loop {
             let epoch = &self.inner.epoch;
             epoch.fetch_max(acts.epoch_seen, Ordering::Relaxed);
@@ -287,12 +292,9 @@ impl Cluster {
                 }
                 Next::Wait => {}
             }
-            let at_us = co
-                .timer_at_us()
-                .expect("a waiting coordinator has a timer set");
-            if at_us != timer_at_us {
-                timer_at_us = at_us;
-                timer.as_mut().reset(instant(at_us));
+            let at = timer_at(&co);
+            if at != timer.deadline() {
+                timer.as_mut().reset(at);
             }
             let more_pending = more.as_ref().is_some_and(|m| !m.is_empty());
             let (id, reply) = tokio::select! {
@@ -309,14 +311,10 @@ impl Cluster {
         }
     }
 
-    fn coordinator_deadline_us(&self) -> u64 {
-        self.inner.opts.deadline.as_micros() as u64
-    }
-
     fn coordinator_config(&self, ahead: Option<ExecuteAhead>) -> coordinator::Config {
         let opts = &self.inner.opts;
         coordinator::Config {
-            deadline_us: self.coordinator_deadline_us(),
+            deadline_us: opts.deadline.as_micros() as u64,
             reply_timeout_us: None,
             backoff_initial_us: opts.backoff_initial.as_micros() as u64,
             backoff_max_us: opts.backoff_max.as_micros() as u64,

@@ -9,7 +9,7 @@ use rand::Rng;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use tutti_client::coordinator::{self, Actions, CallId, Coordinator, ExecuteAhead, Next};
-use tutti_client::{ExecError, Minitx, NodeReply, Outcome};
+use tutti_client::{ClientOptions, ExecError, Minitx, NodeReply, Outcome};
 use tutti_wire::{CmpOp, NodeId, Request, Tid};
 
 pub(crate) const SPACE_BYTES: u64 = 8192;
@@ -178,11 +178,13 @@ pub(crate) fn start_next(world: &mut World, c: usize) {
             true => ExecuteAhead::PerItem,
             false => ExecuteAhead::PerNode,
         });
+    // The backoff of the client's defaults; a shorter deadline keeps runs short.
+    let client = ClientOptions::default();
     let cfg = coordinator::Config {
         deadline_us: OP_DEADLINE_US,
         reply_timeout_us: Some(REPLY_TIMEOUT_US),
-        backoff_initial_us: 200,
-        backoff_max_us: 100_000,
+        backoff_initial_us: client.backoff_initial.as_micros() as u64,
+        backoff_max_us: client.backoff_max.as_micros() as u64,
         ahead,
     };
     let jitter_seed = world.rng.gen();

@@ -1087,6 +1087,11 @@ impl<R> Participant<R> {
         }
     }
 
+    /// Serving, with no uncertain tid and no lock held (cheap, unlike `stats`).
+    pub fn idle(&self) -> bool {
+        self.stage == Stage::Serving && self.uncertain.is_empty() && self.locks.holders() == 0
+    }
+
     pub fn stats(&self, now_ms: u64) -> StatsReport {
         StatsReport {
             node: self.cfg.id,

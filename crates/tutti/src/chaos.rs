@@ -4,7 +4,6 @@
 //! saw commit is lost, money is conserved, no tid stays uncertain, no lock is held, and the
 //! redo logs are collected again. The crash tests and `tutti chaos` both run on this.
 
-use crate::bank::Bank;
 use crate::local::{LocalCluster, LocalError};
 use crate::proxy::{Process, Proxy};
 use crate::registers::RegisterOp;
@@ -13,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tutti_client::Cluster;
+use tutti_workload::Bank;
 
 /// Memory node flags for fault runs: recovery within a second, small segments and frequent
 /// checkpoints so that garbage collection shows within the run.
@@ -37,6 +37,8 @@ pub struct Clients {
     count: u64,
     running: Vec<Option<(Child, PathBuf)>>,
     pub seen: Vec<u64>,
+    /// Transfers that ended in an error (their outcome is unknown), over all incarnations.
+    pub errors: Vec<u64>,
     pub incarnations: Vec<u64>,
     pub mix: Mix,
     /// Extra flags of each client (its routes through the chaos proxy).
@@ -52,6 +54,7 @@ impl Clients {
             count,
             running: (0..count).map(|_| None).collect(),
             seen: vec![0; count as usize],
+            errors: vec![0; count as usize],
             incarnations: vec![0; count as usize],
             mix: Mix::TRANSFERS,
             flags: vec![vec![]; count as usize],
@@ -109,7 +112,9 @@ impl Clients {
         if let Some((mut child, out)) = self.running[id as usize].take() {
             let _ = child.kill();
             let _ = child.wait();
-            self.seen[id as usize] += last_committed(&out);
+            let (committed, errors) = outcomes(&out);
+            self.seen[id as usize] += committed;
+            self.errors[id as usize] += errors;
         }
     }
 
@@ -122,7 +127,7 @@ impl Clients {
         self.running
             .iter()
             .flatten()
-            .map(|(_, out)| last_committed(out))
+            .map(|(_, out)| outcomes(out).0)
             .sum()
     }
 }
@@ -133,23 +138,21 @@ impl Drop for Clients {
     }
 }
 
-/// The last "committed N" line a client printed (it prints only after a commit).
-fn last_committed(out: &Path) -> u64 {
+/// What a client process printed: its last "committed N" line (it prints one after each
+/// commit), and how many "error" lines (transfers whose outcome it does not know).
+fn outcomes(out: &Path) -> (u64, u64) {
     let text = std::fs::read_to_string(out).unwrap_or_default();
-    text.lines()
-        .rev()
+    let committed = (text.lines().rev())
         .find_map(|l| l.strip_prefix("committed "))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(0);
+    let errors = text.lines().filter(|l| l.starts_with("error ")).count();
+    (committed, errors as u64)
 }
 
+/// The bank the client processes run (`tutti workload`'s defaults).
 pub fn bank(clients: u64) -> Bank {
-    Bank {
-        accounts: 1000,
-        nodes: 4,
-        initial_balance: 1000,
-        clients,
-    }
+    Bank::new(1000, 4, clients)
 }
 
 /// Waits until every node holds no uncertain tid and no lock.
@@ -190,28 +193,19 @@ pub async fn verify(local: &LocalCluster, clients: &Clients) -> Result<Cluster, 
     wait_idle(&cluster, Duration::from_secs(20))
         .await
         .map_err(|e| vec![e])?;
-    let audit = bank(clients.count)
-        .audit(&cluster)
+    let mut bank = bank(clients.count);
+    for id in 0..clients.count {
+        let i = id as usize;
+        // Every task of every incarnation may have been killed with a transfer in flight.
+        let unknown = clients.errors[i] + clients.incarnations[i] * TASKS;
+        bank.tally(id, clients.seen[i], unknown);
+    }
+    let violations: Vec<String> = crate::workload::check(&cluster, &bank)
         .await
-        .map_err(|e| vec![format!("audit: {e}")])?;
-    let mut violations = Vec::new();
-    if audit.total != 1000 * 1000 {
-        violations.push(format!("money is not conserved: total {}", audit.total));
-    }
-    for id in 0..clients.count as usize {
-        let (counter, seen) = (audit.counters[id], clients.seen[id]);
-        if counter < seen {
-            violations.push(format!(
-                "client {id}: {seen} transfers seen committed but only {counter} recorded"
-            ));
-        }
-        let in_flight = clients.incarnations[id] * TASKS;
-        if counter > seen + in_flight {
-            violations.push(format!(
-                "client {id}: counter {counter} exceeds {seen} seen + {in_flight} in flight"
-            ));
-        }
-    }
+        .map_err(|e| vec![format!("bank snapshot: {e}")])?
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     if violations.is_empty() {
         Ok(cluster)
     } else {
@@ -576,8 +570,7 @@ pub fn run(
     local.start_all()?;
     rt.block_on(async {
         let cluster = local.wait_ready(Duration::from_secs(60)).await?;
-        bank(cfg.clients)
-            .init(&cluster)
+        crate::workload::setup(&cluster, &bank(cfg.clients))
             .await
             .map_err(|e| LocalError::Config(format!("bank init: {e}")))
     })?;

@@ -1,16 +1,16 @@
 //! The `tutti` command line as a library: starting a local cluster of real processes
-//! (`local`), parsing ad-hoc minitransaction items (`items`), the bank and register
-//! workloads used by crash tests (`bank`, `registers`), failure injection against real
-//! processes with a partitioning proxy (`chaos`, `proxy`) and the minitransaction benchmark
-//! (`bench`). `main.rs` is the CLI.
+//! (`local`), parsing ad-hoc minitransaction items (`items`), the register workload and the
+//! driver of `tutti-workload`'s workloads over a real cluster (`registers`, `workload`),
+//! failure injection against real processes with a partitioning proxy (`chaos`, `proxy`)
+//! and the minitransaction benchmark (`bench`). `main.rs` is the CLI.
 
-pub mod bank;
 pub mod bench;
 pub mod chaos;
 pub mod items;
 pub mod local;
 pub mod proxy;
 pub mod registers;
+pub mod workload;
 
 /// The root of the source tree this binary was built from, where `tools/` and `bench/` are.
 pub fn source_tree() -> &'static std::path::Path {

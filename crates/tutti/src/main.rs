@@ -10,7 +10,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use tutti::bank::{Bank, TransferKind};
 use tutti::bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
 use tutti::bench::suite::ScratchCluster;
 use tutti::bench::Point;
@@ -18,6 +17,7 @@ use tutti::items::{parse_items, to_hex};
 use tutti::local::{manager_addr, Layout, LocalCluster};
 use tutti_client::{ClientOptions, Cluster};
 use tutti_memnode::{Limits, Mode, NodeConfig};
+use tutti_workload::{BankOp, TransferKind};
 
 #[derive(Parser)]
 #[command(
@@ -390,7 +390,9 @@ struct WorkloadArgs {
     client_id: u64,
     #[arg(long, default_value_t = 4)]
     tasks: usize,
-    #[arg(long, value_enum, default_value_t = TransferKind::Cas)]
+    /// How transfers move money: `cas` (read both balances, then compare and write both)
+    /// or `add` (an ordered compare and two adds).
+    #[arg(long, default_value = "cas")]
     kind: TransferKind,
     #[arg(long, default_value_t = 60.0)]
     seconds: f64,
@@ -1044,12 +1046,7 @@ async fn workload(a: WorkloadArgs) -> Result<(), String> {
     use tutti::chaos::MixOp;
     use tutti::registers::{History, RegisterClient};
     let cluster = a.cluster.connect().await?;
-    let bank = Bank {
-        accounts: a.accounts,
-        nodes: a.nodes,
-        initial_balance: 1000,
-        clients: a.clients,
-    };
+    let bank = tutti_workload::Bank::new(a.accounts, a.nodes, a.clients).kind(a.kind);
     let history = match (&a.history, a.mix.has_registers()) {
         (Some(path), _) => Some(Arc::new(
             History::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
@@ -1062,7 +1059,8 @@ async fn workload(a: WorkloadArgs) -> Result<(), String> {
     let mut tasks = Vec::new();
     for task in 0..a.tasks {
         let (cluster, committed, history) = (cluster.clone(), committed.clone(), history.clone());
-        let (client, kind, mix, nodes) = (a.client_id, a.kind, a.mix, a.nodes);
+        let (client, mix, nodes) = (a.client_id, a.mix, a.nodes);
+        let mut bank = bank.clone();
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::from_entropy();
             let name = format!("{client}.{}.{task}", std::process::id());
@@ -1078,15 +1076,14 @@ async fn workload(a: WorkloadArgs) -> Result<(), String> {
                     }
                     (MixOp::Register(_), None) => unreachable!("checked above"),
                     (MixOp::Transfer, _) => {
-                        match bank.transfer(&cluster, client, kind, &mut rng).await {
-                            Ok(true) => {
-                                format!(
-                                    "committed {}",
-                                    committed.fetch_add(1, Ordering::SeqCst) + 1
-                                )
+                        let ran = tutti::workload::run_op(&cluster, &mut bank, client, &mut rng);
+                        match ran.await {
+                            (BankOp::Move { .. }, Ok(out)) if out.committed => {
+                                let n = committed.fetch_add(1, Ordering::SeqCst) + 1;
+                                format!("committed {n}")
                             }
-                            Ok(false) => continue,
-                            Err(e) => format!("error {e}"),
+                            (BankOp::Move { .. }, Err(e)) => format!("error {e}"),
+                            _ => continue,
                         }
                     }
                 };

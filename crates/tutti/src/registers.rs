@@ -4,7 +4,6 @@
 //! a key on another node, so each is a two-node minitransaction (2PC, or a read-only
 //! release) and its recovery paths are what the history exercises.
 
-use crate::bank::u64_of;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -199,7 +198,9 @@ impl<'a> RegisterClient<'a> {
             Err(ExecError::OutcomeUnknown { .. }) => (Out::Unknown, Out::Unknown, vec![]),
             Err(_) => (Out::Aborted, Out::Aborted, vec![]),
         };
-        let read_value = |i: usize| reads.get(i).map(|r| u64_of(r));
+        let read_value = |i: usize| {
+            (reads.get(i)).map(|r| u64::from_le_bytes(r[..8].try_into().expect("an 8-byte read")))
+        };
         let (own, companion) = match op {
             Op::Read | Op::Cas { .. } => (read_value(0), read_value(1)),
             Op::Write { .. } => (None, read_value(0)),

@@ -1,14 +1,14 @@
 //! Isolation under concurrency: 16 clients (each its own coordinator and connections) move
-//! money between 1,000 accounts on 4 memory nodes with 2-node minitransactions. The total
-//! never changes, no balance goes negative, and every client's counter (updated in the
-//! same minitransaction) equals the transfers it saw commit.
+//! money between 1,000 accounts on 4 memory nodes, running the bank workload the simulator
+//! runs. The total never changes, no balance goes negative, and every client's counter
+//! (updated in the same minitransaction) equals the transfers it saw commit.
 
 mod common;
 
 use rand::SeedableRng;
 use std::time::{Duration, Instant};
-use tutti::bank::{Bank, TransferKind};
 use tutti_client::{ClientOptions, Cluster};
+use tutti_workload::{Bank, BankOp, TransferKind};
 
 const CLIENTS: u64 = 16;
 
@@ -17,17 +17,13 @@ fn run(mode: &str, kind: TransferKind) {
     let c = common::start(&format!("bank-{mode}-{kind:?}"), 4, mode, &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let bank = Bank {
-            accounts: 1000,
-            nodes: 4,
-            initial_balance: 1000,
-            clients: CLIENTS,
-        };
-        bank.init(&cluster).await.unwrap();
+        let mut bank = Bank::new(1000, 4, CLIENTS).kind(kind);
+        tutti::workload::setup(&cluster, &bank).await.unwrap();
         let until = Instant::now() + Duration::from_secs(4);
         let mut tasks = Vec::new();
         for client in 0..CLIENTS {
             let manager = c.local.file.manager.clone();
+            let mut bank = bank.clone();
             tasks.push(tokio::spawn(async move {
                 let cluster = Cluster::connect(&manager, ClientOptions::default())
                     .await
@@ -35,13 +31,14 @@ fn run(mode: &str, kind: TransferKind) {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(client);
                 let (mut committed, mut failed) = (0u64, 0u64);
                 while Instant::now() < until {
-                    match bank
-                        .transfer(&cluster, client, kind, &mut rng)
-                        .await
-                        .unwrap()
-                    {
-                        true => committed += 1,
-                        false => failed += 1,
+                    let ran = tutti::workload::run_op(&cluster, &mut bank, client, &mut rng);
+                    match ran.await {
+                        (BankOp::Move { .. }, Ok(out)) => match out.committed {
+                            true => committed += 1,
+                            false => failed += 1,
+                        },
+                        (_, Ok(_)) => failed += 1,
+                        (op, Err(e)) => panic!("{op:?}: {e}"),
                     }
                 }
                 (committed, failed)
@@ -51,18 +48,12 @@ fn run(mode: &str, kind: TransferKind) {
         for t in tasks {
             seen.push(t.await.unwrap());
         }
-        let audit = bank.audit(&cluster).await.unwrap();
-        assert_eq!(audit.total, 1000 * 1000, "money is conserved");
-        assert!(
-            audit.min_balance <= 1000 * 1000,
-            "no balance wrapped below zero"
-        );
-        let committed: Vec<u64> = seen.iter().map(|s| s.0).collect();
-        assert_eq!(
-            audit.counters, committed,
-            "each counter equals the commits its client saw"
-        );
-        let total: u64 = committed.iter().sum();
+        for (client, (committed, _)) in seen.iter().enumerate() {
+            bank.tally(client as u64, *committed, 0);
+        }
+        let violations = tutti::workload::check(&cluster, &bank).await.unwrap();
+        assert_eq!(violations, vec![], "money conserved, no balance below zero, each counter equals the commits its client saw");
+        let total: u64 = seen.iter().map(|s| s.0).sum();
         assert!(
             total > 100,
             "the workload made progress ({total} transfers)"

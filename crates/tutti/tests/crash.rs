@@ -25,7 +25,9 @@ fn bank_cluster(rt: &tokio::runtime::Runtime, name: &str) -> (common::TestCluste
     let c = common::start(name, 4, "log", chaos::NODE_FLAGS, &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        chaos::bank(CLIENTS).init(&cluster).await.unwrap();
+        tutti::workload::setup(&cluster, &chaos::bank(CLIENTS))
+            .await
+            .unwrap();
     });
     let clients = Clients::new(&common::exe(), &c.local.file.manager, &c.dir, CLIENTS);
     (c, clients)

@@ -1,0 +1,64 @@
+//! The minitransaction protocol's messages on the simulated network, and where each
+//! memory node and the manager are.
+
+use crate::world::{Addr, Ctx, Message};
+use std::any::Any;
+use tutti_wire::{NodeId, Request, Response};
+
+#[derive(Debug, Clone)]
+pub(crate) enum Msg {
+    Req { id: u64, req: Request },
+    Resp { id: u64, resp: Response },
+}
+
+impl Message for Msg {
+    fn trace_id(&self) -> u64 {
+        match self {
+            Msg::Req { id, .. } | Msg::Resp { id, .. } => *id,
+        }
+    }
+
+    /// EXEC&PREPARE and EXECUTE-AHEAD are never duplicated: TCP does not duplicate, and
+    /// coordinators never resend one (they retry with a new tid). A participant counts the
+    /// items executed ahead, so a duplicate would be counted twice.
+    fn duplicate(&self) -> Option<Box<dyn Message>> {
+        match self {
+            Msg::Req {
+                req: Request::ExecPrepare(_) | Request::ExecuteAhead(_),
+                ..
+            } => None,
+            _ => Some(Box::new(self.clone())),
+        }
+    }
+}
+
+/// The message a process of this protocol received (the world carries only `Msg` to it).
+pub(crate) fn open(msg: Box<dyn Message>) -> Msg {
+    let msg: Box<dyn Any> = msg;
+    *msg.downcast()
+        .expect("the minitransaction protocol's message")
+}
+
+/// A request that expects no reply (message id 0), such as a DECISION.
+pub(crate) fn send_one_way(ctx: &mut Ctx<'_>, to: Addr, req: Request) {
+    if let Request::Decisions(d) = &req {
+        ctx.count("batched_decisions", u64::from(d.len() > 1));
+        let with_lsns = d.iter().filter(|d| !d.lsns.is_empty()).count();
+        ctx.count("commits_with_lsns", with_lsns as u64);
+    }
+    ctx.send(to, Msg::Req { id: 0, req });
+}
+
+/// Where the memory nodes and the manager are.
+#[derive(Debug)]
+pub(crate) struct Directory {
+    /// Node `i + 1` is at `nodes[i]`.
+    pub(crate) nodes: Vec<Addr>,
+    pub(crate) manager: Addr,
+}
+
+impl Directory {
+    pub(crate) fn node(&self, id: NodeId) -> Addr {
+        self.nodes[usize::from(id) - 1]
+    }
+}

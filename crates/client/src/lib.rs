@@ -34,8 +34,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 pub use tutti_wire::Limits;
 use tutti_wire::{
-    Connection, Connections, Directory, NodeId, NodeInfo, Request, Response, RpcError, StatsReport,
-    Tid,
+    Connection, Connections, Dialer, Directory, NodeId, NodeInfo, Request, Response, RpcError,
+    StatsReport, Tid,
 };
 
 #[derive(Clone, Debug)]
@@ -52,6 +52,9 @@ pub struct ClientOptions {
     /// replies and the requests they unblock go back and forth in whole batches. Two let
     /// both work at once; more only split the batches and add system calls.
     pub connections: usize,
+    /// How it reaches the manager and the memory nodes (routes through a proxy under
+    /// `tutti chaos`).
+    pub dialer: Dialer,
 }
 
 impl Default for ClientOptions {
@@ -63,6 +66,7 @@ impl Default for ClientOptions {
             limits: Limits::default(),
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
             connections: 2,
+            dialer: Dialer::default(),
         }
     }
 }
@@ -115,7 +119,7 @@ impl Cluster {
         let until = Instant::now() + opts.deadline;
         let mut delay = Duration::from_millis(20);
         let directory = loop {
-            match fetch_directory(manager, opts.frame_bytes_max).await {
+            match fetch_directory(manager, opts.frame_bytes_max, &opts.dialer).await {
                 Ok(d) => break d,
                 Err(e) if Instant::now() + delay >= until => {
                     return Err(ConnectError::Manager {
@@ -132,6 +136,7 @@ impl Cluster {
             opts.frame_bytes_max,
             CONNECT_TIMEOUT,
             opts.connections.div_ceil(directory.nodes.len().max(1)),
+            opts.dialer.clone(),
         );
         Ok(Cluster {
             inner: Arc::new(Inner {
@@ -378,7 +383,11 @@ impl Cluster {
 
     /// Best effort: keeps the cached directory if the manager is down.
     async fn refresh_directory(&self) {
-        let fetch = fetch_directory(&self.inner.manager, self.inner.opts.frame_bytes_max);
+        let fetch = fetch_directory(
+            &self.inner.manager,
+            self.inner.opts.frame_bytes_max,
+            &self.inner.opts.dialer,
+        );
         if let Ok(Ok(d)) = tokio::time::timeout(Duration::from_millis(500), fetch).await {
             self.inner.epoch.fetch_max(d.epoch, Ordering::Relaxed);
             *self.inner.directory.lock().expect("directory poisoned") = d;
@@ -392,10 +401,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long one directory request may take.
 const DIRECTORY_TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn fetch_directory(manager: &str, frame_bytes_max: usize) -> Result<Directory, RpcError> {
+async fn fetch_directory(
+    manager: &str,
+    frame_bytes_max: usize,
+    dialer: &Dialer,
+) -> Result<Directory, RpcError> {
     let connect = tokio::time::timeout(
         DIRECTORY_TIMEOUT,
-        Connection::connect(manager, frame_bytes_max),
+        Connection::connect(manager, frame_bytes_max, dialer),
     );
     let conn = connect.await.map_err(|_| RpcError::Timeout {
         addr: manager.to_string(),

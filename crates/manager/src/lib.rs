@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tutti_wire::{serve, Connection, Connections, NodeId, Request, Response};
+use tutti_wire::{serve, Connection, Connections, Dialer, NodeId, Request, Response};
 
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
@@ -23,6 +23,8 @@ pub struct ManagerConfig {
     pub epoch_period_ms: u64,
     pub failure_timeout_ms: u64,
     pub frame_bytes_max: usize,
+    /// How it reaches the memory nodes (routes through a proxy under `tutti chaos`).
+    pub dialer: Dialer,
 }
 
 impl ManagerConfig {
@@ -33,6 +35,7 @@ impl ManagerConfig {
             epoch_period_ms: 3_600_000,
             failure_timeout_ms: 3_000,
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+            dialer: Dialer::default(),
         }
     }
 }
@@ -86,11 +89,15 @@ pub async fn run(
             source,
         })?;
     tracing::info!(addr = %cfg.listen, epoch = state.epoch(), "manager listening");
-    let frame_bytes_max = cfg.frame_bytes_max;
+    let conns = Connections::new(
+        cfg.frame_bytes_max,
+        Duration::from_secs(1),
+        cfg.dialer.clone(),
+    );
     let manager = Arc::new(Manager {
         cfg,
         state: Mutex::new(state),
-        conns: Connections::new(frame_bytes_max, Duration::from_secs(1)),
+        conns,
         started: Instant::now(),
     });
     let acceptor = {

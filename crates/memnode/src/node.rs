@@ -14,7 +14,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tutti_wire::{
-    Connection, Connections, Limits, NodeId, Replies, Request, Response, RpcError, Tid,
+    Connection, Connections, Dialer, Limits, NodeId, Replies, Request, Response, RpcError, Tid,
 };
 
 #[derive(Clone, Debug)]
@@ -32,6 +32,8 @@ pub struct NodeConfig {
     pub log_segment_bytes: u64,
     pub limits: Limits,
     pub frame_bytes_max: usize,
+    /// How it reaches the manager and its peers (routes through a proxy under `tutti chaos`).
+    pub dialer: Dialer,
 }
 
 impl NodeConfig {
@@ -56,6 +58,7 @@ impl NodeConfig {
             log_segment_bytes: crate::redo_log::SEGMENT_BYTES_MAX_DEFAULT,
             limits: Limits::default(),
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+            dialer: Dialer::default(),
         }
     }
 }
@@ -227,7 +230,12 @@ impl Node {
     }
 
     async fn refresh_directory(&self) -> Result<(), RpcError> {
-        let manager = Connection::connect(&self.cfg.manager, self.cfg.frame_bytes_max).await?;
+        let manager = Connection::connect(
+            &self.cfg.manager,
+            self.cfg.frame_bytes_max,
+            &self.cfg.dialer,
+        )
+        .await?;
         match manager
             .call_within(&Request::Directory, RPC_TIMEOUT)
             .await?
@@ -299,7 +307,7 @@ pub async fn run(
         log: log.as_ref().map(|_| log_tx.clone()),
         unsent: Mutex::default(),
         start: Instant::now(),
-        peers: Connections::new(cfg.frame_bytes_max, RPC_TIMEOUT),
+        peers: Connections::new(cfg.frame_bytes_max, RPC_TIMEOUT, cfg.dialer.clone()),
         directory: Mutex::default(),
     });
     let writer = log.map(|log| {
@@ -490,7 +498,12 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
     let mut delay = Duration::from_millis(50);
     loop {
         let result = async {
-            let manager = Connection::connect(&node.cfg.manager, node.cfg.frame_bytes_max).await?;
+            let manager = Connection::connect(
+                &node.cfg.manager,
+                node.cfg.frame_bytes_max,
+                &node.cfg.dialer,
+            )
+            .await?;
             manager.call_within(&req, RPC_TIMEOUT).await
         }
         .await;
@@ -610,9 +623,13 @@ async fn heartbeat_loop(node: Arc<Node>) {
     loop {
         tokio::time::sleep(Duration::from_millis(node.cfg.heartbeat_interval_ms)).await;
         if manager.as_ref().is_none_or(|m| m.is_closed()) {
-            manager = Connection::connect(&node.cfg.manager, node.cfg.frame_bytes_max)
-                .await
-                .ok();
+            manager = Connection::connect(
+                &node.cfg.manager,
+                node.cfg.frame_bytes_max,
+                &node.cfg.dialer,
+            )
+            .await
+            .ok();
         }
         let Some(conn) = &manager else { continue };
         let sent_ms = node.now_ms();

@@ -18,7 +18,7 @@ fn run(mode: &str, kind: TransferKind) {
     rt.block_on(async {
         let cluster = common::ready(&c).await;
         let mut bank = Bank::new(1000, 4, CLIENTS).kind(kind);
-        tutti::workload::setup(&cluster, &bank).await.unwrap();
+        tutti_harness::workload::setup(&cluster, &bank).await.unwrap();
         let until = Instant::now() + Duration::from_secs(4);
         let mut tasks = Vec::new();
         for client in 0..CLIENTS {
@@ -31,7 +31,7 @@ fn run(mode: &str, kind: TransferKind) {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(client);
                 let (mut committed, mut failed) = (0u64, 0u64);
                 while Instant::now() < until {
-                    let ran = tutti::workload::run_op(&cluster, &mut bank, client, &mut rng);
+                    let ran = tutti_harness::workload::run_op(&cluster, &mut bank, client, &mut rng);
                     match ran.await {
                         (BankOp::Move { .. }, Ok(out)) => match out.committed {
                             true => committed += 1,
@@ -51,7 +51,7 @@ fn run(mode: &str, kind: TransferKind) {
         for (client, (committed, _)) in seen.iter().enumerate() {
             bank.tally(client as u64, *committed, 0);
         }
-        let violations = tutti::workload::check(&cluster, &bank).await.unwrap();
+        let violations = tutti_harness::workload::check(&cluster, &bank).await.unwrap();
         assert_eq!(violations, vec![], "money conserved, no balance below zero, each counter equals the commits its client saw");
         let total: u64 = seen.iter().map(|s| s.0).sum();
         assert!(

@@ -2,9 +2,11 @@
 //! wall-clock number is checked: benchmarks never gate CI), and a `ram` node keeps to the
 //! core's memory target.
 
+#![cfg(feature = "bench")]
+
 mod common;
 
-use tutti::bench::Point;
+use tutti_bench::Point;
 
 #[test]
 fn bench_minitx_quick_writes_valid_json() {
@@ -64,7 +66,7 @@ fn a_ram_node_holds_no_more_than_the_bytes_written_plus_64_mib() {
     common::runtime().block_on(async {
         let cluster = common::ready(&c).await;
         let written = 48 << 20;
-        let points = tutti::bench::memory::ram(&cluster, 1, written)
+        let points = tutti_bench::memory::ram(&cluster, 1, written)
             .await
             .expect("memory points");
         let rss: Vec<u64> = points.iter().map(|p| p.rss_bytes.unwrap()).collect();

@@ -9,8 +9,8 @@ mod common;
 
 use rand::Rng;
 use std::time::Duration;
-use tutti::chaos::{self, ChaosConfig, Clients, Terminator};
 use tutti_client::Cluster;
+use tutti_harness::chaos::{self, ChaosConfig, Clients, Terminator};
 
 const CLIENTS: u64 = 6;
 
@@ -25,7 +25,7 @@ fn bank_cluster(rt: &tokio::runtime::Runtime, name: &str) -> (common::TestCluste
     let c = common::start(name, 4, "log", chaos::NODE_FLAGS, &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        tutti::workload::setup(&cluster, &chaos::bank(CLIENTS))
+        tutti_harness::workload::setup(&cluster, &chaos::bank(CLIENTS))
             .await
             .unwrap();
     });
@@ -97,7 +97,7 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
 /// The checker can fail: one read in the run's real history is made to return a value no
 /// one wrote.
 fn corrupted_history_is_not_linearizable(dir: &std::path::Path) {
-    use tutti::registers::{check_histories, history_files, Event, Out};
+    use tutti_harness::registers::{check_histories, history_files, Event, Out};
     let files = history_files(dir).unwrap();
     let corrupted = files.iter().any(|file| {
         let text = std::fs::read_to_string(file).unwrap();

@@ -21,7 +21,7 @@ async fn raw(c: &common::TestCluster, node: u16) -> Connection {
         .find(|n| n.id == node)
         .unwrap()
         .addr;
-    Connection::connect(addr, FRAME_BYTES_MAX_DEFAULT)
+    Connection::connect(addr, FRAME_BYTES_MAX_DEFAULT, &Default::default())
         .await
         .unwrap()
 }

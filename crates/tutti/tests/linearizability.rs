@@ -4,7 +4,7 @@
 
 #[test]
 fn the_history_checker_passes_its_go_tests() {
-    let dir = tutti::chaos::default_checker();
+    let dir = tutti_harness::chaos::default_checker();
     let out = std::process::Command::new("go")
         .args(["test", "./..."])
         .current_dir(&dir)

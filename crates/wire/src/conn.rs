@@ -10,7 +10,7 @@ use futures::{SinkExt, StreamExt};
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
@@ -67,34 +67,41 @@ pub struct Connection {
     closed: Arc<AtomicBool>,
 }
 
-/// Addresses this process dials through another one (`--route FROM=VIA`): `tutti chaos`
-/// points each process at its own fault-injecting proxy for every peer. Empty otherwise.
-static ROUTES: OnceLock<HashMap<String, String>> = OnceLock::new();
-
-/// Sets the routes of this process, once, before any connection is made.
-pub fn set_routes(routes: HashMap<String, String>) -> Result<(), String> {
-    ROUTES
-        .set(routes)
-        .map_err(|_| "routes are already set".to_string())
+/// How a process reaches an address: directly, or through another address for some
+/// (`--route FROM=VIA`: `tutti chaos` points each process at its own fault-injecting proxy
+/// for every peer). Passed in each component's options; cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Dialer {
+    routes: Arc<HashMap<String, String>>,
 }
 
-fn dial_address(addr: &str) -> &str {
-    ROUTES
-        .get()
-        .and_then(|r| r.get(addr))
-        .map_or(addr, String::as_str)
+impl Dialer {
+    /// Dials `from` at `via` instead, for each pair.
+    pub fn with_routes(routes: HashMap<String, String>) -> Dialer {
+        Dialer {
+            routes: Arc::new(routes),
+        }
+    }
+
+    /// Where a connection to `addr` really goes.
+    pub fn address<'a>(&'a self, addr: &'a str) -> &'a str {
+        self.routes.get(addr).map_or(addr, String::as_str)
+    }
 }
 
 impl Connection {
-    /// Connects to `addr` (or the route set for it); errors name `addr`.
-    pub async fn connect(addr: &str, frame_bytes_max: usize) -> Result<Connection, RpcError> {
-        let stream =
-            TcpStream::connect(dial_address(addr))
-                .await
-                .map_err(|e| RpcError::Connect {
-                    addr: addr.to_string(),
-                    reason: e.to_string(),
-                })?;
+    /// Connects to `addr` (through `dialer`); errors name `addr`.
+    pub async fn connect(
+        addr: &str,
+        frame_bytes_max: usize,
+        dialer: &Dialer,
+    ) -> Result<Connection, RpcError> {
+        let stream = TcpStream::connect(dialer.address(addr))
+            .await
+            .map_err(|e| RpcError::Connect {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?;
         stream.set_nodelay(true).ok();
         let (rd, wr) = stream.into_split();
         let pending: Pending = Arc::default();
@@ -365,11 +372,16 @@ pub struct Connections {
     per_node: usize,
     turn: std::sync::atomic::AtomicUsize,
     open: Mutex<FxHashMap<crate::NodeId, Vec<Arc<Connection>>>>,
+    dialer: Dialer,
 }
 
 impl Connections {
-    pub fn new(frame_bytes_max: usize, connect_timeout: std::time::Duration) -> Self {
-        Self::with_per_node(frame_bytes_max, connect_timeout, 1)
+    pub fn new(
+        frame_bytes_max: usize,
+        connect_timeout: std::time::Duration,
+        dialer: Dialer,
+    ) -> Self {
+        Self::with_per_node(frame_bytes_max, connect_timeout, 1, dialer)
     }
 
     /// Up to `per_node` (at least 1) connections to each node.
@@ -377,10 +389,12 @@ impl Connections {
         frame_bytes_max: usize,
         connect_timeout: std::time::Duration,
         per_node: usize,
+        dialer: Dialer,
     ) -> Self {
         Connections {
             frame_bytes_max,
             connect_timeout,
+            dialer,
             per_node: per_node.max(1),
             turn: std::sync::atomic::AtomicUsize::new(0),
             open: Mutex::default(),
@@ -429,18 +443,20 @@ impl Connections {
             return Ok(c);
         }
         let timeout = self.connect_timeout;
-        let conn =
-            match tokio::time::timeout(timeout, Connection::connect(addr, self.frame_bytes_max))
-                .await
-            {
-                Ok(conn) => Arc::new(conn?),
-                Err(_) => {
-                    return Err(RpcError::Timeout {
-                        addr: addr.to_string(),
-                        ms: timeout.as_millis() as u64,
-                    })
-                }
-            };
+        let conn = match tokio::time::timeout(
+            timeout,
+            Connection::connect(addr, self.frame_bytes_max, &self.dialer),
+        )
+        .await
+        {
+            Ok(conn) => Arc::new(conn?),
+            Err(_) => {
+                return Err(RpcError::Timeout {
+                    addr: addr.to_string(),
+                    ms: timeout.as_millis() as u64,
+                })
+            }
+        };
         let mut open = self.open.lock().expect("connections poisoned");
         let conns = open.entry(node).or_default();
         // Callers racing on a node's first use each connect; the surplus serves one call.

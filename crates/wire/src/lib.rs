@@ -9,7 +9,9 @@ pub mod limits;
 pub mod message;
 mod planted;
 
-pub use conn::{bad_request, serve, serve_connection, Connection, Connections, Replies, RpcError};
+pub use conn::{
+    bad_request, serve, serve_connection, Connection, Connections, Dialer, Replies, RpcError,
+};
 pub use frame::{decode_envelope, encode_envelope, FrameError, FRAME_BYTES_MAX_DEFAULT, ONE_WAY};
 pub use limits::Limits;
 pub use message::*;

@@ -51,8 +51,12 @@ async fn task_connection(conns: &Arc<Connections>, addr: &str) -> Arc<Connection
 
 async fn setup(per_node: usize) -> (String, Served, Arc<Connections>) {
     let (addr, served) = server().await;
-    let conns =
-        Connections::with_per_node(FRAME_BYTES_MAX_DEFAULT, Duration::from_secs(1), per_node);
+    let conns = Connections::with_per_node(
+        FRAME_BYTES_MAX_DEFAULT,
+        Duration::from_secs(1),
+        per_node,
+        Default::default(),
+    );
     (addr, served, Arc::new(conns))
 }
 

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
-use tutti::local::{Layout, LocalCluster};
 use tutti_client::Cluster;
+use tutti_harness::local::{Layout, LocalCluster};
 
 pub fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tutti"))
@@ -71,7 +71,7 @@ pub async fn ready(c: &TestCluster) -> Cluster {
 /// Every node ends with no uncertain tid and no lock within `within` (decisions are one-way
 /// messages, so the last ones may still be in flight when the workload returns).
 pub async fn assert_idle(cluster: &Cluster, within: Duration) {
-    if let Err(busy) = tutti::chaos::wait_idle(cluster, within).await {
+    if let Err(busy) = tutti_harness::chaos::wait_idle(cluster, within).await {
         panic!("{busy}");
     }
 }

@@ -75,7 +75,7 @@ pub struct LocalCluster {
 /// for it binds it; a CI run lost a manager that way ("Address already in use"). Never the
 /// same port twice in one process: clusters started at once (tests run in parallel) would
 /// otherwise both find a port free before either child binds it.
-pub(crate) fn free_port() -> Result<u16, LocalError> {
+pub fn free_port() -> Result<u16, LocalError> {
     use rand::Rng;
     static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")

@@ -243,9 +243,9 @@ impl<'a> RegisterClient<'a> {
 pub struct Verdict {
     pub linearizable: bool,
     pub summary: String,
-    pub reads: crate::chaos::OpCounts,
-    pub writes: crate::chaos::OpCounts,
-    pub cases: crate::chaos::OpCounts,
+    pub reads: OpCounts,
+    pub writes: OpCounts,
+    pub cases: OpCounts,
 }
 
 /// The history files a run left in `dir`.
@@ -328,11 +328,22 @@ pub fn check_histories(dir: &Path, checker: &Path) -> Result<Verdict, String> {
 }
 
 impl Verdict {
-    fn counts(&mut self, op: Op) -> &mut crate::chaos::OpCounts {
+    fn counts(&mut self, op: Op) -> &mut OpCounts {
         match op {
             Op::Read => &mut self.reads,
             Op::Write { .. } => &mut self.writes,
             Op::Cas { .. } => &mut self.cases,
         }
     }
+}
+
+/// Register operations of a run, by kind and outcome (from the history files).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OpCounts {
+    pub calls: u64,
+    pub ok: u64,
+    pub mismatch: u64,
+    pub aborted: u64,
+    /// Returned unknown, or never returned (the client was killed).
+    pub unknown: u64,
 }

@@ -6,7 +6,7 @@
 
 use crate::local::{LocalCluster, LocalError};
 use crate::proxy::{Process, Proxy};
-use crate::registers::RegisterOp;
+use crate::registers::{OpCounts, RegisterOp};
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -379,17 +379,6 @@ pub struct ChaosConfig {
 /// Where `tools/linearizability` is in the source tree this binary was built from.
 pub fn default_checker() -> PathBuf {
     crate::source_tree().join("tools/linearizability")
-}
-
-/// Register operations of a run, by kind and outcome (from the history files).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OpCounts {
-    pub calls: u64,
-    pub ok: u64,
-    pub mismatch: u64,
-    pub aborted: u64,
-    /// Returned unknown, or never returned (the client was killed).
-    pub unknown: u64,
 }
 
 /// What a run did, for the report (Ji's Table 2: each fault, its configured interval, and how

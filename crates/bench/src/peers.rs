@@ -95,7 +95,7 @@ impl Daemon {
 }
 
 fn free_port() -> Result<u16, String> {
-    crate::local::free_port().map_err(|e| e.to_string())
+    tutti_harness::local::free_port().map_err(|e| e.to_string())
 }
 
 fn scratch(root: &Path, name: &str) -> Result<PathBuf, String> {

@@ -4,11 +4,11 @@
 
 use super::minitx::{run_minitx, Access, MinitxBench, MinitxKind};
 use super::{limits, memory, peers, Point};
-use crate::local::{Layout, LocalCluster};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tutti_harness::local::{Layout, LocalCluster};
 
 pub struct SuiteConfig {
     /// The `tutti` executable (memory nodes and managers are started from it).
@@ -431,7 +431,7 @@ async fn run_peers(
 
 /// Draws `out/fig*.png` with `bench/plot.py` (matplotlib, installed with pip if missing).
 pub fn plot(out: &Path) -> Result<(), String> {
-    let script = crate::source_tree().join("bench/plot.py");
+    let script = tutti_harness::source_tree().join("bench/plot.py");
     let has_matplotlib = std::process::Command::new("python3")
         .args(["-c", "import matplotlib"])
         .stderr(std::process::Stdio::null())

@@ -1,0 +1,19 @@
+//! Everything that runs tutti as real processes, shared by `tutti up`, `tutti chaos`, the
+//! cross-process tests and the bench: local clusters and their supervision (`local`), the
+//! fault-injecting proxy (`proxy`), the driver of `tutti-workload`'s workloads over a real
+//! cluster (`workload`), the register workload with its histories and Porcupine check
+//! (`registers`), and the chaos engine (`chaos`). Internal: not published.
+
+pub mod chaos;
+pub mod local;
+pub mod proxy;
+pub mod registers;
+pub mod workload;
+
+/// The root of the source tree this was built from, where `tools/` and `bench/` are.
+pub fn source_tree() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/harness sits two levels below the workspace root")
+}

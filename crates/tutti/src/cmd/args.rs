@@ -1,0 +1,137 @@
+//! Argument types and parsers that several commands share: how to reach a cluster, the
+//! memory node modes, sizes, durations and ranges; and the process-wide set-up (tracing, the
+//! shutdown signal).
+
+use clap::{Args, ValueEnum};
+use std::time::Duration;
+use tutti_client::{ClientOptions, Cluster};
+use tutti_harness::local::manager_addr;
+use tutti_memnode::Mode;
+use tutti_wire::Dialer;
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub(crate) enum ModeArg {
+    /// No redo log: survives application crashes, not memory node crashes.
+    Ram,
+    /// Redo log synced at prepare; survives crashes of every node.
+    Log,
+}
+
+impl ModeArg {
+    pub(crate) fn mode(self) -> Mode {
+        match self {
+            ModeArg::Ram => Mode::Ram,
+            ModeArg::Log => Mode::Log,
+        }
+    }
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ModeArg::Ram => "ram",
+            ModeArg::Log => "log",
+        }
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct ClusterArg {
+    /// Manager address, or a data directory / cluster.json written by `tutti up`.
+    #[arg(long, default_value = "./tutti-data")]
+    cluster: String,
+    /// Give up after this long (retries included).
+    #[arg(long, default_value_t = 10_000)]
+    deadline_ms: u64,
+}
+
+impl ClusterArg {
+    pub(crate) async fn connect(&self, dialer: &Dialer) -> Result<Cluster, String> {
+        let addr = manager_addr(&self.cluster).map_err(|e| e.to_string())?;
+        let opts = ClientOptions {
+            deadline: Duration::from_millis(self.deadline_ms),
+            dialer: dialer.clone(),
+            ..ClientOptions::default()
+        };
+        Cluster::connect(&addr, opts)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => {
+            let mult = match s[i..]
+                .trim()
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1u64 << 40,
+                other => return Err(format!("unknown size suffix {other:?} (use K, M, G or T)")),
+            };
+            (&s[..i], mult)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|e| format!("size {s:?}: {e}"))?;
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("size {s:?} is zero or too large"))
+}
+
+/// Seconds from "600", "600s", "10m" or "1h".
+pub(crate) fn parse_duration_s(s: &str) -> Result<f64, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|e| format!("duration {s:?}: {e}"))?;
+    let unit_s = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("unknown duration unit {other:?} (use s, m or h)")),
+    };
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("duration {s:?} must be positive"));
+    }
+    Ok(n * unit_s)
+}
+
+pub(crate) fn parse_range(s: &str) -> Result<(f64, f64), String> {
+    let (lo, hi) = s.split_once('-').ok_or("expected MIN-MAX, e.g. 1-4")?;
+    let (lo, hi): (f64, f64) = (
+        lo.trim().parse().map_err(|e| format!("{e}"))?,
+        hi.trim().parse().map_err(|e| format!("{e}"))?,
+    );
+    if lo < 0.0 || hi < lo {
+        return Err("expected 0 <= MIN <= MAX".into());
+    }
+    Ok((lo, hi))
+}
+
+pub(crate) async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+pub(crate) fn init_tracing(default: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("TUTTI_LOG").unwrap_or_else(|_| default.into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,255 @@
+//! `tutti bench`: the benchmarks of `tutti-bench`, compiled in with the `bench` feature
+//! (they link the peers' clients, which the binary that runs memory nodes does without).
+
+use super::args::ModeArg;
+use clap::{Args, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use tutti_client::ClientOptions;
+
+#[derive(Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Sinfonia Fig. 16: 3 compare-and-swaps per minitransaction over 50,000 4-byte items,
+    /// outstanding minitransactions swept. Without --cluster it starts (and removes) its own
+    /// clusters: 1 node for 1PC, 4 nodes with spread 2 for 2PC, in each requested mode.
+    Minitx(BenchMinitxArgs),
+    /// Everything in one run: the physical limits (loopback round trip, fdatasync), Sinfonia
+    /// Fig. 16-20 on tutti, and Fig. 16 on Redis, PostgreSQL, etcd and an embedded SQLite,
+    /// each started here on loopback (installed with apt-get if missing). Writes
+    /// results/*.json, RESULTS.md and a PNG per figure (matplotlib) under --out.
+    All(BenchAllArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct BenchAllArgs {
+    /// A 2-minute pass: outstanding 1,16,64 for 1 s each.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    outstanding: Vec<usize>,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 50_000)]
+    items: u32,
+    /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
+    #[arg(long, default_value_os_t = tutti_harness::source_tree().join("bench"))]
+    out: PathBuf,
+    /// Measure tutti and the limits only.
+    #[arg(long)]
+    no_peers: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchMinitxArgs {
+    /// Run against this running cluster instead of starting one (then --mode only labels).
+    #[arg(long)]
+    cluster: Option<String>,
+    #[arg(long, value_enum, default_values_t = vec![ModeArg::Ram, ModeArg::Log])]
+    mode: Vec<ModeArg>,
+    #[arg(long, value_enum, default_values_t = vec![Layout2::OnePc, Layout2::TwoPc])]
+    layout: Vec<Layout2>,
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    outstanding: Vec<usize>,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 50_000)]
+    items: u64,
+    /// A short pass: outstanding 1,16,64 for 1 s each.
+    #[arg(long)]
+    quick: bool,
+    /// Pipelined connections the client opens in all, spread over the nodes the layout uses
+    /// (at least one per node), also against a larger --cluster. Over one, client and node
+    /// take turns; compare with the default.
+    #[arg(long, default_value_t = ClientOptions::default().connections as u16, value_parser = clap::value_parser!(u16).range(1..=64))]
+    connections: u16,
+    /// Also write the JSON array to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub(crate) enum Layout2 {
+    /// One memory node: every minitransaction commits in one phase.
+    #[value(name = "1pc")]
+    OnePc,
+    /// Four memory nodes, each minitransaction spread over two: two-phase commit.
+    #[value(name = "2pc")]
+    TwoPc,
+}
+
+#[cfg(feature = "bench")]
+pub(crate) async fn run(which: BenchCommand) -> Result<(), String> {
+    match which {
+        BenchCommand::Minitx(a) => measure::minitx(a).await,
+        BenchCommand::All(a) => measure::all(a).await,
+    }
+}
+
+#[cfg(not(feature = "bench"))]
+pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
+    Err(
+        "this tutti was built without its benchmarks (they link the Redis, PostgreSQL, etcd \
+         and SQLite clients): run `cargo build --release -p tutti --features bench` and try again"
+            .into(),
+    )
+}
+
+#[cfg(feature = "bench")]
+mod measure {
+    use super::{BenchAllArgs, BenchMinitxArgs, Layout2};
+    use std::time::Duration;
+    use tutti_bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
+    use tutti_bench::suite::ScratchCluster;
+    use tutti_bench::Point;
+    use tutti_client::{ClientOptions, Cluster};
+    use tutti_harness::local::manager_addr;
+
+    pub(super) async fn all(a: BenchAllArgs) -> Result<(), String> {
+        use tutti_bench::suite::{self, SuiteConfig};
+        let (outstanding, headline_runs, seconds) = if a.quick {
+            (vec![1, 16, 64], 1, 1.0)
+        } else {
+            (a.outstanding, 3, a.seconds)
+        };
+        let cfg = SuiteConfig {
+            exe: std::env::current_exe().map_err(|e| e.to_string())?,
+            out: a.out,
+            scratch: std::env::temp_dir().join(format!("tutti-bench-all-{}", std::process::id())),
+            outstanding,
+            headline_runs,
+            seconds_per_point: seconds,
+            items: a.items,
+            no_peers: a.no_peers,
+        };
+        let configs = if a.no_peers { 4 } else { 10 };
+        let bar = indicatif::ProgressBar::new(
+            (suite::FIXED_POINTS + configs * cfg.fig16_sweep().len()) as u64,
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} points {elapsed} {msg}")
+                .expect("a valid template"),
+        );
+        let mut progress = |p: &Point| {
+            bar.inc(1);
+            let point = format!(
+                "{} {} {} nodes={} outstanding={}: {:.0}/s",
+                p.experiment, p.system, p.mode, p.nodes, p.outstanding, p.throughput_per_s
+            );
+            // Without a terminal (a log file, CI) the bar is hidden: a line per point instead.
+            if bar.is_hidden() {
+                eprintln!(
+                    "bench: {}/{} {point}",
+                    bar.position(),
+                    bar.length().unwrap_or(0)
+                );
+            }
+            bar.set_message(point);
+        };
+        let result = suite::run(&cfg, &mut progress).await;
+        bar.finish();
+        let _ = std::fs::remove_dir_all(&cfg.scratch);
+        let points = result?;
+        let command = std::env::args()
+            .skip(1)
+            .fold("tutti".to_string(), |acc, a| acc + " " + &a);
+        suite::write(&cfg, &points, &command)?;
+        suite::plot(&cfg.out)?;
+        println!(
+            "{}",
+            serde_json::to_string(&points).expect("points serialise")
+        );
+        eprintln!(
+            "bench: {} points; wrote {} and {}",
+            points.len(),
+            cfg.out.join("results").display(),
+            cfg.out.join("RESULTS.md").display()
+        );
+        Ok(())
+    }
+
+    pub(super) async fn minitx(a: BenchMinitxArgs) -> Result<(), String> {
+        let (outstanding, seconds) = if a.quick {
+            (vec![1, 16, 64], 1.0)
+        } else {
+            (a.outstanding.clone(), a.seconds)
+        };
+        let mut points: Vec<Point> = Vec::new();
+        let print = |p: &Point| {
+            eprintln!(
+                "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
+                p.system,
+                p.mode,
+                p.nodes,
+                p.spread,
+                p.outstanding,
+                p.throughput_per_s,
+                p.p50_us,
+                p.p99_us
+            )
+        };
+        for &mode in &a.mode {
+            for &layout in &a.layout {
+                let (nodes, spread) = match layout {
+                    Layout2::OnePc => (1u16, 1usize),
+                    Layout2::TwoPc => (4, 2),
+                };
+                let b = MinitxBench {
+                    nodes: (1..=nodes).collect(),
+                    spread,
+                    items_per_node: a.items,
+                    ops_per_minitx: 3,
+                    kind: MinitxKind::Increment,
+                    access: Access::Combined,
+                    outstanding: outstanding.clone(),
+                    duration: Duration::from_secs_f64(seconds),
+                    mode: mode.name().into(),
+                    experiment: "fig16".into(),
+                };
+                let _local;
+                let manager = match &a.cluster {
+                    Some(c) => manager_addr(c).map_err(|e| e.to_string())?,
+                    None => {
+                        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                        let dir = std::env::temp_dir().join(format!(
+                            "tutti-bench-{}-{}-{}",
+                            std::process::id(),
+                            mode.name(),
+                            nodes
+                        ));
+                        let local =
+                            ScratchCluster::start(&exe, dir, nodes as usize, mode.name()).await?;
+                        let manager = local.cluster.manager().to_string();
+                        _local = local;
+                        manager
+                    }
+                };
+                let connect = |connections: usize| {
+                    let opts = ClientOptions {
+                        connections,
+                        ..ClientOptions::default()
+                    };
+                    Cluster::connect(&manager, opts)
+                };
+                let requested = usize::from(a.connections);
+                let mut cluster = (connect(requested).await).map_err(|e| e.to_string())?;
+                let total =
+                    client_connections(requested, usize::from(nodes), cluster.nodes().len());
+                if total != requested {
+                    cluster = (connect(total).await).map_err(|e| e.to_string())?;
+                }
+                points.extend(
+                    run_minitx(&cluster, &b, print)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+        }
+        let json = serde_json::to_string_pretty(&points).expect("serialisable");
+        println!("{json}");
+        if let Some(path) = a.out {
+            std::fs::write(&path, &json).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+}

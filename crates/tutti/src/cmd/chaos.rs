@@ -1,0 +1,106 @@
+//! `tutti chaos`: failure injection against real processes, then verification and a report.
+
+use super::args::{parse_duration_s, parse_range};
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub(crate) struct ChaosArgs {
+    /// How long to inject faults: seconds, or with a unit (90s, 10m, 1h).
+    #[arg(long, visible_alias = "duration", default_value = "60", value_parser = parse_duration_s)]
+    duration_s: f64,
+    /// Bank client processes.
+    #[arg(long, default_value_t = 6)]
+    clients: u64,
+    /// Seconds between memory node kills, as MIN-MAX.
+    #[arg(long, default_value = "1-4", value_parser = parse_range)]
+    node_kill_every_s: (f64, f64),
+    /// Seconds between client kills, as MIN-MAX.
+    #[arg(long, default_value = "1-4", value_parser = parse_range)]
+    client_kill_every_s: (f64, f64),
+    /// Seconds between manager kills, as MIN-MAX.
+    #[arg(long, default_value = "10-30", value_parser = parse_range)]
+    manager_kill_every_s: (f64, f64),
+    /// Seconds between partitions of a random pair of processes, as MIN-MAX. Every process
+    /// then dials its peers through a fault-injecting proxy in this process.
+    #[arg(long, default_value = "5-20", value_parser = parse_range)]
+    partition_every_s: (f64, f64),
+    /// How long each partition lasts, in seconds, as MIN-MAX.
+    #[arg(long, default_value = "1-8", value_parser = parse_range)]
+    partition_for_s: (f64, f64),
+    /// Run without the proxy and without partitions.
+    #[arg(long)]
+    no_partitions: bool,
+    /// Relative frequencies of client operations: bank transfers, and reads, writes and
+    /// compare-and-swaps of registers whose history Porcupine checks.
+    #[arg(long, default_value = "transfer=2,read=1,write=1,cas=1")]
+    mix: tutti_harness::chaos::Mix,
+    /// The directory of the Go program that checks register histories with Porcupine.
+    #[arg(long, default_value_os_t = tutti_harness::chaos::default_checker())]
+    linearizability_checker: PathBuf,
+    /// Seed of the fault schedule (random if not given).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep the cluster's data and logs here (default: a scratch directory, removed if the
+    /// run passes).
+    #[arg(long)]
+    data: Option<PathBuf>,
+}
+
+pub(crate) fn run(a: ChaosArgs) -> Result<(), String> {
+    use tutti_harness::chaos::{ChaosConfig, Terminator};
+    let every = |(lo, hi): (f64, f64)| Terminator {
+        every: (Duration::from_secs_f64(lo), Duration::from_secs_f64(hi)),
+    };
+    let cfg = ChaosConfig {
+        duration: Duration::from_secs_f64(a.duration_s),
+        clients: a.clients.max(1),
+        nodes: every(a.node_kill_every_s),
+        clients_killer: every(a.client_kill_every_s),
+        manager: every(a.manager_kill_every_s),
+        partitions: (!a.no_partitions)
+            .then(|| (every(a.partition_every_s), every(a.partition_for_s))),
+        mix: a.mix,
+        linearizability_checker: a.linearizability_checker,
+        seed: a.seed.unwrap_or_else(rand::random),
+    };
+    let scratch = a.data.is_none();
+    let dir = a.data.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("tutti-chaos-{}", std::process::id()))
+    });
+    if scratch {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    eprintln!(
+        "chaos: seed {} (replay the fault schedule with --seed), data in {}",
+        cfg.seed,
+        dir.display()
+    );
+    let report = tutti_harness::chaos::run(&exe, &dir, &cfg, |line| eprint!("\rchaos: {line}   "))
+        .map_err(|e| e.to_string())?;
+    eprintln!();
+    print!("{}", report.table(&cfg));
+    if report.violations.is_empty() {
+        let registers = if cfg.mix.has_registers() {
+            ", register history linearizable"
+        } else {
+            ""
+        };
+        println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected{registers})");
+        if scratch {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Ok(())
+    } else {
+        for v in &report.violations {
+            println!("VIOLATION: {v}");
+        }
+        Err(format!(
+            "{} invariant violations; data and logs kept in {}",
+            report.violations.len(),
+            dir.display()
+        ))
+    }
+}

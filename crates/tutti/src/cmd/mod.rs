@@ -1,0 +1,14 @@
+//! One module per `tutti` command: its arguments and what it does. Protocols, workloads
+//! and benchmarks live in their crates; these only parse, call and print.
+
+pub(crate) mod args;
+pub(crate) mod bench;
+pub(crate) mod chaos;
+mod items;
+pub(crate) mod manager;
+pub(crate) mod memnode;
+pub(crate) mod sim;
+pub(crate) mod stats;
+pub(crate) mod txn;
+pub(crate) mod up;
+pub(crate) mod workload;

@@ -1,0 +1,98 @@
+//! `tutti sim`: seeds of the deterministic simulation on every core.
+
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct SimArgs {
+    /// How many seeds to run.
+    #[arg(long, default_value_t = 1000)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+}
+
+pub(crate) fn run(a: SimArgs) -> Result<(), String> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let cfg = tutti_sim::SimConfig::default();
+    let started = std::time::Instant::now();
+    let bar = indicatif::ProgressBar::new(a.seeds);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} seeds {per_sec} eta {eta} {msg}",
+        )
+        .expect("a valid template"),
+    );
+    let next = AtomicU64::new(0);
+    let failures: Mutex<Vec<(u64, String)>> = Mutex::default();
+    let totals = [
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+    ];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= a.seeds {
+                    return;
+                }
+                let seed = a.from + i;
+                let report = tutti_sim::run(seed, &cfg);
+                for (total, n) in totals.iter().zip([
+                    report.committed,
+                    report.unknown,
+                    report.node_crashes,
+                    report.coordinator_crashes,
+                ]) {
+                    total.fetch_add(n, Ordering::Relaxed);
+                }
+                if !report.violations.is_empty() {
+                    let text = report
+                        .violations
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    let mut failures = failures.lock().expect("failures poisoned");
+                    failures.push((seed, text));
+                    bar.set_message(format!("{} failing", failures.len()));
+                }
+                bar.inc(1);
+            });
+        }
+    });
+    bar.finish();
+    if a.seeds == 1 {
+        let (first, second) = (tutti_sim::run(a.from, &cfg), tutti_sim::run(a.from, &cfg));
+        let same = (first.trace_hash, first.events) == (second.trace_hash, second.events);
+        println!(
+            "seed {}: {} events, trace {:016x}, replayed identically: {same}",
+            a.from, first.events, first.trace_hash
+        );
+    }
+    let [committed, unknown, node_crashes, coordinator_crashes] = totals.map(|t| t.into_inner());
+    let mut failures = failures.into_inner().expect("failures poisoned");
+    failures.sort();
+    println!(
+        "{} seeds from {} in {:.1} s: {} failing; {committed} minitransactions committed, {unknown} with unknown outcome, {node_crashes} memory node crashes, {coordinator_crashes} coordinator crashes",
+        a.seeds,
+        a.from,
+        started.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    for (seed, text) in &failures {
+        println!(
+            "seed {seed}: {text}\n  reproduce: {}",
+            tutti_sim::reproduce_command(*seed)
+        );
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} seeds broke an invariant", failures.len()))
+    }
+}

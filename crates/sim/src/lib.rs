@@ -37,14 +37,8 @@ pub struct SimConfig {
     pub coordinators: usize,
     pub ops_per_coordinator: usize,
     pub accounts_per_node: u64,
-    pub drop_probability: f64,
-    pub duplicate_probability: f64,
-    pub delay_us: (u64, u64),
-    /// Mean time between memory node crashes while faults are on.
-    pub crash_interval_us: u64,
-    pub partition_interval_us: u64,
-    /// Mean time between slow-node episodes (one node's messages take 1–20 ms longer).
-    pub slow_interval_us: u64,
+    /// The network's and the memory nodes' faults (the world injects them).
+    pub faults: Faults,
     /// Probability that a coordinator dies between the phases of a multi-node minitransaction.
     pub coordinator_crash_probability: f64,
     /// Probability that a coordinator stalls after its first EXEC&PREPARE for longer than the
@@ -55,9 +49,6 @@ pub struct SimConfig {
     /// runs the commit protocol.
     pub execute_ahead_probability: f64,
     pub epoch_interval_us: u64,
-    /// Faults stop here; the run must then finish within `liveness_bound_us`.
-    pub faults_until_us: u64,
-    pub liveness_bound_us: u64,
 }
 
 impl Default for SimConfig {
@@ -67,18 +58,20 @@ impl Default for SimConfig {
             coordinators: 3,
             ops_per_coordinator: 20,
             accounts_per_node: 4,
-            drop_probability: 0.02,
-            duplicate_probability: 0.01,
-            delay_us: (20, 2_000),
-            crash_interval_us: 150_000,
-            partition_interval_us: 300_000,
-            slow_interval_us: 300_000,
+            faults: Faults {
+                drop_probability: 0.02,
+                duplicate_probability: 0.01,
+                delay_us: (20, 2_000),
+                crash_interval_us: 150_000,
+                partition_interval_us: 300_000,
+                slow_interval_us: 300_000,
+                faults_until_us: 1_500_000,
+                liveness_bound_us: 30_000_000,
+            },
             coordinator_crash_probability: 0.03,
             slow_coordinator_probability: 0.03,
             execute_ahead_probability: 0.2,
             epoch_interval_us: 400_000,
-            faults_until_us: 1_500_000,
-            liveness_bound_us: 30_000_000,
         }
     }
 }
@@ -114,17 +107,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         bank.bytes_per_node() <= SPACE_BYTES,
         "the bank fits the spaces"
     );
-    let faults = Faults {
-        drop_probability: cfg.drop_probability,
-        duplicate_probability: cfg.duplicate_probability,
-        delay_us: cfg.delay_us,
-        crash_interval_us: cfg.crash_interval_us,
-        partition_interval_us: cfg.partition_interval_us,
-        slow_interval_us: cfg.slow_interval_us,
-        faults_until_us: cfg.faults_until_us,
-        liveness_bound_us: cfg.liveness_bound_us,
-    };
-    let mut world = World::new(seed, faults);
+    let mut world = World::new(seed, cfg.faults.clone());
     let dir = Rc::new(Directory {
         nodes: (0..u32::from(cfg.nodes)).map(Addr).collect(),
         manager: Addr(u32::from(cfg.nodes)),
@@ -164,7 +147,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
     } else {
         let detail = format!(
             "not settled {} µs after faults stopped: {}",
-            world.now_us().saturating_sub(cfg.faults_until_us),
+            world.now_us().saturating_sub(cfg.faults.faults_until_us),
             world.unsettled().join("; ")
         );
         violations.push(Violation::new("liveness", detail));

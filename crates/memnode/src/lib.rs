@@ -3,6 +3,7 @@
 //! machine; `node` drives it on tokio with a redo log, an image file and the manager.
 //! Coordinators live in `tutti-client`; recovery of coordinator crashes in `tutti-manager`.
 
+pub mod log_record;
 pub mod node;
 pub mod participant;
 pub mod range_locks;

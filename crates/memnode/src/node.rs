@@ -356,6 +356,10 @@ pub async fn run(
     Ok(())
 }
 
+/// The layout of a node's data directory (docs/storage.md). Format 1 had redo log segments
+/// without a header and records in bincode.
+const DATA_FORMAT: u32 = 2;
+
 /// Checks (or records, on first start) that the data directory belongs to this node.
 fn open_data_dir(data: &std::path::Path, cfg: &NodeConfig) -> Result<std::fs::File, NodeError> {
     std::fs::create_dir_all(data).map_err(io(format!("create {}", data.display())))?;
@@ -367,11 +371,20 @@ fn open_data_dir(data: &std::path::Path, cfg: &NodeConfig) -> Result<std::fs::Fi
         ))
     })?;
     let meta_path = data.join("node.json");
-    let meta = serde_json::json!({ "id": cfg.id, "size_bytes": cfg.size_bytes, "format": 1 });
+    let meta =
+        serde_json::json!({ "id": cfg.id, "size_bytes": cfg.size_bytes, "format": DATA_FORMAT });
     match std::fs::read(&meta_path) {
         Ok(bytes) => {
             let found: serde_json::Value = serde_json::from_slice(&bytes)
                 .map_err(|e| NodeError::Config(format!("{}: {e}", meta_path.display())))?;
+            if found["format"] != DATA_FORMAT {
+                return Err(NodeError::Config(format!(
+                    "{} holds data directory format {}, and this build reads format {DATA_FORMAT} \
+                     (docs/storage.md); run the tutti version that wrote it",
+                    data.display(),
+                    found["format"]
+                )));
+            }
             if found != meta {
                 return Err(NodeError::Config(format!(
                     "{} records {found} but this node was started as {meta}",

@@ -4,45 +4,19 @@
 //! Where the file system supports it, appends bypass the page cache (`O_DIRECT`): a sync then
 //! only flushes the device cache, which halves the CPU a sync costs on this kind of machine.
 
-use bincode::{Decode, Encode};
+use crate::log_record::{
+    check_segment_header, decode_record, segment_header, HeaderProblem, SEGMENT_FORMAT_VERSION,
+    SEGMENT_HEADER_BYTES,
+};
+pub use crate::log_record::{encode_record, LogRecord, Lsn};
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use tutti_wire::{NodeId, Tid};
-
-/// Log sequence number: records are numbered 1, 2, 3, … with no gaps.
-pub type Lsn = u64;
 
 /// Default size at which a new segment starts; GC deletes whole segments.
 pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
-/// Record header: payload length (u32 LE) and CRC32C of the payload (u32 LE).
-const HEADER_BYTES: usize = 8;
-/// A record's payload never exceeds this: a 16 MiB minitransaction plus headers.
-const RECORD_BYTES_MAX: usize = 17 * 1024 * 1024;
-
-#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
-pub enum LogRecord {
-    /// A COMMIT-OK vote with the writes to apply if the minitransaction commits (Fig. 4 l. 24).
-    Prepare {
-        tid: Tid,
-        participants: Vec<NodeId>,
-        writes: Vec<(u64, Vec<u8>)>,
-    },
-    /// The outcome of a prepared tid; written lazily (Fig. 5 "decided").
-    Decided { tid: Tid, commit: bool },
-    /// The tid must abort if its coordinator ever asks (Fig. 7); synced before replying.
-    ForcedAbort { tid: Tid },
-    /// The node's epoch reached `epoch`. Forced-aborts of stale tids are skipped or dropped
-    /// on the strength of the epoch, so it must never go back across a restart (§4.6).
-    Epoch { epoch: u64 },
-}
-
-impl LogRecord {
-    /// Whether a reply may depend on this record, so it must be synced first.
-    pub fn needs_sync(&self) -> bool {
-        !matches!(self, LogRecord::Decided { .. })
-    }
-}
+/// Where a segment's first record starts.
+const RECORDS_AT: u64 = SEGMENT_HEADER_BYTES as u64;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -54,6 +28,14 @@ pub enum LogError {
     },
     #[error("redo log segment {path} is corrupt at byte {offset} and is not the last segment; restore the node from a backup")]
     Corrupt { path: PathBuf, offset: u64 },
+    #[error("{path} is not a tutti redo log segment of this node, or its header is damaged ({problem}); restore the node from a backup")]
+    BadHeader { path: PathBuf, problem: String },
+    #[error("redo log segment {path} has format version {found}, and this build reads version {expected}; run the tutti version that wrote it")]
+    Version {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LogError + '_ {
@@ -61,39 +43,6 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LogError + '_ {
         path: path.to_path_buf(),
         source,
     }
-}
-
-fn config() -> impl bincode::config::Config {
-    bincode::config::standard().with_limit::<RECORD_BYTES_MAX>()
-}
-
-pub fn encode_record(lsn: Lsn, record: &LogRecord, out: &mut Vec<u8>) {
-    let start = out.len();
-    out.extend_from_slice(&[0; HEADER_BYTES]);
-    bincode::encode_into_std_write((lsn, record), out, config())
-        .expect("encoding into memory cannot fail");
-    let payload_len = out.len() - start - HEADER_BYTES;
-    let crc = crc32c::crc32c(&out[start + HEADER_BYTES..]);
-    out[start..start + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-}
-
-/// Decodes the record at the start of `bytes`: `Some((lsn, record, bytes used))`, or `None`
-/// if the bytes are incomplete or fail their CRC (a torn or corrupt tail).
-pub fn decode_record(bytes: &[u8]) -> Option<(Lsn, LogRecord, usize)> {
-    let header = bytes.get(..HEADER_BYTES)?;
-    let len = u32::from_le_bytes(header[..4].try_into().ok()?) as usize;
-    let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
-    if len == 0 || len > RECORD_BYTES_MAX {
-        return None;
-    }
-    let payload = bytes.get(HEADER_BYTES..HEADER_BYTES + len)?;
-    if crc32c::crc32c(payload) != crc {
-        return None;
-    }
-    let ((lsn, record), used): ((Lsn, LogRecord), usize) =
-        bincode::decode_from_slice(payload, config()).ok()?;
-    (used == len).then_some((lsn, record, HEADER_BYTES + len))
 }
 
 fn segment_path(dir: &Path, first_lsn: Lsn) -> PathBuf {
@@ -174,11 +123,9 @@ fn direct_io_align(file: &File) -> Option<usize> {
 }
 
 /// Opens a segment for appending, with direct I/O if `direct` and the file system can do it.
-fn open_segment(path: &Path, create: bool, direct: bool) -> Result<(File, Writes), LogError> {
+fn open_segment(path: &Path, direct: bool) -> Result<(File, Writes), LogError> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = OpenOptions::new()
-        .create(create)
-        .truncate(create)
         .write(true)
         .open(path)
         .map_err(io_err(path))?;
@@ -196,6 +143,48 @@ fn open_segment(path: &Path, create: bool, direct: bool) -> Result<(File, Writes
         Ok(direct) => Ok((direct, Writes::Direct { align })),
         Err(_) => Ok((file, Writes::Buffered)),
     }
+}
+
+/// Creates (or empties) the segment at `path` holding only its header, synced, and opens
+/// it for appending. The caller syncs the directory.
+fn create_segment(path: &Path, first_lsn: Lsn, direct: bool) -> Result<(File, Writes), LogError> {
+    use std::io::Write;
+    File::create(path)
+        .and_then(|mut f| {
+            f.write_all(&segment_header(first_lsn))?;
+            f.sync_data()
+        })
+        .map_err(io_err(path))?;
+    open_segment(path, direct)
+}
+
+/// Where the records of the segment `bytes`, named after `first_lsn`, start; `None` for a
+/// last segment whose creation a crash interrupted (nothing but zeros, if anything).
+fn records_start(
+    path: &Path,
+    bytes: &[u8],
+    first_lsn: Lsn,
+    last: bool,
+) -> Result<Option<usize>, LogError> {
+    let problem = match check_segment_header(bytes, first_lsn) {
+        Ok(()) => return Ok(Some(SEGMENT_HEADER_BYTES)),
+        Err(HeaderProblem::Damaged) if last && bytes.iter().all(|&b| b == 0) => return Ok(None),
+        Err(HeaderProblem::Version(found)) => {
+            return Err(LogError::Version {
+                path: path.to_path_buf(),
+                found,
+                expected: SEGMENT_FORMAT_VERSION,
+            })
+        }
+        Err(HeaderProblem::Damaged) => "wrong magic or CRC".to_string(),
+        Err(HeaderProblem::FirstLsn(named)) => {
+            format!("the header names first lsn {named}, the file name {first_lsn}")
+        }
+    };
+    Err(LogError::BadHeader {
+        path: path.to_path_buf(),
+        problem,
+    })
 }
 
 /// `len` rounded up to a multiple of `align`.
@@ -263,23 +252,29 @@ impl RedoLog {
     /// `open`, with appends through the page cache unless `direct`.
     fn open_with(dir: &Path, segment_bytes_max: u64, direct: bool) -> Result<Recovered, LogError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let listed = list_segments(dir)?;
+        let mut listed = list_segments(dir)?;
         let mut segments = Vec::with_capacity(listed.len());
         let mut records = Vec::new();
         let mut bytes_total = 0;
         let mut tail = Vec::new();
+        let mut torn_creation = None;
         let count = listed.len();
-        for (i, (first_lsn, path)) in listed.into_iter().enumerate() {
+        for (i, (first_lsn, path)) in listed.drain(..).enumerate() {
+            let last = i + 1 == count;
             let mut bytes = Vec::new();
             File::open(&path)
                 .and_then(|mut f| f.read_to_end(&mut bytes))
                 .map_err(io_err(&path))?;
-            let offset = read_records(&bytes, &mut records);
-            if i + 1 == count {
+            let Some(start) = records_start(&path, &bytes, first_lsn, last)? else {
+                torn_creation = Some((first_lsn, path));
+                break;
+            };
+            let offset = start + read_records(&bytes[start..], &mut records);
+            if last {
                 tail = bytes[offset.saturating_sub(ALIGN_BYTES_MAX)..offset].to_vec();
             }
             if bytes[offset..].iter().any(|&b| b != 0) {
-                if i + 1 != count {
+                if !last {
                     return Err(LogError::Corrupt {
                         path,
                         offset: offset as u64,
@@ -294,7 +289,7 @@ impl RedoLog {
                     .and_then(|_| file.sync_data())
                     .map_err(io_err(&path))?;
             }
-            bytes_total += offset as u64;
+            bytes_total += (offset - start) as u64;
             segments.push(Segment {
                 first_lsn,
                 path,
@@ -305,20 +300,23 @@ impl RedoLog {
             || segments.last().map_or(1, |s| s.first_lsn),
             |(lsn, _)| lsn + 1,
         );
-        let create = segments.is_empty();
-        if create {
-            tail.clear();
-            segments.push(Segment {
-                first_lsn: next_lsn,
-                path: segment_path(dir, next_lsn),
-                used: 0,
-            });
-        }
-        let last = segments.last_mut().expect("at least one segment");
-        let (file, writes) = open_segment(&last.path, create, direct)?;
-        if create {
-            sync_dir(dir)?;
-        }
+        let (file, writes) = match (torn_creation, segments.is_empty()) {
+            (None, false) => open_segment(&segments.last().expect("a segment").path, direct)?,
+            (torn, _) => {
+                // A new log, or a segment whose creation was cut short: it starts afresh.
+                let (first_lsn, path) = torn.unwrap_or_else(|| (1, segment_path(dir, 1)));
+                let opened = create_segment(&path, first_lsn, direct)?;
+                sync_dir(dir)?;
+                tail = segment_header(first_lsn).to_vec();
+                segments.push(Segment {
+                    first_lsn,
+                    path,
+                    used: RECORDS_AT,
+                });
+                opened
+            }
+        };
+        let last = segments.last().expect("at least one segment");
         let tail = tail.split_off(tail.len() - (last.used % writes.align()) as usize);
         let file_bytes = file.metadata().map_err(io_err(&last.path))?.len();
         match writes {
@@ -364,7 +362,7 @@ impl RedoLog {
         let align = self.writes.align();
         let len = bytes.len() as u64;
         let used = self.segments.last().expect("current segment").used;
-        if used + len > self.segment_bytes_max && used > 0 {
+        if used + len > self.segment_bytes_max && used > RECORDS_AT {
             self.rotate()?;
         }
         let current = self.segments.last_mut().expect("current segment");
@@ -424,18 +422,20 @@ impl RedoLog {
         Ok(())
     }
 
-    /// Starts a new, empty segment at `next_lsn`.
+    /// Starts a new segment at `next_lsn`, holding only its header.
     fn rotate(&mut self) -> Result<(), LogError> {
         self.sync()?;
         let path = segment_path(&self.dir, self.next_lsn);
-        (self.file, self.writes) = open_segment(&path, true, self.writes != Writes::Buffered)?;
+        let direct = self.writes != Writes::Buffered;
+        (self.file, self.writes) = create_segment(&path, self.next_lsn, direct)?;
         sync_dir(&self.dir)?;
-        self.file_bytes = 0;
-        self.tail.clear();
+        self.file_bytes = RECORDS_AT;
+        let header = segment_header(self.next_lsn);
+        self.tail = header[..(RECORDS_AT % self.writes.align()) as usize].to_vec();
         self.segments.push(Segment {
             first_lsn: self.next_lsn,
             path,
-            used: 0,
+            used: RECORDS_AT,
         });
         Ok(())
     }
@@ -446,7 +446,7 @@ impl RedoLog {
         while self.segments.len() > 1 && self.segments[1].first_lsn <= live_from {
             let segment = self.segments.remove(0);
             fs::remove_file(&segment.path).map_err(io_err(&segment.path))?;
-            self.bytes_total -= segment.used;
+            self.bytes_total -= segment.used - RECORDS_AT;
             removed = true;
         }
         if removed {
@@ -479,6 +479,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tutti_wire::Tid;
 
     fn tid(seq: u64) -> Tid {
         Tid {
@@ -495,10 +496,8 @@ mod tests {
         log.append(lsn, 1, &buf).unwrap();
     }
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("tutti-redo-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        dir
+    fn scratch() -> tempfile::TempDir {
+        tempfile::tempdir().expect("a scratch directory")
     }
 
     fn forced(i: u64) -> LogRecord {
@@ -523,8 +522,9 @@ mod tests {
     }
 
     fn torn_tail_is_zeroed(direct: bool) {
-        let dir = scratch(&format!("torn-{direct}"));
-        let mut log = RedoLog::open_with(&dir, 1 << 16, direct).unwrap().log;
+        let scratch = scratch();
+        let dir = scratch.path();
+        let mut log = RedoLog::open_with(dir, 1 << 16, direct).unwrap().log;
         append_batch(&mut log, &(1..=5).map(forced).collect::<Vec<_>>());
         log.sync().unwrap();
         drop(log);
@@ -532,11 +532,11 @@ mod tests {
         let mut before = Vec::new();
         encode_record(1, &forced(1), &mut before);
         encode_record(2, &forced(2), &mut before);
-        let seg = list_segments(&dir).unwrap().pop().unwrap().1;
+        let seg = list_segments(dir).unwrap().pop().unwrap().1;
         let mut bytes = fs::read(&seg).unwrap();
-        bytes[before.len() + 9] ^= 0xff;
+        bytes[SEGMENT_HEADER_BYTES + before.len() + 9] ^= 0xff;
         fs::write(&seg, &bytes).unwrap();
-        let recovered = RedoLog::open_with(&dir, 1 << 16, direct).unwrap();
+        let recovered = RedoLog::open_with(dir, 1 << 16, direct).unwrap();
         assert_eq!(recovered.records, vec![(1, forced(1)), (2, forced(2))]);
         let mut log = recovered.log;
         append(
@@ -548,7 +548,7 @@ mod tests {
         );
         log.sync().unwrap();
         drop(log);
-        let recovered = RedoLog::open_with(&dir, 1 << 16, direct).unwrap();
+        let recovered = RedoLog::open_with(dir, 1 << 16, direct).unwrap();
         let lsns: Vec<Lsn> = recovered.records.iter().map(|r| r.0).collect();
         assert_eq!(lsns, vec![1, 2, 3], "the old records 4 and 5 are gone");
         assert_eq!(
@@ -558,16 +558,16 @@ mod tests {
                 commit: true
             }
         );
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn batches_are_read_back_across_blocks_and_restarts() {
         for direct in [true, false] {
-            let dir = scratch(&format!("batches-{direct}"));
+            let scratch = scratch();
+            let dir = scratch.path();
             let mut expected = Vec::new();
             for restart in 0..3u64 {
-                let mut log = RedoLog::open_with(&dir, 1 << 20, direct).unwrap().log;
+                let mut log = RedoLog::open_with(dir, 1 << 20, direct).unwrap().log;
                 for batch in 0..4u64 {
                     let records: Vec<LogRecord> = (0..=batch)
                         .map(|i| forced(restart * 100 + batch * 10 + i))
@@ -578,7 +578,7 @@ mod tests {
                 }
                 log.sync().unwrap();
             }
-            let recovered = RedoLog::open_with(&dir, 1 << 20, direct).unwrap();
+            let recovered = RedoLog::open_with(dir, 1 << 20, direct).unwrap();
             assert_eq!(recovered.records, expected, "direct: {direct}");
             let mut encoded = Vec::new();
             for (lsn, record) in &expected {
@@ -589,26 +589,26 @@ mod tests {
                 encoded.len() as u64,
                 "records are contiguous, with no padding between batches"
             );
-            fs::remove_dir_all(&dir).unwrap();
         }
     }
 
     #[test]
     fn direct_io_is_used_where_the_file_system_has_it() {
-        let dir = scratch("direct");
-        let log = RedoLog::open(&dir, 1 << 20).unwrap().log;
+        let scratch = scratch();
+        let dir = scratch.path();
+        let log = RedoLog::open(dir, 1 << 20).unwrap().log;
         let probe = File::open(&log.segments[0].path).unwrap();
         match direct_io_align(&probe) {
             Some(align) => assert_eq!(log.writes, Writes::Direct { align }),
             None => assert_eq!(log.writes, Writes::Buffered),
         }
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn segments_rotate_preallocated_and_the_head_is_deleted() {
-        let dir = scratch("rotate");
-        let mut log = RedoLog::open(&dir, 4096).unwrap().log;
+        let scratch = scratch();
+        let dir = scratch.path();
+        let mut log = RedoLog::open(dir, 4096).unwrap().log;
         let big = |i| LogRecord::Prepare {
             tid: tid(i),
             participants: vec![1],
@@ -618,7 +618,7 @@ mod tests {
             append(&mut log, big(i));
         }
         log.sync().unwrap();
-        let segments = list_segments(&dir).unwrap();
+        let segments = list_segments(dir).unwrap();
         assert!(segments.len() >= 5, "{} segments", segments.len());
         assert!(
             segments
@@ -629,34 +629,64 @@ mod tests {
         let before = log.bytes_total();
         let third = segments[2].0;
         log.truncate_head(third).unwrap();
-        assert_eq!(list_segments(&dir).unwrap()[0].0, third);
+        assert_eq!(list_segments(dir).unwrap()[0].0, third);
         assert!(log.bytes_total() < before);
         drop(log);
-        let recovered = RedoLog::open(&dir, 4096).unwrap();
+        let recovered = RedoLog::open(dir, 4096).unwrap();
         assert_eq!(recovered.records.first().unwrap().0, third);
         assert_eq!(recovered.records.last().unwrap().0, 20);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn corrupt_byte_fails_crc() {
-        let mut buf = Vec::new();
-        encode_record(
-            1,
-            &LogRecord::Decided {
-                tid: tid(1),
-                commit: false,
-            },
-            &mut buf,
+    fn a_segment_of_another_format_version_is_refused_naming_both() {
+        let scratch = scratch();
+        let dir = scratch.path();
+        drop(RedoLog::open(dir, 1 << 16).unwrap());
+        let seg = list_segments(dir).unwrap().pop().unwrap().1;
+        let mut bytes = fs::read(&seg).unwrap();
+        bytes[8] = 2;
+        let crc = crc32c::crc32c(&bytes[..24]);
+        bytes[24..28].copy_from_slice(&crc.to_le_bytes());
+        fs::write(&seg, &bytes).unwrap();
+        let err = RedoLog::open(dir, 1 << 16).err().expect("refused");
+        assert!(matches!(
+            err,
+            LogError::Version {
+                found: 2,
+                expected: 1,
+                ..
+            }
+        ));
+        let message = err.to_string();
+        assert!(
+            message.contains("version 2") && message.contains("version 1"),
+            "{message}"
         );
-        assert!(decode_record(&buf).is_some());
-        for i in 0..buf.len() {
-            let mut bad = buf.clone();
-            bad[i] ^= 0x40;
-            assert!(
-                decode_record(&bad).is_none(),
-                "flipped byte {i} went unnoticed"
-            );
+        bytes[0] = b'x';
+        fs::write(&seg, &bytes).unwrap();
+        let err = RedoLog::open(dir, 1 << 16).err().expect("refused");
+        assert!(matches!(err, LogError::BadHeader { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_segment_whose_creation_was_cut_short_starts_afresh() {
+        for direct in [true, false] {
+            let scratch = scratch();
+            let dir = scratch.path();
+            let mut log = RedoLog::open_with(dir, 1 << 16, direct).unwrap().log;
+            append_batch(&mut log, &(1..=3).map(forced).collect::<Vec<_>>());
+            log.sync().unwrap();
+            drop(log);
+            // The crash came after the next segment's file was made, before its header was.
+            fs::write(segment_path(dir, 4), [0u8; 100]).unwrap();
+            let mut log = RedoLog::open_with(dir, 1 << 16, direct).unwrap().log;
+            assert_eq!(log.next_lsn(), 4);
+            append(&mut log, forced(4));
+            log.sync().unwrap();
+            drop(log);
+            let recovered = RedoLog::open_with(dir, 1 << 16, direct).unwrap();
+            let lsns: Vec<Lsn> = recovered.records.iter().map(|r| r.0).collect();
+            assert_eq!(lsns, vec![1, 2, 3, 4]);
         }
     }
 }

@@ -23,6 +23,11 @@ pub const IN_FLIGHT_MAX: usize = 4096;
 pub enum RpcError {
     #[error("cannot connect to {addr}: {reason}")]
     Connect { addr: String, reason: String },
+    #[error("{addr} refused the connection: {reason}")]
+    Handshake {
+        addr: String,
+        reason: crate::HandshakeError,
+    },
     #[error("connection to {addr} closed before the reply arrived")]
     Closed { addr: String },
     #[error("{addr} answered {code:?}: {message}")]
@@ -90,19 +95,25 @@ impl Dialer {
 }
 
 impl Connection {
-    /// Connects to `addr` (through `dialer`); errors name `addr`.
+    /// Connects to `addr` (through `dialer`) and exchanges hellos; errors name `addr`.
     pub async fn connect(
         addr: &str,
         frame_bytes_max: usize,
         dialer: &Dialer,
     ) -> Result<Connection, RpcError> {
-        let stream = TcpStream::connect(dialer.address(addr))
+        let mut stream = TcpStream::connect(dialer.address(addr))
             .await
             .map_err(|e| RpcError::Connect {
                 addr: addr.to_string(),
                 reason: e.to_string(),
             })?;
         stream.set_nodelay(true).ok();
+        crate::handshake::greet(&mut stream)
+            .await
+            .map_err(|reason| RpcError::Handshake {
+                addr: addr.to_string(),
+                reason,
+            })?;
         let (rd, wr) = stream.into_split();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
@@ -270,16 +281,25 @@ impl Connection {
     }
 }
 
-/// Serves one accepted connection: decodes requests and hands each to `handle` with the id
+/// Serves one accepted connection: exchanges hellos (a peer of another protocol version is
+/// refused and the refusal logged with both versions), then decodes requests and hands each to `handle` with the id
 /// to reply to; replies sent on the returned channel are written back in batches. A frame
 /// that does not decode gets an error reply and closes the connection. At most
 /// `IN_FLIGHT_MAX` requests await their reply: past that the connection is not read until
 /// replies drain, so a client that never reads cannot grow the server's memory.
-pub async fn serve_connection<H>(stream: TcpStream, frame_bytes_max: usize, mut handle: H)
+pub async fn serve_connection<H>(mut stream: TcpStream, frame_bytes_max: usize, mut handle: H)
 where
     H: FnMut(u64, Request, Replies),
 {
     stream.set_nodelay(true).ok();
+    if let Err(e) = crate::handshake::greet(&mut stream).await {
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        tracing::warn!(%peer, "refused a connection: {e}");
+        return;
+    }
     let (rd, wr) = stream.into_split();
     let (replies, mut replies_rx) = mpsc::unbounded_channel::<(u64, Response)>();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT_MAX));

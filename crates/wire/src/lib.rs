@@ -5,6 +5,7 @@
 
 pub mod conn;
 pub mod frame;
+pub mod handshake;
 pub mod limits;
 pub mod message;
 mod planted;
@@ -13,5 +14,6 @@ pub use conn::{
     bad_request, serve, serve_connection, Connection, Connections, Dialer, Replies, RpcError,
 };
 pub use frame::{decode_envelope, encode_envelope, FrameError, FRAME_BYTES_MAX_DEFAULT, ONE_WAY};
+pub use handshake::{HandshakeError, PROTOCOL_VERSION};
 pub use limits::Limits;
 pub use message::*;

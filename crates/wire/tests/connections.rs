@@ -106,3 +106,60 @@ async fn one_connection_per_node_is_shared_by_every_task() {
     }
     assert_eq!(served.lock().unwrap().len(), 1);
 }
+
+/// A raw listener that opens every connection with `hello` and keeps what it is sent.
+async fn raw_server(hello: Vec<u8>) -> (String, tokio::sync::mpsc::Receiver<Vec<u8>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (heard, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        stream.write_all(&hello).await.unwrap();
+        let mut got = vec![0; tutti_wire::handshake::HELLO_BYTES];
+        stream.read_exact(&mut got).await.unwrap();
+        heard.send(got).await.unwrap();
+    });
+    (addr, rx)
+}
+
+#[tokio::test]
+async fn a_peer_of_another_protocol_version_is_refused_naming_both() {
+    let mut theirs = tutti_wire::handshake::hello().to_vec();
+    theirs[8..].copy_from_slice(&7u32.to_le_bytes());
+    let (addr, mut heard) = raw_server(theirs).await;
+    let err = Connection::connect(&addr, FRAME_BYTES_MAX_DEFAULT, &Default::default())
+        .await
+        .err()
+        .expect("refused");
+    let message = err.to_string();
+    assert!(
+        message.contains("version 7") && message.contains("version 1"),
+        "{message}"
+    );
+    assert_eq!(heard.recv().await.unwrap(), tutti_wire::handshake::hello());
+
+    let (addr, _heard) = raw_server(b"HTTP/1.1 400".to_vec()).await;
+    let err = Connection::connect(&addr, FRAME_BYTES_MAX_DEFAULT, &Default::default())
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("not a tutti endpoint"), "{err}");
+}
+
+#[tokio::test]
+async fn a_server_answers_another_version_with_its_own_and_closes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, _served) = server().await;
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut ours = tutti_wire::handshake::hello();
+    ours[8..].copy_from_slice(&9u32.to_le_bytes());
+    stream.write_all(&ours).await.unwrap();
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).await.unwrap();
+    assert_eq!(
+        rest,
+        tutti_wire::handshake::hello(),
+        "the server's hello, then the end"
+    );
+}

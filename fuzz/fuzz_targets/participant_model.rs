@@ -69,6 +69,7 @@ fn config() -> Config {
         mode: Mode::Log,
         timeout_uncertain_ms: 1_000_000,
         limits: Limits::default(),
+        checkpoint_step_tids: 3,
     }
 }
 
@@ -251,9 +252,13 @@ impl Harness {
     fn checkpoint(&mut self) {
         self.sync();
         self.deliver();
-        let cp = self.p.checkpoint_begin();
+        let mut cp = self.p.checkpoint_begin();
         self.image = self.p.space().read(0, SPACE_BYTES).to_vec();
-        let acts = self.p.checkpoint_done(cp);
+        let acts = loop {
+            if let Some(acts) = self.p.checkpoint_step(&mut cp) {
+                break acts;
+            }
+        };
         self.log.extend(acts.append);
         self.sync();
         self.deliver();

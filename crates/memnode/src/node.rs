@@ -274,6 +274,7 @@ pub async fn run(
         mode: cfg.mode,
         timeout_uncertain_ms: cfg.timeout_uncertain_ms,
         limits: cfg.limits,
+        checkpoint_step_tids: crate::participant::CHECKPOINT_STEP_TIDS,
     };
     let (participant, log, space_flusher, rebooted, _dir_lock) = match cfg.mode {
         Mode::Ram => {
@@ -697,7 +698,17 @@ async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
         if node.sync_log().await.is_err() {
             return;
         }
-        node.step(|p, _| p.checkpoint_done(cp));
+        // In steps, each holding the participant briefly: requests go on between them.
+        let mut cp = cp;
+        let mut finished = false;
+        while !finished {
+            node.step(|p, _| {
+                let acts = p.checkpoint_step(&mut cp);
+                finished = acts.is_some();
+                acts.unwrap_or_default()
+            });
+            tokio::task::yield_now().await;
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use rand::Rng;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use tutti_memnode::participant::{Actions, Config, Participant, Stage};
+use tutti_memnode::participant::{Actions, Checkpoint, Config, Participant, Stage};
 use tutti_memnode::recovery::Stage2;
 use tutti_memnode::redo_log::{LogRecord, Lsn};
 use tutti_memnode::space::Space;
@@ -29,6 +29,7 @@ enum Pending {
 enum NodeTimer {
     SyncDone,
     Checkpoint,
+    CheckpointStep,
     Heartbeat,
     Stage2Retry,
 }
@@ -56,7 +57,16 @@ pub(crate) struct SimNode {
     image: Vec<u8>,
     recovering: Option<Recovering>,
     pending: BTreeMap<u64, Pending>,
+    /// A checkpoint between two of its steps.
+    checkpoint: Option<Checkpoint>,
 }
+
+/// Tids per checkpoint step: few, so that a checkpoint here spans several events and
+/// requests and heartbeats come between its steps, as they do on a real node.
+const CHECKPOINT_STEP_TIDS: usize = 2;
+/// Between two steps of a checkpoint: up to this long, so that a checkpoint often spans a
+/// heartbeat (every 20–28 ms).
+const CHECKPOINT_STEP_GAP_US_MAX: u64 = 4_000;
 
 fn config(id: NodeId) -> Config {
     Config {
@@ -64,6 +74,7 @@ fn config(id: NodeId) -> Config {
         mode: Mode::Log,
         timeout_uncertain_ms: 100,
         limits: Limits::default(),
+        checkpoint_step_tids: CHECKPOINT_STEP_TIDS,
     }
 }
 
@@ -100,6 +111,7 @@ impl SimNode {
             image,
             recovering: None,
             pending: BTreeMap::new(),
+            checkpoint: None,
         }
     }
 
@@ -181,8 +193,12 @@ impl SimNode {
         self.apply(ctx, acts);
     }
 
-    /// Flush the image, sync the log, then let the participant collect its log head.
+    /// Flush the image, sync the log, then let the participant collect its log head, a
+    /// step at a time.
     fn checkpoint(&mut self, ctx: &mut Ctx<'_>) {
+        if self.checkpoint.is_some() {
+            return;
+        }
         let now = now_ms(ctx);
         let cp = self.up().checkpoint_begin();
         let bytes = self.space_bytes;
@@ -191,8 +207,22 @@ impl SimNode {
         self.make_durable(upto);
         let acts = self.up().on_synced(now, upto);
         self.apply(ctx, acts);
-        let acts = self.up().checkpoint_done(cp);
-        self.apply(ctx, acts);
+        self.checkpoint = Some(cp);
+        self.checkpoint_step(ctx);
+    }
+
+    fn checkpoint_step(&mut self, ctx: &mut Ctx<'_>) {
+        let Some(mut cp) = self.checkpoint.take() else {
+            return;
+        };
+        match self.up().checkpoint_step(&mut cp) {
+            Some(acts) => self.apply(ctx, acts),
+            None => {
+                self.checkpoint = Some(cp);
+                let gap = ctx.rng().gen_range(0..CHECKPOINT_STEP_GAP_US_MAX);
+                ctx.set_timer(gap, NodeTimer::CheckpointStep);
+            }
+        }
     }
 
     fn heartbeat(&mut self, ctx: &mut Ctx<'_>) {
@@ -372,6 +402,7 @@ impl Process for SimNode {
                     self.checkpoint(ctx);
                 }
             }
+            NodeTimer::CheckpointStep => self.checkpoint_step(ctx),
             NodeTimer::Heartbeat => {
                 if self.periodic(ctx, 20_000, NodeTimer::Heartbeat) {
                     self.heartbeat(ctx);
@@ -395,6 +426,7 @@ impl Process for SimNode {
         self.pending_truncate = None;
         self.recovering = None;
         self.pending.clear();
+        self.checkpoint = None;
     }
 
     fn on_restart(&mut self, ctx: &mut Ctx<'_>) {

@@ -65,3 +65,10 @@ fn counting_a_peer_as_applied_at_its_own_lsn_is_caught() {
     assert!(found.is_some(), "not caught in 1,000 seeds");
     eprintln!("caught: {found:?}");
 }
+
+#[test]
+fn publishing_applied_below_before_the_checkpoint_scan_ends_is_caught() {
+    let found = first_failing_seed(Bug::AppliedBelowBeforeScan);
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}

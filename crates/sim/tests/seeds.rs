@@ -77,11 +77,12 @@ fn trace_hashes_are_pinned() {
 }
 
 /// (seed, trace hash, events, end µs), recorded with the simulator's processes in an open
-/// world and the bank workload of `tutti-workload` (counters and receipts).
+/// world and the bank workload of `tutti-workload` (counters and receipts), and nodes that
+/// checkpoint in steps with requests and heartbeats between them.
 const PINNED: [(u64, u64, u64, u64); 3] = [
-    (1, 8_391_762_384_835_611_928, 2_883, 1_673_584),
-    (77, 13_480_591_606_821_062_459, 2_776, 1_824_676),
-    (4242, 10_856_879_893_324_422_178, 2_944, 2_198_619),
+    (1, 13_739_110_466_658_255_297, 3_344, 2_080_529),
+    (77, 18_200_845_320_864_051_714, 2_816, 1_985_773),
+    (4242, 3_501_936_630_541_880_829, 3_173, 2_188_321),
 ];
 
 /// Seeds that broke an invariant before a fix (docs/simulation.md lists which bug each

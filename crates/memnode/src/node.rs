@@ -682,7 +682,7 @@ async fn heartbeat_loop(node: Arc<Node>) {
 async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
     loop {
         tokio::time::sleep(Duration::from_millis(node.cfg.checkpoint_interval_ms)).await;
-        let cp = node
+        let mut cp = node
             .participant
             .lock()
             .expect("participant poisoned")
@@ -699,7 +699,6 @@ async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
             return;
         }
         // In steps, each holding the participant briefly: requests go on between them.
-        let mut cp = cp;
         let mut finished = false;
         while !finished {
             node.step(|p, _| {

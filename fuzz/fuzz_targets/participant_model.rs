@@ -134,9 +134,9 @@ impl Harness {
         let Response::Vote(v) = resp else {
             panic!("expected a vote, got {resp:?}");
         };
-        let others_locked = |h: &Harness| waiting.slots().iter().any(|s| h.maybe_locked(*s));
         if v.vote == Vote::AbortLock {
-            assert!(others_locked(self), "a lock conflict with no lock held");
+            let held = waiting.slots().iter().any(|s| self.maybe_locked(*s));
+            assert!(held, "a lock conflict with no lock held");
             return;
         }
         match waiting {

@@ -58,13 +58,16 @@ const KIND_FORCED_ABORT: u8 = 3;
 const KIND_EPOCH: u8 = 4;
 
 /// Why a segment's header was not accepted.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderProblem {
-    /// Not a tutti segment, or its header is damaged (wrong magic or CRC).
+    /// Not a tutti segment, or its header is damaged.
+    #[error("wrong magic or CRC")]
     Damaged,
     /// A well-formed header of another format version.
+    #[error("format version {0}")]
     Version(u32),
     /// The header names another first lsn than the file name.
+    #[error("the header names first lsn {0}, not the one in the file name")]
     FirstLsn(Lsn),
 }
 

@@ -29,7 +29,10 @@ pub enum LogError {
     #[error("redo log segment {path} is corrupt at byte {offset} and is not the last segment; restore the node from a backup")]
     Corrupt { path: PathBuf, offset: u64 },
     #[error("{path} is not a tutti redo log segment of this node, or its header is damaged ({problem}); restore the node from a backup")]
-    BadHeader { path: PathBuf, problem: String },
+    BadHeader {
+        path: PathBuf,
+        problem: HeaderProblem,
+    },
     #[error("redo log segment {path} has format version {found}, and this build reads version {expected}; run the tutti version that wrote it")]
     Version {
         path: PathBuf,
@@ -166,25 +169,19 @@ fn records_start(
     first_lsn: Lsn,
     last: bool,
 ) -> Result<Option<usize>, LogError> {
-    let problem = match check_segment_header(bytes, first_lsn) {
-        Ok(()) => return Ok(Some(SEGMENT_HEADER_BYTES)),
-        Err(HeaderProblem::Damaged) if last && bytes.iter().all(|&b| b == 0) => return Ok(None),
-        Err(HeaderProblem::Version(found)) => {
-            return Err(LogError::Version {
-                path: path.to_path_buf(),
-                found,
-                expected: SEGMENT_FORMAT_VERSION,
-            })
-        }
-        Err(HeaderProblem::Damaged) => "wrong magic or CRC".to_string(),
-        Err(HeaderProblem::FirstLsn(named)) => {
-            format!("the header names first lsn {named}, the file name {first_lsn}")
-        }
-    };
-    Err(LogError::BadHeader {
-        path: path.to_path_buf(),
-        problem,
-    })
+    match check_segment_header(bytes, first_lsn) {
+        Ok(()) => Ok(Some(SEGMENT_HEADER_BYTES)),
+        Err(HeaderProblem::Damaged) if last && bytes.iter().all(|&b| b == 0) => Ok(None),
+        Err(HeaderProblem::Version(found)) => Err(LogError::Version {
+            path: path.to_path_buf(),
+            found,
+            expected: SEGMENT_FORMAT_VERSION,
+        }),
+        Err(problem) => Err(LogError::BadHeader {
+            path: path.to_path_buf(),
+            problem,
+        }),
+    }
 }
 
 /// `len` rounded up to a multiple of `align`.
@@ -252,14 +249,14 @@ impl RedoLog {
     /// `open`, with appends through the page cache unless `direct`.
     fn open_with(dir: &Path, segment_bytes_max: u64, direct: bool) -> Result<Recovered, LogError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let mut listed = list_segments(dir)?;
+        let listed = list_segments(dir)?;
         let mut segments = Vec::with_capacity(listed.len());
         let mut records = Vec::new();
         let mut bytes_total = 0;
         let mut tail = Vec::new();
         let mut torn_creation = None;
         let count = listed.len();
-        for (i, (first_lsn, path)) in listed.drain(..).enumerate() {
+        for (i, (first_lsn, path)) in listed.into_iter().enumerate() {
             let last = i + 1 == count;
             let mut bytes = Vec::new();
             File::open(&path)

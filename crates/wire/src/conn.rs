@@ -282,9 +282,10 @@ impl Connection {
 }
 
 /// Serves one accepted connection: exchanges hellos (a peer of another protocol version is
-/// refused and the refusal logged with both versions), then decodes requests and hands each to `handle` with the id
-/// to reply to; replies sent on the returned channel are written back in batches. A frame
-/// that does not decode gets an error reply and closes the connection. At most
+/// refused and the refusal logged with both versions), then decodes requests and hands
+/// each to `handle` with the id to reply to; replies sent on the returned channel are
+/// written back in batches. A frame that does not decode gets an error reply and closes
+/// the connection. At most
 /// `IN_FLIGHT_MAX` requests await their reply: past that the connection is not read until
 /// replies drain, so a client that never reads cannot grow the server's memory.
 pub async fn serve_connection<H>(mut stream: TcpStream, frame_bytes_max: usize, mut handle: H)

@@ -9,10 +9,10 @@ use tokio::net::TcpStream;
 /// The protocol this build speaks; it changes whenever a message or frame encoding does.
 pub const PROTOCOL_VERSION: u32 = 1;
 /// What a hello starts with.
-pub const HELLO_MAGIC: [u8; 8] = *b"TUTTIRPC";
+const HELLO_MAGIC: [u8; 8] = *b"TUTTIRPC";
 pub const HELLO_BYTES: usize = 12;
 /// How long a side waits for the other's hello.
-pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// This build's hello: the magic, then the protocol version as a little-endian u32.
 pub fn hello() -> [u8; HELLO_BYTES] {
@@ -49,7 +49,7 @@ pub async fn greet(stream: &mut TcpStream) -> Result<(), HandshakeError> {
 }
 
 /// Checks a peer's hello against this build's.
-pub fn check(theirs: &[u8; HELLO_BYTES]) -> Result<(), HandshakeError> {
+fn check(theirs: &[u8; HELLO_BYTES]) -> Result<(), HandshakeError> {
     if theirs[..8] != HELLO_MAGIC {
         return Err(HandshakeError::NotTutti(theirs.to_vec()));
     }

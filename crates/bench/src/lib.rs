@@ -2,6 +2,7 @@
 //! and the peers a user would pick instead (Redis, PostgreSQL, etcd, an embedded SQLite),
 //! every point in one JSON record format.
 
+pub mod driver;
 pub mod limits;
 pub mod memory;
 pub mod minitx;

@@ -82,9 +82,7 @@ pub async fn log(
     let node = b.nodes[0];
     let mut points: Vec<Point> = Vec::new();
     for _ in 0..rounds {
-        let load = run_minitx(cluster, b, |_| {})
-            .await
-            .map_err(|e| e.to_string())?;
+        let load = run_minitx(cluster, b, |_| {}).await?;
         let stats = settled_stats(cluster, node).await?;
         let limit = points
             .first()

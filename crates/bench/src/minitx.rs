@@ -3,13 +3,11 @@
 //! node, spread over `spread` memory nodes (Fig. 16, 18, 19: 3 or 16 compare-and-swaps;
 //! Fig. 20: 8 operations of each kind); the sweep varies the outstanding minitransactions.
 
-use super::{Latencies, Point};
-use rand::seq::SliceRandom;
-use rand::Rng;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use super::driver::{closed_loop, Draw, Session, Swap};
+use super::Point;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tutti_client::{Cluster, ExecError, ExecuteAhead, Minitx};
+use std::time::Duration;
+use tutti_client::{Cluster, ExecuteAhead, Minitx};
 use tutti_wire::NodeId;
 
 /// Items live at this address on each node (away from the bank workload's addresses).
@@ -60,47 +58,8 @@ pub struct MinitxBench {
     pub experiment: String,
 }
 
-struct Mirror {
-    values: Vec<AtomicU32>,
-    items_per_node: u64,
-}
-
-impl Mirror {
-    fn slot(&self, node_index: usize, item: u64) -> &AtomicU32 {
-        &self.values[node_index * self.items_per_node as usize + item as usize]
-    }
-}
-
 fn addr(item: u64) -> u64 {
     ITEMS_BASE + item * ITEM_STRIDE
-}
-
-/// Reads every item once so that compares start from the values actually stored.
-async fn load_mirror(cluster: &Cluster, b: &MinitxBench) -> Result<Mirror, ExecError> {
-    let mirror = Mirror {
-        values: (0..b.nodes.len() as u64 * b.items_per_node)
-            .map(|_| AtomicU32::new(0))
-            .collect(),
-        items_per_node: b.items_per_node,
-    };
-    for (ni, &node) in b.nodes.iter().enumerate() {
-        let mut item = 0;
-        while item < b.items_per_node {
-            let chunk = (b.items_per_node - item).min(4000);
-            let tx = (item..item + chunk).fold(Minitx::new().class("bench-load"), |tx, i| {
-                tx.read(node, addr(i), 4)
-            });
-            let out = cluster.exec_and_commit(&tx).await?;
-            for (k, r) in out.reads.iter().enumerate() {
-                mirror.slot(ni, item + k as u64).store(
-                    u32::from_le_bytes(r[..4].try_into().expect("4 bytes")),
-                    Ordering::Relaxed,
-                );
-            }
-            item += chunk;
-        }
-    }
-    Ok(mirror)
 }
 
 /// The `ClientOptions::connections` that gives the `requested` connections to the `used`
@@ -114,168 +73,105 @@ pub fn client_connections(requested: usize, used: usize, known: usize) -> usize 
     requested.div_ceil(used.max(1)) * known
 }
 
-/// Runs the sweep; calls `progress` after each point.
+/// Runs the sweep with the closed loop every system is measured with; calls `progress`
+/// after each point.
 pub async fn run_minitx(
     cluster: &Cluster,
     b: &MinitxBench,
-    mut progress: impl FnMut(&Point),
-) -> Result<Vec<Point>, ExecError> {
-    if b.spread == 0 || b.spread > b.nodes.len() {
-        return Err(ExecError::Invalid(format!(
-            "spread {} over {} nodes",
-            b.spread,
-            b.nodes.len()
-        )));
-    }
-    if b.items_per_node * (b.spread as u64) < b.ops_per_minitx as u64 {
-        return Err(ExecError::Invalid(format!(
-            "{} distinct items per minitransaction from {} per node over {} nodes",
-            b.ops_per_minitx, b.items_per_node, b.spread
-        )));
-    }
-    let mirror = Arc::new(load_mirror(cluster, b).await?);
-    let mut points = Vec::new();
-    for &outstanding in &b.outstanding {
-        let point = run_point(cluster, b, mirror.clone(), outstanding).await;
-        progress(&point);
-        points.push(point);
-    }
+    progress: impl FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let draw = Draw {
+        groups: b.nodes.len(),
+        items_per_group: b.items_per_node,
+        spread: b.spread,
+        swaps: b.ops_per_minitx,
+        increment: matches!(b.kind, MinitxKind::Increment | MinitxKind::Add),
+    };
+    let label = Point::new(&b.experiment, "tutti", &b.mode, b.nodes.len(), b.spread, 0);
+    let session = MinitxSession {
+        cluster: cluster.clone(),
+        bench: Arc::new(b.clone()),
+    };
+    let open = || {
+        let s = session.clone();
+        async move { Ok(s) }
+    };
+    let points = closed_loop(&label, draw, &b.outstanding, b.duration, open, progress).await?;
     // Against a running cluster the process exits next: leave no decision unsent.
-    cluster.flush().await?;
+    cluster.flush().await.map_err(|e| e.to_string())?;
     Ok(points)
 }
 
-async fn run_point(
-    cluster: &Cluster,
-    b: &MinitxBench,
-    mirror: Arc<Mirror>,
-    outstanding: usize,
-) -> Point {
-    let start = Instant::now();
-    let until = start + b.duration;
-    let (committed, failed, errors) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let mut tasks = Vec::new();
-    for _ in 0..outstanding {
-        let (cluster, b, mirror) = (cluster.clone(), b.clone(), mirror.clone());
-        let (committed, failed, errors) = (committed.clone(), failed.clone(), errors.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Latencies::new();
-            while Instant::now() < until {
-                let (tx, picks) = cas_minitx(&b, &mirror);
-                let t0 = Instant::now();
-                let result = match b.access {
-                    Access::Combined => cluster.exec_and_commit(&tx).await,
-                    Access::Batched => {
-                        cluster
-                            .exec_and_commit_ahead(&tx, ExecuteAhead::PerNode)
-                            .await
-                    }
-                    Access::PerItem => {
-                        cluster
-                            .exec_and_commit_ahead(&tx, ExecuteAhead::PerItem)
-                            .await
-                    }
-                };
-                match result {
-                    Ok(out) if out.committed => {
-                        committed.fetch_add(1, Ordering::Relaxed);
-                        for (ni, item, new) in picks {
-                            mirror.slot(ni, item).store(new, Ordering::Relaxed);
-                        }
-                    }
-                    Ok(_) => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                        refresh(&cluster, &b, &mirror, &picks).await;
-                    }
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
+/// The driver's session on tutti: a key is item `key % items_per_node` of node
+/// `nodes[key / items_per_node]`, and each operation one minitransaction of `kind`.
+#[derive(Clone)]
+struct MinitxSession {
+    cluster: Cluster,
+    bench: Arc<MinitxBench>,
+}
+
+impl MinitxSession {
+    fn item(&self, key: u64) -> (NodeId, u64) {
+        let per_node = self.bench.items_per_node;
+        (
+            self.bench.nodes[(key / per_node) as usize],
+            addr(key % per_node),
+        )
+    }
+
+    fn minitx(&self, swaps: &[Swap]) -> Minitx {
+        swaps
+            .iter()
+            .fold(Minitx::new().class("bench-cas"), |tx, s| {
+                let (node, addr) = self.item(s.key);
+                let old = s.old.to_le_bytes().to_vec();
+                match self.bench.kind {
+                    MinitxKind::Increment | MinitxKind::SameValue => tx
+                        .compare(node, addr, old)
+                        .write(node, addr, s.new.to_le_bytes().to_vec()),
+                    MinitxKind::Add => tx.add(node, addr, 1),
+                    MinitxKind::CompareOnly => tx.compare(node, addr, old),
                 }
-                lat.record(t0.elapsed());
-            }
-            lat
-        }));
+            })
     }
-    let mut lat = Latencies::new();
-    for t in tasks {
-        if let Ok(l) = t.await {
-            lat.add(&l);
-        }
-    }
-    let mut point = Point::new(
-        &b.experiment,
-        "tutti",
-        &b.mode,
-        b.nodes.len(),
-        b.spread,
-        outstanding,
-    )
-    .measured(committed.load(Ordering::Relaxed), start.elapsed(), &lat);
-    point.compare_failed = failed.load(Ordering::Relaxed);
-    point.errors = errors.load(Ordering::Relaxed);
-    point
 }
 
-/// `ops_per_minitx` operations on distinct items over `spread` distinct nodes:
-/// (minitx, [(node index, item, new value)]).
-fn cas_minitx(b: &MinitxBench, mirror: &Mirror) -> (Minitx, Vec<(usize, u64, u32)>) {
-    let mut rng = rand::thread_rng();
-    let node_indices: Vec<usize> = (0..b.nodes.len())
-        .collect::<Vec<_>>()
-        .choose_multiple(&mut rng, b.spread)
-        .copied()
-        .collect();
-    let mut tx = Minitx::new().class("bench-cas");
-    let mut picks: Vec<(usize, u64, u32)> = Vec::with_capacity(b.ops_per_minitx);
-    for k in 0..b.ops_per_minitx {
-        let ni = node_indices[k % node_indices.len()];
-        let item = loop {
-            let i = rng.gen_range(0..b.items_per_node);
-            if !picks.iter().any(|p| p.0 == ni && p.1 == i) {
-                break i;
+impl Session for MinitxSession {
+    async fn swap(&mut self, swaps: &[Swap]) -> Result<bool, String> {
+        let tx = self.minitx(swaps);
+        let out = match self.bench.access {
+            Access::Combined => self.cluster.exec_and_commit(&tx).await,
+            Access::Batched => {
+                self.cluster
+                    .exec_and_commit_ahead(&tx, ExecuteAhead::PerNode)
+                    .await
+            }
+            Access::PerItem => {
+                self.cluster
+                    .exec_and_commit_ahead(&tx, ExecuteAhead::PerItem)
+                    .await
             }
         };
-        let old = mirror.slot(ni, item).load(Ordering::Relaxed);
-        let node = b.nodes[ni];
-        let new = match b.kind {
-            MinitxKind::Increment => old.wrapping_add(1),
-            MinitxKind::SameValue => old,
-            MinitxKind::CompareOnly => {
-                tx = tx.compare(node, addr(item), old.to_le_bytes().to_vec());
-                picks.push((ni, item, old));
-                continue;
-            }
-            MinitxKind::Add => {
-                tx = tx.add(node, addr(item), 1);
-                picks.push((ni, item, old.wrapping_add(1)));
-                continue;
-            }
-        };
-        tx = tx
-            .compare(node, addr(item), old.to_le_bytes().to_vec())
-            .write(node, addr(item), new.to_le_bytes().to_vec());
-        picks.push((ni, item, new));
+        out.map(|o| o.committed).map_err(|e| e.to_string())
     }
-    (tx, picks)
-}
 
-async fn refresh(cluster: &Cluster, b: &MinitxBench, mirror: &Mirror, picks: &[(usize, u64, u32)]) {
-    let tx = picks
-        .iter()
-        .fold(Minitx::new().class("bench-refresh"), |tx, (ni, item, _)| {
-            tx.read(b.nodes[*ni], addr(*item), 4)
-        });
-    if let Ok(out) = cluster.exec_and_commit(&tx).await {
-        for ((ni, item, _), r) in picks.iter().zip(&out.reads) {
-            mirror.slot(*ni, *item).store(
-                u32::from_le_bytes(r[..4].try_into().expect("4 bytes")),
-                Ordering::Relaxed,
-            );
-        }
+    async fn read(&mut self, keys: &[u64]) -> Result<Vec<u32>, String> {
+        let tx = keys
+            .iter()
+            .fold(Minitx::new().class("bench-read"), |tx, &key| {
+                let (node, addr) = self.item(key);
+                tx.read(node, addr, 4)
+            });
+        let out = self
+            .cluster
+            .exec_and_commit(&tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(out
+            .reads
+            .iter()
+            .map(|r| u32::from_le_bytes(r[..4].try_into().expect("4 bytes")))
+            .collect())
     }
 }
 

@@ -3,33 +3,22 @@
 //! script, `appendfsync always` or no persistence), PostgreSQL (one transaction of three
 //! conditional UPDATEs, `synchronous_commit` on or off), etcd (one Txn, fsync always) and an
 //! embedded SQLite (WAL, `synchronous=FULL`). Each operation compare-and-swaps 3 of 50,000
-//! 4-byte items, like tutti's minitransaction.
+//! 4-byte items, like tutti's minitransaction; `driver::closed_loop` measures them.
 
-use super::{Latencies, Point};
+use super::driver::{Session, Swap};
 use base64::Engine;
-use rand::seq::index::sample;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tutti_client::ClientOptions;
+use tutti_harness::supervisor::Supervisor;
 
-/// A connection (or handle) of one client task: compare-and-swap three items at once.
-pub trait Session: Send + 'static {
-    /// `Ok(true)` swapped, `Ok(false)` some item did not hold its expected value.
-    fn cas3(
-        &mut self,
-        items: [(u32, u32, u32); 3],
-    ) -> impl Future<Output = Result<bool, String>> + Send;
-    fn read3(&mut self, keys: [u32; 3]) -> impl Future<Output = Result<[u32; 3], String>> + Send;
-}
-
-/// A server started by the bench, killed and its data removed when dropped.
+/// A server started by the bench, stopped and its data removed when dropped.
 pub struct Daemon {
     name: String,
-    child: Child,
+    process: Supervisor,
     pub dir: PathBuf,
     pub port: u16,
 }
@@ -38,31 +27,22 @@ impl Drop for Daemon {
     /// SIGINT (a fast shutdown for each of them: PostgreSQL's backends leave with their
     /// postmaster), then SIGKILL if it is still there after 10 s.
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's PID, which is not reaped before `wait` below.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
-        let until = Instant::now() + Duration::from_secs(10);
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process
+            .stop(&self.name, libc::SIGINT, Duration::from_secs(10));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 impl Daemon {
-    fn spawn(name: &str, dir: PathBuf, port: u16, cmd: &mut Command) -> Result<Daemon, String> {
-        let log = std::fs::File::create(dir.with_extension("log"))
-            .map_err(|e| format!("{name} log: {e}"))?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
-            .spawn()
+    /// Starts `cmd` as `name`, its output in `dir.log`.
+    fn spawn(name: &str, dir: PathBuf, port: u16, cmd: Command) -> Result<Daemon, String> {
+        let mut process = Supervisor::new();
+        process
+            .start(name, cmd, &dir.with_extension("log"))
             .map_err(|e| format!("starting {name}: {e}"))?;
         Ok(Daemon {
             name: name.into(),
-            child,
+            process,
             dir,
             port,
         })
@@ -79,7 +59,7 @@ impl Daemon {
                 Ok(t) => return Ok(t),
                 Err(e) => e,
             };
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Some((_, status)) = self.process.reap().pop() {
                 return Err(format!(
                     "{} exited ({status}); see {}",
                     self.name,
@@ -136,93 +116,15 @@ pub fn ensure_installed(program: &str, package: &str) -> Result<PathBuf, String>
     })
 }
 
-/// Runs the Fig. 16 sweep on one peer: `open` makes one session per outstanding operation.
-pub async fn sweep<S: Session, F: Future<Output = Result<S, String>>>(
-    system: &str,
-    mode: &str,
-    items: u32,
-    outstanding: &[usize],
-    duration: Duration,
-    open: impl Fn() -> F,
-    mut progress: impl FnMut(&Point),
-) -> Result<Vec<Point>, String> {
-    let mirror: Arc<Vec<AtomicU32>> = Arc::new((0..items).map(|_| AtomicU32::new(0)).collect());
-    let mut points = Vec::new();
-    for &n in outstanding {
-        let mut sessions = Vec::with_capacity(n);
-        for _ in 0..n {
-            sessions.push(open().await?);
-        }
-        let start = Instant::now();
-        let until = start + duration;
-        let (failed, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let mut tasks = Vec::new();
-        for mut s in sessions {
-            let (mirror, failed, errors) = (mirror.clone(), failed.clone(), errors.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Latencies::new();
-                let mut committed = 0u64;
-                while Instant::now() < until {
-                    let keys: Vec<u32> = sample(&mut rand::thread_rng(), items as usize, 3)
-                        .into_iter()
-                        .map(|k| k as u32)
-                        .collect();
-                    let keys = [keys[0], keys[1], keys[2]];
-                    let ops = keys.map(|k| {
-                        let old = mirror[k as usize].load(Ordering::Relaxed);
-                        (k, old, old.wrapping_add(1))
-                    });
-                    let t0 = Instant::now();
-                    match s.cas3(ops).await {
-                        Ok(true) => {
-                            lat.record(t0.elapsed());
-                            committed += 1;
-                            for (k, _, new) in ops {
-                                mirror[k as usize].store(new, Ordering::Relaxed);
-                            }
-                        }
-                        Ok(false) => {
-                            lat.record(t0.elapsed());
-                            failed.fetch_add(1, Ordering::Relaxed);
-                            if let Ok(values) = s.read3(keys).await {
-                                for (k, v) in keys.iter().zip(values) {
-                                    mirror[*k as usize].store(v, Ordering::Relaxed);
-                                }
-                            }
-                        }
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                        }
-                    }
-                }
-                (lat, committed)
-            }));
-        }
-        let mut lat = Latencies::new();
-        let mut committed = 0;
-        for t in tasks {
-            let (l, c) = t.await.map_err(|e| e.to_string())?;
-            lat.add(&l);
-            committed += c;
-        }
-        let mut point =
-            Point::new("fig16", system, mode, 1, 1, n).measured(committed, start.elapsed(), &lat);
-        point.compare_failed = failed.load(Ordering::Relaxed);
-        point.errors = errors.load(Ordering::Relaxed);
-        progress(&point);
-        points.push(point);
-    }
-    Ok(points)
-}
-
 // ---------------------------------------------------------------- Redis
 
-const REDIS_CAS3: &str = r"
-for i = 1, 3 do
+/// KEYS: the items; ARGV: their expected values, then their new ones.
+const REDIS_SWAP: &str = r"
+local n = #KEYS
+for i = 1, n do
   if redis.call('GET', KEYS[i]) ~= ARGV[i] then return 0 end
 end
-for i = 1, 3 do redis.call('SET', KEYS[i], ARGV[i + 3]) end
+for i = 1, n do redis.call('SET', KEYS[i], ARGV[i + n]) end
 return 1";
 
 #[derive(Clone)]
@@ -258,7 +160,7 @@ pub async fn redis(
         "always" => ["--appendonly", "yes", "--appendfsync", "always"],
         _ => ["--appendonly", "no", "--appendfsync", "no"],
     });
-    let mut daemon = Daemon::spawn("redis-server", dir, port, &mut cmd)?;
+    let mut daemon = Daemon::spawn("redis-server", dir, port, cmd)?;
     let client =
         redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
     let mut con = daemon
@@ -286,7 +188,7 @@ pub async fn redis(
             .await
             .map_err(|e| e.to_string())?;
     }
-    let script = Arc::new(redis::Script::new(REDIS_CAS3));
+    let script = Arc::new(redis::Script::new(REDIS_SWAP));
     let mut sessions = vec![RedisSession {
         con,
         script: script.clone(),
@@ -305,16 +207,16 @@ pub async fn redis(
 }
 
 impl Session for RedisSession {
-    async fn cas3(&mut self, items: [(u32, u32, u32); 3]) -> Result<bool, String> {
+    async fn swap(&mut self, swaps: &[Swap]) -> Result<bool, String> {
         let mut inv = self.script.prepare_invoke();
-        for (k, _, _) in items {
-            inv.key(format!("k{k}"));
+        for s in swaps {
+            inv.key(format!("k{}", s.key));
         }
-        for (_, old, _) in items {
-            inv.arg(old.to_string());
+        for s in swaps {
+            inv.arg(s.old.to_string());
         }
-        for (_, _, new) in items {
-            inv.arg(new.to_string());
+        for s in swaps {
+            inv.arg(s.new.to_string());
         }
         let swapped: i64 = inv
             .invoke_async(&mut self.con)
@@ -323,22 +225,21 @@ impl Session for RedisSession {
         Ok(swapped == 1)
     }
 
-    async fn read3(&mut self, keys: [u32; 3]) -> Result<[u32; 3], String> {
+    async fn read(&mut self, keys: &[u64]) -> Result<Vec<u32>, String> {
         let values: Vec<Option<String>> = redis::cmd("MGET")
-            .arg(keys.map(|k| format!("k{k}")).to_vec())
+            .arg(keys.iter().map(|k| format!("k{k}")).collect::<Vec<_>>())
             .query_async(&mut self.con)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(parse3(values.into_iter().map(|v| v.unwrap_or_default())))
+        values.into_iter().map(parse_value).collect()
     }
 }
 
-fn parse3(values: impl Iterator<Item = String>) -> [u32; 3] {
-    let mut out = [0u32; 3];
-    for (o, v) in out.iter_mut().zip(values) {
-        *o = v.parse().unwrap_or(0);
-    }
-    out
+/// An item's value as a peer stores it: decimal text.
+fn parse_value(text: Option<String>) -> Result<u32, String> {
+    let text = text.ok_or("an item is missing")?;
+    text.parse()
+        .map_err(|e| format!("an item holds {text:?}, not a number: {e}"))
 }
 
 // ---------------------------------------------------------------- PostgreSQL
@@ -414,7 +315,7 @@ pub async fn postgres(root: &Path, mode: &str, items: u32) -> Result<(Daemon, u1
             &format!("synchronous_commit={mode}"),
         ])
         .args(["-c", "shared_buffers=256MB"]);
-    let mut daemon = Daemon::spawn("postgres", dir, port, &mut cmd)?;
+    let mut daemon = Daemon::spawn("postgres", dir, port, cmd)?;
     let client = daemon.wait(|| postgres_connect(port)).await?;
     client
         .batch_execute(&format!(
@@ -483,45 +384,46 @@ pub async fn postgres_session(port: u16) -> Result<PostgresSession, String> {
 }
 
 impl Session for PostgresSession {
-    async fn cas3(&mut self, items: [(u32, u32, u32); 3]) -> Result<bool, String> {
+    async fn swap(&mut self, swaps: &[Swap]) -> Result<bool, String> {
         let c = &self.client;
-        let args: Vec<(i32, i64, i64)> = items
+        let args: Vec<(i32, i64, i64)> = swaps
             .iter()
-            .map(|&(k, old, new)| (k as i32, i64::from(old), i64::from(new)))
+            .map(|s| (s.key as i32, i64::from(s.old), i64::from(s.new)))
             .collect();
         let params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 3]> = args
             .iter()
             .map(|(k, old, new)| [k as _, old as _, new as _])
             .collect();
-        let (begin, a, b, d) = futures::join!(
+        // Polled in this order, so BEGIN goes first and the updates follow it pipelined.
+        let (begin, updated) = futures::join!(
             c.batch_execute("BEGIN"),
-            c.execute(&self.update, &params[0]),
-            c.execute(&self.update, &params[1]),
-            c.execute(&self.update, &params[2]),
+            futures::future::join_all(params.iter().map(|p| c.execute(&self.update, p))),
         );
         begin.map_err(pg_err)?;
-        let all = [a, b, d].into_iter().all(|r| matches!(r, Ok(1)));
+        let all = updated.into_iter().all(|r| matches!(r, Ok(1)));
         c.batch_execute(if all { "COMMIT" } else { "ROLLBACK" })
             .await
             .map_err(pg_err)?;
         Ok(all)
     }
 
-    async fn read3(&mut self, keys: [u32; 3]) -> Result<[u32; 3], String> {
+    async fn read(&mut self, keys: &[u64]) -> Result<Vec<u32>, String> {
         let ks: Vec<i32> = keys.iter().map(|&k| k as i32).collect();
         let rows = self
             .client
             .query(&self.select, &[&ks])
             .await
             .map_err(pg_err)?;
-        let mut out = [0u32; 3];
-        for row in rows {
-            let (k, v): (i32, i64) = (row.get(0), row.get(1));
-            if let Some(i) = keys.iter().position(|&x| x as i32 == k) {
-                out[i] = v as u32;
-            }
-        }
-        Ok(out)
+        let values: std::collections::HashMap<i32, i64> =
+            rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+        ks.iter()
+            .map(|k| {
+                values
+                    .get(k)
+                    .map(|&v| v as u32)
+                    .ok_or_else(|| format!("item {k} is missing"))
+            })
+            .collect()
     }
 }
 
@@ -562,7 +464,7 @@ pub async fn etcd(root: &Path, items: u32) -> Result<(Daemon, EtcdSession), Stri
         ])
         .args(["--initial-cluster", &format!("bench={peer_url}")])
         .args(["--quota-backend-bytes", "8589934592"]);
-    let mut daemon = Daemon::spawn("etcd", dir, port, &mut cmd)?;
+    let mut daemon = Daemon::spawn("etcd", dir, port, cmd)?;
     let session = EtcdSession {
         http: reqwest::Client::builder()
             .pool_max_idle_per_host(1024)
@@ -604,16 +506,16 @@ impl EtcdSession {
 }
 
 impl Session for EtcdSession {
-    async fn cas3(&mut self, items: [(u32, u32, u32); 3]) -> Result<bool, String> {
-        let compare: Vec<_> = items
+    async fn swap(&mut self, swaps: &[Swap]) -> Result<bool, String> {
+        let compare: Vec<_> = swaps
             .iter()
-            .map(|(k, old, _)| {
-                serde_json::json!({"key": b64(&format!("k{k}")), "target": "VALUE", "result": "EQUAL", "value": b64(&old.to_string())})
+            .map(|s| {
+                serde_json::json!({"key": b64(&format!("k{}", s.key)), "target": "VALUE", "result": "EQUAL", "value": b64(&s.old.to_string())})
             })
             .collect();
-        let success: Vec<_> = items
+        let success: Vec<_> = swaps
             .iter()
-            .map(|(k, _, new)| serde_json::json!({"requestPut": {"key": b64(&format!("k{k}")), "value": b64(&new.to_string())}}))
+            .map(|s| serde_json::json!({"requestPut": {"key": b64(&format!("k{}", s.key)), "value": b64(&s.new.to_string())}}))
             .collect();
         let out = self
             .txn(serde_json::json!({"compare": compare, "success": success}))
@@ -624,7 +526,7 @@ impl Session for EtcdSession {
             .unwrap_or(false))
     }
 
-    async fn read3(&mut self, keys: [u32; 3]) -> Result<[u32; 3], String> {
+    async fn read(&mut self, keys: &[u64]) -> Result<Vec<u32>, String> {
         let ranges: Vec<_> = keys
             .iter()
             .map(|k| serde_json::json!({"requestRange": {"key": b64(&format!("k{k}"))}}))
@@ -635,15 +537,26 @@ impl Session for EtcdSession {
             .get("responses")
             .and_then(|r| r.as_array())
             .unwrap_or(&empty);
-        Ok(parse3(responses.iter().map(|r| {
-            let range = r.get("response_range").or_else(|| r.get("responseRange"));
-            range
-                .and_then(|r| r.pointer("/kvs/0/value"))
-                .and_then(|v| v.as_str())
-                .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
-                .and_then(|v| String::from_utf8(v).ok())
-                .unwrap_or_default()
-        })))
+        if responses.len() != keys.len() {
+            return Err(format!(
+                "etcd answered {} of {} ranges",
+                responses.len(),
+                keys.len()
+            ));
+        }
+        responses
+            .iter()
+            .map(|r| {
+                let range = r.get("response_range").or_else(|| r.get("responseRange"));
+                parse_value(
+                    range
+                        .and_then(|r| r.pointer("/kvs/0/value"))
+                        .and_then(|v| v.as_str())
+                        .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+                        .and_then(|v| String::from_utf8(v).ok()),
+                )
+            })
+            .collect()
     }
 }
 
@@ -684,17 +597,19 @@ pub fn sqlite(root: &Path, items: u32) -> Result<(PathBuf, SqliteSession), Strin
 }
 
 impl Session for SqliteSession {
-    async fn cas3(&mut self, items: [(u32, u32, u32); 3]) -> Result<bool, String> {
-        let db = self.db.clone();
+    async fn swap(&mut self, swaps: &[Swap]) -> Result<bool, String> {
+        let (db, swaps) = (self.db.clone(), swaps.to_vec());
         tokio::task::spawn_blocking(move || {
             let mut db = db.lock().expect("sqlite poisoned");
             let tx = db
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(|e| e.to_string())?;
-            for (k, old, new) in items {
+            for s in swaps {
                 let n = tx
                     .prepare_cached("UPDATE kv SET v = ?3 WHERE k = ?1 AND v = ?2")
-                    .and_then(|mut s| s.execute([k, old, new]))
+                    .and_then(|mut st| {
+                        st.execute([s.key as i64, i64::from(s.old), i64::from(s.new)])
+                    })
                     .map_err(|e| e.to_string())?;
                 if n != 1 {
                     return Ok(false);
@@ -707,18 +622,17 @@ impl Session for SqliteSession {
         .map_err(|e| e.to_string())?
     }
 
-    async fn read3(&mut self, keys: [u32; 3]) -> Result<[u32; 3], String> {
-        let db = self.db.clone();
+    async fn read(&mut self, keys: &[u64]) -> Result<Vec<u32>, String> {
+        let (db, keys) = (self.db.clone(), keys.to_vec());
         tokio::task::spawn_blocking(move || {
             let db = db.lock().expect("sqlite poisoned");
-            let mut out = [0u32; 3];
-            for (o, k) in out.iter_mut().zip(keys) {
-                *o = db
-                    .prepare_cached("SELECT v FROM kv WHERE k = ?1")
-                    .and_then(|mut s| s.query_row([k], |r| r.get(0)))
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok(out)
+            keys.iter()
+                .map(|&k| {
+                    db.prepare_cached("SELECT v FROM kv WHERE k = ?1")
+                        .and_then(|mut st| st.query_row([k as i64], |r| r.get(0)))
+                        .map_err(|e| e.to_string())
+                })
+                .collect()
         })
         .await
         .map_err(|e| e.to_string())?

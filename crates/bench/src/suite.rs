@@ -2,10 +2,12 @@
 //! and the same workload on every peer, in one run; writes `results/*.json` and
 //! `RESULTS.md` (tables with the ratios to each peer and to the limits).
 
+use super::driver::{closed_loop, Draw, Session};
 use super::minitx::{run_minitx, Access, MinitxBench, MinitxKind};
 use super::{limits, memory, peers, Point};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tutti_harness::local::{Layout, LocalCluster};
@@ -170,11 +172,7 @@ pub async fn run(
                 mode: mode.into(),
                 experiment: "fig16".into(),
             };
-            points.extend(
-                run_minitx(&c.cluster, &b, &mut *progress)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            );
+            points.extend(run_minitx(&c.cluster, &b, &mut *progress).await?);
         }
     }
     points.extend(memory_use(cfg, progress).await?);
@@ -300,9 +298,7 @@ async fn measure(
     progress: &mut dyn FnMut(&Point),
     label: impl Fn(&mut Point),
 ) -> Result<Vec<Point>, String> {
-    let mut measured = run_minitx(&c.cluster, b, |_| {})
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut measured = run_minitx(&c.cluster, b, |_| {}).await?;
     for p in &mut measured {
         label(p);
         progress(p);
@@ -386,12 +382,12 @@ async fn contention(
     Ok(points)
 }
 
+/// Fig. 16 on the peers, one system and mode at a time.
 async fn run_peers(
     cfg: &SuiteConfig,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
-    let (root, items, d) = (&cfg.scratch, cfg.items, cfg.duration());
-    let out = &cfg.fig16_sweep();
+    let (root, items) = (&cfg.scratch, cfg.items);
     let mut points = Vec::new();
     for mode in ["none", "always"] {
         let (_daemon, sessions) = peers::redis(root, mode, items).await?;
@@ -401,12 +397,12 @@ async fn run_peers(
             opened.set(opened.get() + 1);
             async move { Ok(s) }
         };
-        points.extend(peers::sweep("redis", mode, items, out, d, open, &mut *progress).await?);
+        points.extend(peer_fig16(cfg, "redis", mode, open, progress).await?);
     }
     for mode in ["off", "on"] {
         let (_daemon, port) = peers::postgres(root, mode, items).await?;
         let open = || peers::postgres_session(port);
-        points.extend(peers::sweep("postgres", mode, items, out, d, open, &mut *progress).await?);
+        points.extend(peer_fig16(cfg, "postgres", mode, open, progress).await?);
     }
     {
         let (_daemon, session) = peers::etcd(root, items).await?;
@@ -414,7 +410,7 @@ async fn run_peers(
             let s = session.clone();
             async move { Ok(s) }
         };
-        points.extend(peers::sweep("etcd", "fsync", items, out, d, open, &mut *progress).await?);
+        points.extend(peer_fig16(cfg, "etcd", "fsync", open, progress).await?);
     }
     {
         let (dir, session) = peers::sqlite(root, items)?;
@@ -422,11 +418,32 @@ async fn run_peers(
             let s = session.clone();
             async move { Ok(s) }
         };
-        let result = peers::sweep("embedded", "sync", items, out, d, open, &mut *progress).await;
+        let result = peer_fig16(cfg, "embedded", "sync", open, progress).await;
         let _ = std::fs::remove_dir_all(dir);
         points.extend(result?);
     }
     Ok(points)
+}
+
+/// One peer's Fig. 16 sweep, by the closed loop tutti is measured by: 3 compare-and-swaps
+/// of `cfg.items` items.
+async fn peer_fig16<S: Session, F: Future<Output = Result<S, String>>>(
+    cfg: &SuiteConfig,
+    system: &str,
+    mode: &str,
+    open: impl FnMut() -> F,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let draw = Draw {
+        groups: 1,
+        items_per_group: u64::from(cfg.items),
+        spread: 1,
+        swaps: 3,
+        increment: true,
+    };
+    let label = Point::new("fig16", system, mode, 1, 1, 0);
+    let (outstanding, duration) = (cfg.fig16_sweep(), cfg.duration());
+    closed_loop(&label, draw, &outstanding, duration, open, progress).await
 }
 
 /// Draws `out/fig*.png` with `bench/plot.py` (matplotlib, installed with pip if missing).

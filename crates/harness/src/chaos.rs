@@ -7,9 +7,10 @@
 use crate::local::{LocalCluster, LocalError};
 use crate::proxy::{Process, Proxy};
 use crate::registers::{OpCounts, RegisterOp};
+use crate::supervisor::Supervisor;
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use tutti_client::Cluster;
 use tutti_workload::Bank;
@@ -35,7 +36,10 @@ pub struct Clients {
     manager: String,
     dir: PathBuf,
     count: u64,
-    running: Vec<Option<(Child, PathBuf)>>,
+    /// Client N runs as `client-N`; its output (the transfers it saw commit) goes to
+    /// `outputs[N]`, a new file for each incarnation.
+    processes: Supervisor,
+    outputs: Vec<PathBuf>,
     pub seen: Vec<u64>,
     /// Transfers that ended in an error (their outcome is unknown), over all incarnations.
     pub errors: Vec<u64>,
@@ -52,7 +56,8 @@ impl Clients {
             manager: manager.into(),
             dir: dir.to_path_buf(),
             count,
-            running: (0..count).map(|_| None).collect(),
+            processes: Supervisor::new(),
+            outputs: vec![PathBuf::new(); count as usize],
             seen: vec![0; count as usize],
             errors: vec![0; count as usize],
             incarnations: vec![0; count as usize],
@@ -70,7 +75,6 @@ impl Clients {
             .join(format!("client-{id}-{}.out", self.incarnations[i]));
         let kind = if id.is_multiple_of(2) { "cas" } else { "add" };
         let mut cmd = Command::new(&self.exe);
-        crate::local::die_with_parent(&mut cmd);
         cmd.args([
             "workload",
             "--cluster",
@@ -95,11 +99,8 @@ impl Clients {
                     .join(format!("history-{id}-{}.jsonl", self.incarnations[i])),
             );
         }
-        let child = cmd
-            .stdout(std::fs::File::create(&out)?)
-            .stderr(Stdio::null())
-            .spawn()?;
-        self.running[i] = Some((child, out));
+        self.processes.start(&format!("client-{id}"), cmd, &out)?;
+        self.outputs[i] = out;
         Ok(())
     }
 
@@ -109,10 +110,8 @@ impl Clients {
 
     /// `kill -9` client `id`, keeping what it saw commit.
     pub fn kill(&mut self, id: u64) {
-        if let Some((mut child, out)) = self.running[id as usize].take() {
-            let _ = child.kill();
-            let _ = child.wait();
-            let (committed, errors) = outcomes(&out);
+        if self.processes.kill(&format!("client-{id}")).is_some() {
+            let (committed, errors) = outcomes(&self.outputs[id as usize]);
             self.seen[id as usize] += committed;
             self.errors[id as usize] += errors;
         }
@@ -124,10 +123,9 @@ impl Clients {
 
     /// Transfers the running clients saw commit so far.
     pub fn progress(&self) -> u64 {
-        self.running
-            .iter()
-            .flatten()
-            .map(|(_, out)| outcomes(out).0)
+        (0..self.count)
+            .filter(|id| self.processes.is_running(&format!("client-{id}")))
+            .map(|id| outcomes(&self.outputs[id as usize]).0)
             .sum()
     }
 }
@@ -514,6 +512,8 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| LocalError::Config(format!("tokio runtime: {e}")))?;
+    // The supervisor starts processes as tokio children, from this thread.
+    let _in_rt = rt.enter();
     let layout = crate::local::Layout {
         nodes: 4,
         mode: "log".into(),

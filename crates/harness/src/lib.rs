@@ -1,6 +1,6 @@
 //! Everything that runs tutti as real processes, shared by `tutti up`, `tutti chaos`, the
-//! cross-process tests and the bench: local clusters and their supervision (`local`), the
-//! fault-injecting proxy (`proxy`), the driver of `tutti-workload`'s workloads over a real
+//! cross-process tests and the bench: the supervisor of every child process
+//! (`supervisor`), local clusters (`local`), the fault-injecting proxy (`proxy`), the driver of `tutti-workload`'s workloads over a real
 //! cluster (`workload`), the register workload with its histories and Porcupine check
 //! (`registers`), and the chaos engine (`chaos`). Internal: not published.
 
@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod local;
 pub mod proxy;
 pub mod registers;
+pub mod supervisor;
 pub mod workload;
 
 /// The root of the source tree this was built from, where `tools/` and `bench/` are.

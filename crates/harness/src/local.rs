@@ -2,11 +2,12 @@
 //! executable, described by `DATA/cluster.json`, restartable on the same data directory.
 //! `tutti up`, `tutti bench` and the cross-process tests all start clusters through it.
 
+use crate::supervisor::Supervisor;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 use tutti_client::{ClientOptions, Cluster};
 use tutti_wire::NodeId;
@@ -64,8 +65,8 @@ pub struct LocalCluster {
     pub file: ClusterFile,
     exe: PathBuf,
     layout: Layout,
-    manager: Option<Child>,
-    nodes: BTreeMap<NodeId, Child>,
+    /// The manager runs as `manager`, memory node N as `node-N`.
+    processes: Supervisor,
     /// Extra flags for one process, by name (`manager`, `node-1`, …).
     pub process_flags: BTreeMap<String, Vec<String>>,
 }
@@ -160,25 +161,21 @@ impl LocalCluster {
             file,
             exe: exe.to_path_buf(),
             layout,
-            manager: None,
-            nodes: BTreeMap::new(),
+            processes: Supervisor::new(),
             process_flags: BTreeMap::new(),
         })
     }
 
-    fn spawn(&self, name: &str, mut args: Vec<String>) -> Result<Child, LocalError> {
+    /// Starts `name` (needs a tokio runtime context, as every supervised child does).
+    fn spawn(&mut self, name: &str, mut args: Vec<String>) -> Result<(), LocalError> {
         args.extend(self.process_flags.get(name).into_iter().flatten().cloned());
-        let log_path = self.dir.join("logs").join(format!("{name}.log"));
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(io("open a log file"))?;
-        let err = log.try_clone().map_err(io("open a log file"))?;
+        let log = self.dir.join("logs").join(format!("{name}.log"));
         let mut cmd = Command::new(&self.exe);
-        cmd.args(&args).stdin(Stdio::null()).stdout(log).stderr(err);
-        die_with_parent(&mut cmd);
-        cmd.spawn().map_err(io(format!("start {name}")))
+        cmd.args(&args);
+        self.processes
+            .start(name, cmd, &log)
+            .map_err(io(format!("start {name}")))?;
+        Ok(())
     }
 
     pub fn start_manager(&mut self) -> Result<(), LocalError> {
@@ -190,8 +187,7 @@ impl LocalCluster {
             self.file.manager_data.display().to_string(),
         ];
         args.extend(self.layout.manager_flags.iter().cloned());
-        self.manager = Some(self.spawn("manager", args)?);
-        Ok(())
+        self.spawn("manager", args)
     }
 
     pub fn start_node(&mut self, id: NodeId) -> Result<(), LocalError> {
@@ -219,9 +215,7 @@ impl LocalCluster {
             n.metrics.clone(),
         ];
         args.extend(self.layout.node_flags.iter().cloned());
-        let child = self.spawn(&format!("node-{id}"), args)?;
-        self.nodes.insert(id, child);
-        Ok(())
+        self.spawn(&format!("node-{id}"), args)
     }
 
     pub fn start_all(&mut self) -> Result<(), LocalError> {
@@ -238,59 +232,28 @@ impl LocalCluster {
 
     /// `kill -9` a memory node.
     pub fn kill_node(&mut self, id: NodeId) {
-        if let Some(mut c) = self.nodes.remove(&id) {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.processes.kill(&format!("node-{id}"));
     }
 
     /// `kill -9` the manager.
     pub fn kill_manager(&mut self) {
-        if let Some(mut c) = self.manager.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.processes.kill("manager");
     }
 
     /// Children that exited by themselves since the last call: (name, exit status).
-    pub fn reap(&mut self) -> Vec<(String, std::process::ExitStatus)> {
-        let mut out = Vec::new();
-        let dead: Vec<NodeId> = self
-            .nodes
-            .iter_mut()
-            .filter_map(|(id, c)| c.try_wait().ok().flatten().map(|_| *id))
-            .collect();
-        for id in dead {
-            let mut c = self.nodes.remove(&id).expect("present");
-            out.push((format!("node-{id}"), c.wait().expect("exited")));
-        }
-        if let Some(status) = self
-            .manager
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
-            self.manager = None;
-            out.push(("manager".into(), status));
-        }
-        out
+    pub fn reap(&mut self) -> Vec<(String, ExitStatus)> {
+        self.processes.reap()
+    }
+
+    /// Waits until a child exits by itself: (name, exit status).
+    pub async fn exited(&mut self) -> (String, ExitStatus) {
+        self.processes.exited().await
     }
 
     /// SIGTERM every child, wait up to 10 s, then SIGKILL what is left.
     pub fn stop_all(&mut self) {
-        let mut children: Vec<Child> = std::mem::take(&mut self.nodes).into_values().collect();
-        children.extend(self.manager.take());
-        for c in &children {
-            // SAFETY: plain kill(2) on a child we spawned and have not reaped.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        }
-        let until = Instant::now() + Duration::from_secs(10);
-        for mut c in children {
-            while c.try_wait().ok().flatten().is_none() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.processes
+            .stop_all(libc::SIGTERM, Duration::from_secs(10));
     }
 
     /// Waits until the manager answers and every memory node serves (recovery done).
@@ -336,25 +299,6 @@ impl LocalCluster {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(10)..].join("\n")
-    }
-}
-
-impl Drop for LocalCluster {
-    fn drop(&mut self) {
-        self.stop_all();
-    }
-}
-
-/// Makes the child receive SIGTERM when this process dies, so that a killed `tutti up` or
-/// `tutti chaos` leaves no memory node or client process behind.
-pub fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe, as a pre_exec hook must be.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
     }
 }
 

@@ -14,6 +14,7 @@ const CLIENTS: u64 = 16;
 
 fn run(mode: &str, kind: TransferKind) {
     let rt = common::runtime();
+    let _in_rt = rt.enter();
     let c = common::start(&format!("bank-{mode}-{kind:?}"), 4, mode, &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;

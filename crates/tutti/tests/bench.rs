@@ -62,8 +62,10 @@ fn bench_minitx_takes_a_connection_count_and_refuses_zero() {
 /// resident set the node reports in its statistics.
 #[test]
 fn a_ram_node_holds_no_more_than_the_bytes_written_plus_64_mib() {
+    let rt = common::runtime();
+    let _in_rt = rt.enter();
     let c = common::start("memory-ram", 1, "ram", &[], &[]);
-    common::runtime().block_on(async {
+    rt.block_on(async {
         let cluster = common::ready(&c).await;
         let written = 48 << 20;
         let points = tutti_bench::memory::ram(&cluster, 1, written)

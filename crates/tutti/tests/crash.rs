@@ -137,6 +137,7 @@ fn corrupted_history_is_not_linearizable(dir: &std::path::Path) {
 #[test]
 fn every_memory_node_killed_at_once_and_restarted() {
     let rt = common::runtime();
+    let _in_rt = rt.enter();
     let (mut c, mut clients) = bank_cluster(&rt, "crash-all");
     for round in 0..3 {
         clients.start_all().unwrap();
@@ -161,6 +162,7 @@ fn every_memory_node_killed_at_once_and_restarted() {
 #[test]
 fn manager_killed_and_restarted_while_clients_work() {
     let rt = common::runtime();
+    let _in_rt = rt.enter();
     let (mut c, mut clients) = bank_cluster(&rt, "crash-manager");
     clients.start_all().unwrap();
     std::thread::sleep(Duration::from_millis(1500));

@@ -55,6 +55,7 @@ fn w(v: u8) -> Item {
 #[test]
 fn coordinator_crash_between_phases_is_recovered_by_the_manager() {
     let rt = common::runtime();
+    let _in_rt = rt.enter();
     let c = common::start(
         "coord-crash",
         2,
@@ -149,6 +150,7 @@ fn coordinator_crash_between_phases_is_recovered_by_the_manager() {
 #[test]
 fn bad_input_gets_an_error_and_the_node_keeps_serving() {
     let rt = common::runtime();
+    let _in_rt = rt.enter();
     let c = common::start("bad-input", 2, "log", &[], &["--epoch-period-s", "1"]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;

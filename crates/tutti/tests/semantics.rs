@@ -205,6 +205,7 @@ async fn check(
 
 fn run(mode: &str) {
     let rt = common::runtime();
+    let _in_rt = rt.enter();
     let c = common::start(&format!("semantics-{mode}"), NODES as usize, mode, &[], &[]);
     let cluster = rt.block_on(common::ready(&c));
     let mut runner = TestRunner::new(Config {

@@ -238,11 +238,7 @@ mod measure {
                 if total != requested {
                     cluster = (connect(total).await).map_err(|e| e.to_string())?;
                 }
-                points.extend(
-                    run_minitx(&cluster, &b, print)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                );
+                points.extend(run_minitx(&cluster, &b, print).await?);
             }
         }
         let json = serde_json::to_string_pretty(&points).expect("serialisable");

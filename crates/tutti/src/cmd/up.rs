@@ -3,8 +3,10 @@
 
 use super::args::{parse_size, shutdown_signal, ModeArg};
 use clap::Args;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
 use tutti_harness::local::{Layout, LocalCluster};
 
 #[derive(Args)]
@@ -59,60 +61,89 @@ pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
         cluster.file.manager
     );
     println!("tutti: Ctrl-C stops the cluster");
-    let mut signal = Box::pin(shutdown_signal());
-    // Per child: when it was last started, how many times in a row it died within
-    // QUICK_DEATH of a start, and when it is due to start again.
-    const QUICK_DEATH: Duration = Duration::from_secs(10);
-    const QUICK_DEATHS_MAX: u32 = 5;
-    let mut children: std::collections::HashMap<
-        String,
-        (std::time::Instant, u32, Option<std::time::Instant>),
-    > = Default::default();
-    let mut failure = None;
-    'supervise: loop {
-        tokio::select! {
-            _ = &mut signal => break,
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-        }
-        let now = std::time::Instant::now();
-        for (name, status) in cluster.reap() {
-            let log = cluster.dir.join("logs").join(format!("{name}.log"));
-            let (started, quick, due) = children.entry(name.clone()).or_insert((now, 0, None));
-            *quick = if started.elapsed() < QUICK_DEATH {
-                *quick + 1
-            } else {
-                1
-            };
-            if *quick > QUICK_DEATHS_MAX {
-                failure = Some(format!(
-                    "{name} exited {quick} times right after starting ({status}); see {}",
-                    log.display()
-                ));
-                break 'supervise;
-            }
-            let delay = Duration::from_millis(200 << *quick).min(Duration::from_secs(10));
-            eprintln!(
-                "tutti: {name} exited ({status}); restarting it in {delay:?}; see {}",
-                log.display()
-            );
-            *due = Some(now + delay);
-        }
-        for (name, (started, _, due)) in children
-            .iter_mut()
-            .filter(|(_, c)| c.2.is_some_and(|d| d <= now))
-        {
-            *due = None;
-            *started = now;
-            let result = match name.strip_prefix("node-").and_then(|id| id.parse().ok()) {
-                Some(id) => cluster.start_node(id),
-                None => cluster.start_manager(),
-            };
-            if let Err(e) = result {
-                eprintln!("tutti: restarting {name}: {e}");
-            }
-        }
-    }
+    let failure = supervise(&mut cluster).await.err();
     eprintln!("tutti: stopping");
     cluster.stop_all();
     failure.map_or(Ok(()), Err)
+}
+
+/// A child that exits within this long of its start died quickly; more than
+/// `QUICK_DEATHS_MAX` quick deaths in a row stop the cluster.
+const QUICK_DEATH: Duration = Duration::from_secs(10);
+const QUICK_DEATHS_MAX: u32 = 5;
+
+/// One child's restarts: when it last started, its quick deaths in a row, and when it is due
+/// to start again (it is down until then).
+struct Restarts {
+    started: Instant,
+    quick_deaths: u32,
+    due: Option<Instant>,
+}
+
+/// Restarts every child that dies, after a delay that doubles with each quick death in a row
+/// (200 ms up to 10 s), until a shutdown signal (`Ok`) or a child that keeps dying (`Err`).
+async fn supervise(cluster: &mut LocalCluster) -> Result<(), String> {
+    enum Event {
+        Shutdown,
+        Exited(String, ExitStatus),
+        Due,
+    }
+    let mut signal = Box::pin(shutdown_signal());
+    let mut children: HashMap<String, Restarts> = HashMap::new();
+    loop {
+        let due = children.values().filter_map(|r| r.due).min();
+        let event = tokio::select! {
+            _ = &mut signal => Event::Shutdown,
+            (name, status) = cluster.exited() => Event::Exited(name, status),
+            _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now).into()), if due.is_some() => Event::Due,
+        };
+        let now = Instant::now();
+        match event {
+            Event::Shutdown => return Ok(()),
+            Event::Exited(name, status) => {
+                let log = cluster.dir.join("logs").join(format!("{name}.log"));
+                let r = children.entry(name.clone()).or_insert(Restarts {
+                    started: now,
+                    quick_deaths: 0,
+                    due: None,
+                });
+                r.quick_deaths = if r.started.elapsed() < QUICK_DEATH {
+                    r.quick_deaths + 1
+                } else {
+                    1
+                };
+                if r.quick_deaths > QUICK_DEATHS_MAX {
+                    return Err(format!(
+                        "{name} exited {} times right after starting ({status}); see {}",
+                        r.quick_deaths,
+                        log.display()
+                    ));
+                }
+                let delay =
+                    Duration::from_millis(200 << r.quick_deaths).min(Duration::from_secs(10));
+                eprintln!(
+                    "tutti: {name} exited ({status}); restarting it in {delay:?}; see {}",
+                    log.display()
+                );
+                r.due = Some(now + delay);
+            }
+            Event::Due => {
+                for (name, r) in children
+                    .iter_mut()
+                    .filter(|(_, r)| r.due.is_some_and(|d| d <= now))
+                {
+                    r.due = None;
+                    r.started = now;
+                    let result = match name.strip_prefix("node-").and_then(|id| id.parse().ok()) {
+                        Some(id) => cluster.start_node(id),
+                        None => cluster.start_manager(),
+                    };
+                    if let Err(e) = result {
+                        eprintln!("tutti: restarting {name}: {e}; trying again in 1 s");
+                        r.due = Some(now + Duration::from_secs(1));
+                    }
+                }
+            }
+        }
+    }
 }

@@ -10,6 +10,8 @@ pub fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tutti"))
 }
 
+/// The runtime a test drives its cluster with; enter it (`rt.enter()`) before starting
+/// processes, which the supervisor starts as `tokio::process` children.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -718,11 +718,35 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
         "- {} s per point, items drawn uniformly from {} per node; raw records in `results/*.json`.\n",
         cfg.seconds_per_point, cfg.items
     );
-    let _ = writeln!(md, "## Physical limits\n");
-    table_header(
-        &mut md,
-        ["limit", "outstanding", "ops/s", "p50 µs", "p99 µs"],
+    limits_md(&mut md, points);
+    fig16_md(&mut md, cfg, points);
+    ratios_md(&mut md, cfg, points);
+    memory_md(&mut md, points);
+    breakdown_md(&mut md, points);
+    scaling_md(&mut md, points);
+    contention_md(&mut md, points);
+    against_limits_md(&mut md, points);
+    let _ = writeln!(
+        md,
+        "\n## Reproduce\n\n```sh\ncargo build --release -p tutti --features bench\n{command}\n```"
     );
+    let _ = writeln!(
+        md,
+        "\nThe bench installs `redis-server` and `etcd-server` with apt-get if missing, starts every server on 127.0.0.1 with a scratch data directory, and stops it by its PID. The machine has 2 cores shared by the client, the servers and the peers: absolute numbers are bounded by that; compare ratios within one run."
+    );
+    md
+}
+
+/// The limit point of `mode` at `outstanding`.
+fn limit<'a>(points: &'a [Point], mode: &str, outstanding: usize) -> Option<&'a Point> {
+    points
+        .iter()
+        .find(|p| p.experiment == "limits" && p.mode == mode && p.outstanding == outstanding)
+}
+
+fn limits_md(md: &mut String, points: &[Point]) {
+    let _ = writeln!(md, "## Physical limits\n");
+    table_header(md, ["limit", "outstanding", "ops/s", "p50 µs", "p99 µs"]);
     for p in points.iter().filter(|p| p.experiment == "limits") {
         let _ = writeln!(
             md,
@@ -730,11 +754,10 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             p.mode, p.outstanding, p.throughput_per_s, p.p50_us, p.p99_us
         );
     }
-    let limit = |mode: &str, outstanding: usize| {
-        points
-            .iter()
-            .find(|p| p.experiment == "limits" && p.mode == mode && p.outstanding == outstanding)
-    };
+}
+
+/// Fig. 16's table: every system's throughput (p50 / p99) at each outstanding count.
+fn fig16_md(md: &mut String, cfg: &SuiteConfig, points: &[Point]) {
     let _ = writeln!(
         md,
         "\n## Fig. 16: 3 compare-and-swaps per operation\n\n![Fig. 16](fig16.png)\n"
@@ -778,10 +801,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             _ => format!("{s} {m}"),
         })
         .collect();
-    table_header(
-        &mut md,
-        std::iter::once("outstanding".to_string()).chain(header),
-    );
+    table_header(md, std::iter::once("outstanding".to_string()).chain(header));
     for &o in &cfg.outstanding {
         let cells: Vec<String> = present
             .iter()
@@ -793,6 +813,10 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             .collect();
         let _ = writeln!(md, "| {o} | {} |", cells.join(" | "));
     }
+}
+
+/// Throughput ratios between tutti and each peer, and 2PC over 1PC, with their targets.
+fn ratios_md(md: &mut String, cfg: &SuiteConfig, points: &[Point]) {
     let _ = writeln!(md, "\n## Ratios\n");
     let _ = writeln!(
         md,
@@ -836,7 +860,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
         ),
     ];
     table_header(
-        &mut md,
+        md,
         std::iter::once("ratio".to_string()).chain(cfg.outstanding.iter().map(|o| o.to_string())),
     );
     for (name, a, b) in ratios {
@@ -857,13 +881,13 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             .collect();
         let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
     }
-    memory_md(&mut md, points);
-    breakdown_md(&mut md, points);
-    scaling_md(&mut md, points);
-    contention_md(&mut md, points);
+}
+
+/// Latency and throughput against the loopback and fdatasync limits measured in the run.
+fn against_limits_md(md: &mut String, points: &[Point]) {
     let _ = writeln!(md, "\n## Against the physical limits\n");
-    let sync = limit("fdatasync-4KiB-preallocated", 1);
-    if let (Some(rtt), Some(sync)) = (limit("loopback-rtt-64B", 1), sync) {
+    let sync = limit(points, "fdatasync-4KiB-preallocated", 1);
+    if let (Some(rtt), Some(sync)) = (limit(points, "loopback-rtt-64B", 1), sync) {
         let _ = writeln!(
             md,
             "At 1 outstanding operation, latency over the limit: tutti ram 1PC p50 = {} × the loopback round trip ({} µs); tutti log 1PC p50 = {} × (loopback + one fdatasync of a preallocated file, {} µs).",
@@ -873,7 +897,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             sync.p50_us,
         );
     }
-    if let (Some(one), Some(four)) = (sync, limit("fdatasync-4KiB-preallocated", 4)) {
+    if let (Some(one), Some(four)) = (sync, limit(points, "fdatasync-4KiB-preallocated", 4)) {
         let _ = writeln!(
             md,
             "\nThe four logs of the 2PC layout share one disk. Four fdatasync streams at once take {} µs per sync (p50), one stream alone {} µs; {:.0} syncs/s in all against {:.0}/s. A log-mode 2PC minitransaction waits for a sync on two of the four streams, a 1PC one for a sync on the single stream: the disk alone bounds log 2PC / 1PC at about the ratio of these latencies ({:.2}), before any CPU is spent.",
@@ -884,7 +908,7 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             one.p50_us / four.p50_us.max(1.0),
         );
     }
-    if let Some(rtt16) = limit("loopback-rtt-64B", 16) {
+    if let Some(rtt16) = limit(points, "loopback-rtt-64B", 16) {
         let best = points
             .iter()
             .filter(|p| {
@@ -899,15 +923,6 @@ fn results_md(cfg: &SuiteConfig, points: &[Point], command: &str) -> String {
             rtt16.throughput_per_s
         );
     }
-    let _ = writeln!(
-        md,
-        "\n## Reproduce\n\n```sh\ncargo build --release -p tutti\n{command}\n```"
-    );
-    let _ = writeln!(
-        md,
-        "\nThe bench installs `redis-server` and `etcd-server` with apt-get if missing, starts every server on 127.0.0.1 with a scratch data directory, and stops it by its PID. The machine has 2 cores shared by the client, the servers and the peers: absolute numbers are bounded by that; compare ratios within one run."
-    );
-    md
 }
 
 #[cfg(test)]

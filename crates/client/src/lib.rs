@@ -34,8 +34,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 pub use tutti_wire::Limits;
 use tutti_wire::{
-    Connection, Connections, Dialer, Directory, NodeId, NodeInfo, Request, Response, RpcError,
-    StatsReport, Tid,
+    Backoff, Connection, Connections, Dialer, Directory, NodeId, NodeInfo, Request, Response,
+    RpcError, StatsReport, Tid,
 };
 
 #[derive(Clone, Debug)]
@@ -117,19 +117,19 @@ impl Cluster {
     /// Fetches the directory from the manager (retrying until the deadline) and caches it.
     pub async fn connect(manager: &str, opts: ClientOptions) -> Result<Cluster, ConnectError> {
         let until = Instant::now() + opts.deadline;
-        let mut delay = Duration::from_millis(20);
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         let directory = loop {
             match fetch_directory(manager, opts.frame_bytes_max, &opts.dialer).await {
                 Ok(d) => break d,
-                Err(e) if Instant::now() + delay >= until => {
-                    return Err(ConnectError::Manager {
-                        addr: manager.to_string(),
-                        reason: e.to_string(),
-                    })
+                Err(e) => {
+                    if !backoff.pause_before(until).await {
+                        return Err(ConnectError::Manager {
+                            addr: manager.to_string(),
+                            reason: e.to_string(),
+                        });
+                    }
                 }
-                Err(_) => tokio::time::sleep(delay).await,
             }
-            delay = (delay * 2).min(Duration::from_millis(500));
         };
         let epoch = AtomicU64::new(directory.epoch);
         let conns = Connections::with_per_node(
@@ -233,16 +233,7 @@ impl Cluster {
         ahead: Option<ExecuteAhead>,
     ) -> Result<Outcome, ExecError> {
         tx.check(&self.inner.opts.limits)?;
-        let durable = {
-            let dir = self.inner.directory.lock().expect("directory poisoned");
-            let known = |n: &NodeId| dir.nodes.iter().find(|i| i.id == *n);
-            if let Some((n, _)) = tx.items.iter().find(|(n, _)| known(n).is_none()) {
-                return Err(ExecError::UnknownNode(*n));
-            }
-            // Only asked of a one-participant minitransaction: its first item's node.
-            let first = tx.items.first().and_then(|(n, _)| known(n));
-            first.is_none_or(|i| i.durable)
-        };
+        let durable = self.first_node_durable(tx)?;
         let clock = Instant::now();
         let now_us = || clock.elapsed().as_micros() as u64;
         let instant = |us: u64| tokio::time::Instant::from_std(clock + Duration::from_micros(us));
@@ -316,6 +307,19 @@ impl Cluster {
         }
     }
 
+    /// Whether the node of `tx`'s first item keeps a redo log (the coordinator asks this of
+    /// one-participant minitransactions only); an item on a node the directory does not
+    /// know is an error.
+    fn first_node_durable(&self, tx: &Minitx) -> Result<bool, ExecError> {
+        let dir = self.inner.directory.lock().expect("directory poisoned");
+        let known = |n: &NodeId| dir.nodes.iter().find(|i| i.id == *n);
+        if let Some((n, _)) = tx.items.iter().find(|(n, _)| known(n).is_none()) {
+            return Err(ExecError::UnknownNode(*n));
+        }
+        let first = tx.items.first().and_then(|(n, _)| known(n));
+        Ok(first.is_none_or(|i| i.durable))
+    }
+
     fn coordinator_config(&self, ahead: Option<ExecuteAhead>) -> coordinator::Config {
         let opts = &self.inner.opts;
         coordinator::Config {
@@ -340,16 +344,14 @@ impl Cluster {
     /// reply at the deadline is the coordinator's timer's business.
     async fn call(&self, call: Call, until: Instant) -> (CallId, NodeReply) {
         let Call { id, node, request } = call;
-        let mut delay = Duration::from_millis(5);
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
         loop {
             let conn = match self.conn(node).await {
                 Ok(c) => c,
                 Err(e) => {
-                    if Instant::now() + delay >= until {
+                    if !backoff.pause_before(until).await {
                         return (id, NodeReply::Unreachable(e.to_string()));
                     }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(200));
                     self.refresh_directory().await;
                     continue;
                 }

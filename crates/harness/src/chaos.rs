@@ -525,35 +525,7 @@ pub fn run(
     let mut clients = Clients::new(exe, &local.file.manager, dir, cfg.clients);
     clients.mix = cfg.mix;
     let proxy = match cfg.partitions {
-        Some(_) => {
-            let servers: Vec<(Process, String)> =
-                std::iter::once(("manager".into(), local.file.manager.clone()))
-                    .chain(
-                        local
-                            .file
-                            .nodes
-                            .iter()
-                            .map(|n| (format!("node-{}", n.id), n.addr.clone())),
-                    )
-                    .collect();
-            let client_names: Vec<Process> =
-                (0..cfg.clients).map(|i| format!("client-{i}")).collect();
-            let sources: Vec<Process> = servers
-                .iter()
-                .map(|(name, _)| name.clone())
-                .chain(client_names.iter().cloned())
-                .collect();
-            let proxy = rt
-                .block_on(Proxy::start(&sources, &servers))
-                .map_err(|e| LocalError::Config(format!("start the partition proxy: {e}")))?;
-            for (name, _) in &servers {
-                local
-                    .process_flags
-                    .insert(name.clone(), proxy.route_flags(name));
-            }
-            clients.flags = client_names.iter().map(|c| proxy.route_flags(c)).collect();
-            Some(proxy)
-        }
+        Some(_) => Some(rt.block_on(start_proxy(&mut local, &mut clients))?),
         None => None,
     };
     local.start_all()?;
@@ -566,68 +538,13 @@ pub fn run(
     clients
         .start_all()
         .map_err(|e| LocalError::Config(format!("start clients: {e}")))?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     let mut report = ChaosReport::default();
+    let mut faults = Faults::new(cfg);
     let start = Instant::now();
-    let (mut next_node, mut next_client, mut next_manager) = (
-        draw(&mut rng, &cfg.nodes),
-        draw(&mut rng, &cfg.clients_killer),
-        draw(&mut rng, &cfg.manager),
-    );
-    let mut next_partition = cfg
-        .partitions
-        .map_or(Duration::MAX, |(every, _)| draw(&mut rng, &every));
-    let mut cut: Vec<((Process, Process), Duration)> = Vec::new();
     while start.elapsed() < cfg.duration {
         std::thread::sleep(Duration::from_millis(50));
         let now = start.elapsed();
-        if now >= next_node {
-            let node = rng.gen_range(1..=4);
-            local.kill_node(node);
-            std::thread::sleep(Duration::from_millis(rng.gen_range(0..800)));
-            local.start_node(node)?;
-            report.node_kills += 1;
-            next_node = now + draw(&mut rng, &cfg.nodes);
-        }
-        if now >= next_client {
-            let id = rng.gen_range(0..cfg.clients);
-            clients.kill(id);
-            clients
-                .start(id)
-                .map_err(|e| LocalError::Config(format!("restart client: {e}")))?;
-            report.client_kills += 1;
-            next_client = now + draw(&mut rng, &cfg.clients_killer);
-        }
-        if now >= next_manager {
-            local.kill_manager();
-            std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
-            local.start_manager()?;
-            report.manager_kills += 1;
-            next_manager = now + draw(&mut rng, &cfg.manager);
-        }
-        if let (Some(proxy), Some((every, lasting))) = (&proxy, &cfg.partitions) {
-            cut.retain(|((a, b), until)| {
-                let keep = now < *until;
-                if !keep {
-                    proxy.set_cut(a, b, false);
-                }
-                keep
-            });
-            if now >= next_partition {
-                let pairs: Vec<_> = proxy
-                    .pairs()
-                    .into_iter()
-                    .filter(|p| !cut.iter().any(|(q, _)| q == p))
-                    .collect();
-                if !pairs.is_empty() {
-                    let (a, b) = pairs[rng.gen_range(0..pairs.len())].clone();
-                    proxy.set_cut(&a, &b, true);
-                    cut.push(((a, b), now + draw(&mut rng, lasting)));
-                    report.partitions += 1;
-                }
-                next_partition = now + draw(&mut rng, every);
-            }
-        }
+        faults.inject(now, &mut local, &mut clients, proxy.as_ref(), &mut report)?;
         if let Ok(Ok(cluster)) = rt.block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(2),
@@ -665,22 +582,149 @@ pub fn run(
     drop(proxy);
     if cfg.mix.has_registers() {
         progress("checking the register history with Porcupine…");
-        match crate::registers::check_histories(dir, &cfg.linearizability_checker) {
-            Ok(verdict) => {
-                report.reads = verdict.reads;
-                report.writes = verdict.writes;
-                report.cases = verdict.cases;
-                report.linearizability = Some(verdict.summary.clone());
-                if !verdict.linearizable {
-                    report
-                        .violations
-                        .push(format!("register history: {}", verdict.summary));
-                }
-            }
-            Err(e) => report
-                .violations
-                .push(format!("register history not checked: {e}")),
-        }
+        check_registers(dir, cfg, &mut report);
     }
     Ok(report)
+}
+
+/// Starts the partitioning proxy between every pair of processes (manager, nodes,
+/// clients) and routes each process through it.
+async fn start_proxy(local: &mut LocalCluster, clients: &mut Clients) -> Result<Proxy, LocalError> {
+    let servers: Vec<(Process, String)> =
+        std::iter::once(("manager".into(), local.file.manager.clone()))
+            .chain(
+                local
+                    .file
+                    .nodes
+                    .iter()
+                    .map(|n| (format!("node-{}", n.id), n.addr.clone())),
+            )
+            .collect();
+    let client_names: Vec<Process> = (0..clients.count).map(|i| format!("client-{i}")).collect();
+    let sources: Vec<Process> = servers
+        .iter()
+        .map(|(name, _)| name.clone())
+        .chain(client_names.iter().cloned())
+        .collect();
+    let proxy = Proxy::start(&sources, &servers)
+        .await
+        .map_err(|e| LocalError::Config(format!("start the partition proxy: {e}")))?;
+    for (name, _) in &servers {
+        local
+            .process_flags
+            .insert(name.clone(), proxy.route_flags(name));
+    }
+    clients.flags = client_names.iter().map(|c| proxy.route_flags(c)).collect();
+    Ok(proxy)
+}
+
+/// The fault schedule of a run, drawn from its seed: when each terminator strikes next,
+/// and which process pairs are cut until when.
+struct Faults<'a> {
+    cfg: &'a ChaosConfig,
+    rng: rand::rngs::StdRng,
+    next_node: Duration,
+    next_client: Duration,
+    next_manager: Duration,
+    next_partition: Duration,
+    cut: Vec<((Process, Process), Duration)>,
+}
+
+impl<'a> Faults<'a> {
+    fn new(cfg: &'a ChaosConfig) -> Faults<'a> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+        Faults {
+            next_node: draw(&mut rng, &cfg.nodes),
+            next_client: draw(&mut rng, &cfg.clients_killer),
+            next_manager: draw(&mut rng, &cfg.manager),
+            next_partition: cfg
+                .partitions
+                .map_or(Duration::MAX, |(every, _)| draw(&mut rng, &every)),
+            cut: Vec::new(),
+            cfg,
+            rng,
+        }
+    }
+
+    /// Strikes with every terminator whose time has come at `now` (since the start), and
+    /// heals or cuts partitions; counts each fault in `report`.
+    fn inject(
+        &mut self,
+        now: Duration,
+        local: &mut LocalCluster,
+        clients: &mut Clients,
+        proxy: Option<&Proxy>,
+        report: &mut ChaosReport,
+    ) -> Result<(), LocalError> {
+        let (cfg, rng) = (self.cfg, &mut self.rng);
+        if now >= self.next_node {
+            let node = rng.gen_range(1..=4);
+            local.kill_node(node);
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..800)));
+            local.start_node(node)?;
+            report.node_kills += 1;
+            self.next_node = now + draw(rng, &cfg.nodes);
+        }
+        if now >= self.next_client {
+            let id = rng.gen_range(0..cfg.clients);
+            clients.kill(id);
+            clients
+                .start(id)
+                .map_err(|e| LocalError::Config(format!("restart client: {e}")))?;
+            report.client_kills += 1;
+            self.next_client = now + draw(rng, &cfg.clients_killer);
+        }
+        if now >= self.next_manager {
+            local.kill_manager();
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
+            local.start_manager()?;
+            report.manager_kills += 1;
+            self.next_manager = now + draw(rng, &cfg.manager);
+        }
+        if let (Some(proxy), Some((every, lasting))) = (proxy, &cfg.partitions) {
+            self.cut.retain(|((a, b), until)| {
+                let keep = now < *until;
+                if !keep {
+                    proxy.set_cut(a, b, false);
+                }
+                keep
+            });
+            if now >= self.next_partition {
+                let pairs: Vec<_> = proxy
+                    .pairs()
+                    .into_iter()
+                    .filter(|p| !self.cut.iter().any(|(q, _)| q == p))
+                    .collect();
+                if !pairs.is_empty() {
+                    let (a, b) = pairs[rng.gen_range(0..pairs.len())].clone();
+                    proxy.set_cut(&a, &b, true);
+                    self.cut.push(((a, b), now + draw(rng, lasting)));
+                    report.partitions += 1;
+                }
+                self.next_partition = now + draw(rng, every);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks the register histories the clients wrote in `dir` with Porcupine; a history that
+/// is not linearizable, or that could not be checked, is a violation.
+fn check_registers(dir: &Path, cfg: &ChaosConfig, report: &mut ChaosReport) {
+    match crate::registers::check_histories(dir, &cfg.linearizability_checker) {
+        Ok(verdict) => {
+            report.reads = verdict.reads;
+            report.writes = verdict.writes;
+            report.cases = verdict.cases;
+            report.linearizability = Some(verdict.summary.clone());
+            if !verdict.linearizable {
+                report
+                    .violations
+                    .push(format!("register history: {}", verdict.summary));
+            }
+        }
+        Err(e) => report
+            .violations
+            .push(format!("register history not checked: {e}")),
+    }
 }

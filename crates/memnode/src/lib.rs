@@ -4,6 +4,7 @@
 //! Coordinators live in `tutti-client`; recovery of coordinator crashes in `tutti-manager`.
 
 pub mod log_record;
+pub mod metrics;
 pub mod node;
 pub mod participant;
 pub mod range_locks;

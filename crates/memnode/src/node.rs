@@ -10,11 +10,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tutti_wire::{
-    Connection, Connections, Dialer, Limits, NodeId, Replies, Request, Response, RpcError, Tid,
+    Backoff, Connection, Connections, Dialer, Limits, NodeId, Replies, Request, Response, RpcError,
+    Tid,
 };
 
 #[derive(Clone, Debug)]
@@ -85,6 +85,12 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
 /// How long a node waits for the manager or a peer before trying again.
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What the node hands the log writer, over an unbounded channel: senders hold the
+/// participant's lock, which the writer takes after each sync, so a sender blocked on a full
+/// channel would deadlock with it. The queue is bounded by the requests admitted: every
+/// record comes from a request (each connection reads at most `IN_FLIGHT_MAX` at once,
+/// and a request that needs its record durable is not answered before the sync) or from a
+/// decision on a tid whose prepare was synced; the writer drains the whole queue each turn.
 enum LogCmd {
     Append(Vec<(Lsn, LogRecord)>),
     Truncate(Lsn),
@@ -329,7 +335,13 @@ pub async fn run(
     };
     tokio::spawn(register(node.clone(), listen_addr.clone(), rebooted));
     if let Some(addr) = cfg.metrics.clone() {
-        tokio::spawn(serve_metrics(node.clone(), addr));
+        let node = node.clone();
+        tokio::spawn(crate::metrics::serve(addr, move || {
+            node.participant
+                .lock()
+                .expect("participant poisoned")
+                .stats(node.now_ms())
+        }));
     }
     let recovery = {
         let node = node.clone();
@@ -509,7 +521,7 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
         durable: node.cfg.mode == Mode::Log,
         rebooted,
     };
-    let mut delay = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let result = async {
             let manager = Connection::connect(
@@ -529,8 +541,7 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
             Ok(_) => tracing::warn!("manager sent an unexpected reply to Register"),
             Err(e) => tracing::warn!("registering with the manager: {e}"),
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
+        backoff.pause().await;
     }
 }
 
@@ -587,7 +598,7 @@ async fn recover_stage2(node: &Node) {
 /// Calls a peer until it answers with something other than an error (Sinfonia blocks while
 /// a participant is down; so does recovery).
 async fn call_until_ok(node: &Node, q: NodeId, req: &Request) -> Response {
-    let mut delay = Duration::from_millis(20);
+    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
     let started = std::time::Instant::now();
     let mut failures = 0u32;
     loop {
@@ -616,8 +627,7 @@ async fn call_until_ok(node: &Node, q: NodeId, req: &Request) -> Response {
                 }
             }
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(500));
+        backoff.pause().await;
     }
 }
 
@@ -759,92 +769,4 @@ async fn collect_stale_reports(node: Arc<Node>) {
             .expect("participant poisoned")
             .applied_by_peers(&done);
     }
-}
-
-/// A Prometheus text endpoint: every class's load over every window, plus node gauges.
-async fn serve_metrics(node: Arc<Node>, addr: String) {
-    let listener = match TcpListener::bind(&addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!("metrics endpoint {addr}: {e}");
-            return;
-        }
-    };
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let report = node
-            .participant
-            .lock()
-            .expect("participant poisoned")
-            .stats(node.now_ms());
-        let body = prometheus_text(&report);
-        tokio::spawn(async move {
-            let mut req = [0u8; 1024];
-            let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut req).await;
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream.write_all(body.as_bytes()).await;
-        });
-    }
-}
-
-pub fn prometheus_text(r: &tutti_wire::StatsReport) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let n = r.node;
-    for (name, help) in [
-        ("bytes_read", "bytes read by minitransactions"),
-        (
-            "bytes_written",
-            "bytes written by committed minitransactions",
-        ),
-        ("committed", "committed minitransactions"),
-        ("aborted_lock", "votes ABORT-LOCK"),
-        ("aborted_compare", "votes ABORT-CMP"),
-        ("forced_abort", "votes ABORT-FORCED or stale epoch"),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP tutti_load_{name} {help}, over the window\n# TYPE tutti_load_{name} gauge"
-        );
-        for c in &r.classes {
-            for (w, counters) in r.windows_s.iter().zip(&c.windows) {
-                let v = match name {
-                    "bytes_read" => counters.bytes_read,
-                    "bytes_written" => counters.bytes_written,
-                    "committed" => counters.committed,
-                    "aborted_lock" => counters.aborted_lock,
-                    "aborted_compare" => counters.aborted_compare,
-                    _ => counters.forced_abort,
-                };
-                let _ = writeln!(
-                    out,
-                    "tutti_load_{name}{{node=\"{n}\",class=\"{}\",window=\"{w}s\"}} {v}",
-                    c.class.escape_default()
-                );
-            }
-        }
-    }
-    for (name, v) in [
-        ("uncertain", r.uncertain),
-        ("locks_held", r.locks_held),
-        ("log_bytes", r.log_bytes),
-        ("log_syncs", r.log_syncs),
-        ("log_records_appended", r.log_records_appended),
-        ("log_records_live", r.log_records_live),
-        ("epoch", r.epoch),
-        ("serving", u64::from(r.serving)),
-        ("resident_memory_bytes", r.rss_bytes),
-    ] {
-        let _ = writeln!(
-            out,
-            "# TYPE tutti_{name} gauge\ntutti_{name}{{node=\"{n}\"}} {v}"
-        );
-    }
-    out
 }

@@ -129,6 +129,21 @@ struct LogTid {
     lsns: Vec<Lsn>,
 }
 
+impl LogTid {
+    /// A tid whose Prepare record is at `lsn` (0 in `ram` mode) and whose outcome is
+    /// `outcome`, not yet applied anywhere durably.
+    fn prepared(lsn: Lsn, participants: Vec<NodeId>, outcome: Outcome) -> LogTid {
+        LogTid {
+            lsn,
+            participants,
+            outcome,
+            durable: false,
+            gc_ok: false,
+            lsns: Vec::new(),
+        }
+    }
+}
+
 enum Deferred<R> {
     Reply(R, u64, Response),
     OnePhase(Tid, R, u64, Response),
@@ -266,17 +281,8 @@ impl<R> Participant<R> {
                         Outcome::Unknown
                     };
                     p.epoch = p.epoch.max(tid.epoch);
-                    p.log_tids.insert(
-                        tid,
-                        LogTid {
-                            lsn,
-                            participants,
-                            outcome,
-                            durable: false,
-                            gc_ok: false,
-                            lsns: Vec::new(),
-                        },
-                    );
+                    p.log_tids
+                        .insert(tid, LogTid::prepared(lsn, participants, outcome));
                     p.by_lsn.insert(lsn, tid);
                     p.recovered_writes.insert(lsn, (tid, writes));
                 }
@@ -566,6 +572,8 @@ impl<R> Participant<R> {
         vote(why, reads, failed_compares, self.epoch)
     }
 
+    /// EXEC&PREPARE (Sinfonia Fig. 4): admit the minitransaction, execute its compares and
+    /// reads, and vote; a COMMIT-OK vote in `log` mode waits for its Prepare record's sync.
     fn exec_prepare(
         &mut self,
         acts: &mut Actions<R>,
@@ -576,18 +584,51 @@ impl<R> Participant<R> {
     ) {
         let class = self.load.class_index(&ep.class);
         let tid = ep.tid;
-        if tid.epoch + 2 <= self.epoch {
-            let refusal = self.refuse(now_ms, class, tid, Vote::AbortEpoch, vec![], vec![]);
+        if let Err(refusal) = self.admit(now_ms, class, &mut ep) {
             acts.replies.push((reply_to, id, refusal));
             return;
         }
-        if self.uncertain.contains_key(&tid) || self.log_tids.contains_key(&tid) {
-            acts.replies.push((
-                reply_to,
-                id,
-                error(ErrorCode::BadRequest, format!("tid {tid} already executed")),
-            ));
+        let (reads, failed, bytes_read) = self.execute(&ep.items);
+        self.load.at(class, now_ms).bytes_read += bytes_read;
+        if !failed.is_empty() {
+            let refusal = self.refuse(now_ms, class, tid, Vote::AbortCompare, reads, failed);
+            acts.replies.push((reply_to, id, refusal));
             return;
+        }
+        let ok = VoteReply {
+            vote: Vote::CommitOk,
+            reads,
+            failed_compares: vec![],
+            epoch: self.epoch,
+            lsn: 0,
+        };
+        let entry = Uncertain {
+            writes: self.resolve_writes(&ep.items),
+            participants: ep.participants,
+            lsn: None,
+            since_ms: now_ms,
+            class,
+        };
+        if ep.read_only || self.cfg.mode == Mode::Ram {
+            self.vote_in_memory(acts, tid, entry, ok, ep.read_only, (reply_to, id));
+        } else {
+            self.vote_after_logging(acts, tid, entry, ok, (reply_to, id));
+        }
+    }
+
+    /// Whether `ep` may execute: its epoch is current enough, its tid new, what it executed
+    /// ahead still here and within limits, its locks free, and it was not forced to abort.
+    /// Takes its locks and prepends the items executed ahead; `Err` is the reply otherwise.
+    fn admit(&mut self, now_ms: u64, class: usize, ep: &mut ExecPrepare) -> Result<(), Response> {
+        let tid = ep.tid;
+        if tid.epoch + 2 <= self.epoch {
+            return Err(self.refuse(now_ms, class, tid, Vote::AbortEpoch, vec![], vec![]));
+        }
+        if self.uncertain.contains_key(&tid) || self.log_tids.contains_key(&tid) {
+            return Err(error(
+                ErrorCode::BadRequest,
+                format!("tid {tid} already executed"),
+            ));
         }
         let executed = self.ahead.remove(&tid).map_or(0, |ahead| {
             let n = ahead.items.len();
@@ -597,9 +638,7 @@ impl<R> Participant<R> {
         if executed > 0 {
             if let Err(message) = self.cfg.limits.check(ep.items.iter()) {
                 self.locks.release(tid);
-                acts.replies
-                    .push((reply_to, id, error(ErrorCode::BadRequest, message)));
-                return;
+                return Err(error(ErrorCode::BadRequest, message));
             }
         }
         // What was executed ahead may be gone (a restart, the timeout, a refusal): abort.
@@ -613,58 +652,49 @@ impl<R> Participant<R> {
         } else {
             None
         };
-        if let Some(why) = refused {
-            let refusal = self.refuse(now_ms, class, tid, why, vec![], vec![]);
-            acts.replies.push((reply_to, id, refusal));
-            return;
+        match refused {
+            Some(why) => Err(self.refuse(now_ms, class, tid, why, vec![], vec![])),
+            None => Ok(()),
         }
-        let (reads, failed, bytes_read) = self.execute(&ep.items);
-        self.load.at(class, now_ms).bytes_read += bytes_read;
-        if !failed.is_empty() {
-            let refusal = self.refuse(now_ms, class, tid, Vote::AbortCompare, reads, failed);
-            acts.replies.push((reply_to, id, refusal));
-            return;
-        }
-        let writes = self.resolve_writes(&ep.items);
-        let mut ok = VoteReply {
-            vote: Vote::CommitOk,
-            reads,
-            failed_compares: vec![],
-            epoch: self.epoch,
-            lsn: 0,
-        };
-        let single = ep.participants == [self.cfg.id];
-        let mut entry = Uncertain {
-            participants: ep.participants,
-            writes,
-            lsn: None,
-            since_ms: now_ms,
-            class,
-        };
-        if ep.read_only || self.cfg.mode == Mode::Ram {
-            if single {
-                self.commit_applied(now_ms, tid, &entry);
-                acts.replies.push((reply_to, id, Response::Vote(ok)));
-                return;
-            }
-            if !ep.read_only {
+    }
+
+    /// COMMIT-OK with nothing to log (`ram` mode, or a read-only minitransaction): a
+    /// single-node one commits at once (`entry.since_ms` is now); otherwise the tid waits
+    /// for its decision.
+    fn vote_in_memory(
+        &mut self,
+        acts: &mut Actions<R>,
+        tid: Tid,
+        entry: Uncertain,
+        ok: VoteReply,
+        read_only: bool,
+        (reply_to, id): (R, u64),
+    ) {
+        if entry.participants == [self.cfg.id] {
+            self.commit_applied(entry.since_ms, tid, &entry);
+        } else {
+            if !read_only {
                 // Ram mode keeps all-log-tids in memory only, for REQUEST-ABORT.
-                self.log_tids.insert(
-                    tid,
-                    LogTid {
-                        lsn: 0,
-                        participants: entry.participants.clone(),
-                        outcome: Outcome::Unknown,
-                        durable: false,
-                        gc_ok: false,
-                        lsns: Vec::new(),
-                    },
-                );
+                let participants = entry.participants.clone();
+                self.log_tids
+                    .insert(tid, LogTid::prepared(0, participants, Outcome::Unknown));
             }
             self.uncertain.insert(tid, entry);
-            acts.replies.push((reply_to, id, Response::Vote(ok)));
-            return;
         }
+        acts.replies.push((reply_to, id, Response::Vote(ok)));
+    }
+
+    /// COMMIT-OK in `log` mode: the Prepare record is appended and the vote (or, for a
+    /// single-node minitransaction, the commit and its reply) waits for its sync.
+    fn vote_after_logging(
+        &mut self,
+        acts: &mut Actions<R>,
+        tid: Tid,
+        mut entry: Uncertain,
+        mut ok: VoteReply,
+        (reply_to, id): (R, u64),
+    ) {
+        let single = entry.participants == [self.cfg.id];
         let lsn = self.append(
             acts,
             LogRecord::Prepare {
@@ -676,17 +706,9 @@ impl<R> Participant<R> {
         entry.lsn = Some(lsn);
         ok.lsn = lsn;
         let ok = Response::Vote(ok);
-        self.log_tids.insert(
-            tid,
-            LogTid {
-                lsn,
-                participants: entry.participants.clone(),
-                outcome: Outcome::Unknown,
-                durable: false,
-                gc_ok: false,
-                lsns: Vec::new(),
-            },
-        );
+        let participants = entry.participants.clone();
+        self.log_tids
+            .insert(tid, LogTid::prepared(lsn, participants, Outcome::Unknown));
         self.by_lsn.insert(lsn, tid);
         self.uncertain.insert(tid, entry);
         if single {

@@ -11,7 +11,6 @@ use tutti_bench::Point;
 #[test]
 fn bench_minitx_quick_writes_valid_json() {
     let dir = common::scratch("bench");
-    std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("fig16.json");
     let status = std::process::Command::new(common::exe())
         .args(["bench", "minitx", "--quick", "--out"])
@@ -35,7 +34,6 @@ fn bench_minitx_quick_writes_valid_json() {
         assert!(p.p50_us > 0.0 && p.p99_us >= p.p50_us, "{p:?}");
         assert!(p.max_us >= p.p999_us && p.p999_us >= p.p99_us, "{p:?}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -91,7 +91,6 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         "the run wrote more log than GC keeps: {report:?}"
     );
     corrupted_history_is_not_linearizable(&dir);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The checker can fail: one read in the run's real history is made to return a value no

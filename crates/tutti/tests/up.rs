@@ -37,7 +37,8 @@ fn txn(cluster: &str, items: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// GET the Prometheus text of a node, at the metrics address `tutti up` recorded.
+/// GET the OpenMetrics text of a node, at the metrics address `tutti up` recorded, as a
+/// Prometheus scraper does.
 fn scrape(data: &std::path::Path, node: usize) -> String {
     use std::io::{Read, Write};
     let file: serde_json::Value =
@@ -47,10 +48,16 @@ fn scrape(data: &std::path::Path, node: usize) -> String {
         .unwrap()
         .to_string();
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: tutti\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    assert!(
+        out.contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{out}"
+    );
+    assert!(out.ends_with("# EOF\n"), "{out}");
     out
 }
 
@@ -98,7 +105,6 @@ fn back_to_back_txn_processes_never_meet_a_predecessors_locks() {
         assert!(metrics.contains(&no_lock_aborts), "{metrics}");
     }
     sigterm_and_wait(&mut child);
-    let _ = std::fs::remove_dir_all(&data);
 }
 
 #[test]
@@ -146,7 +152,6 @@ fn up_serves_stops_cleanly_and_restarts_with_data_intact() {
         serde_json::json!(["68656c6c6f", "0600000000000000"])
     );
     sigterm_and_wait(&mut child);
-    std::fs::remove_dir_all(&data).unwrap();
 }
 
 #[test]
@@ -156,7 +161,7 @@ fn up_refuses_to_reshape_an_existing_cluster() {
     sigterm_and_wait(&mut child);
     let out = Command::new(common::exe())
         .args(["up", "--nodes", "3", "--data"])
-        .arg(&data)
+        .arg(&*data)
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -165,5 +170,4 @@ fn up_refuses_to_reshape_an_existing_cluster() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::remove_dir_all(&data).unwrap();
 }

@@ -48,7 +48,12 @@ pub fn codec(frame_bytes_max: usize) -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// Where a server sends `(request id, reply)` for one connection.
+/// Where a server sends `(request id, reply)` for one connection. Unbounded in type, so
+/// that a state machine can reply from under its lock without awaiting, and bounded in
+/// fact: a request is read only with one of the connection's `IN_FLIGHT_MAX` permits, which
+/// its reply returns; one-way messages get no reply, and a bad frame one last error before
+/// the connection closes. When every permit is out the connection is not read, and TCP
+/// pushes back on the client.
 pub type Replies = mpsc::UnboundedSender<(u64, Response)>;
 
 type Pending = Arc<Mutex<FxHashMap<u64, oneshot::Sender<Response>>>>;

@@ -3,6 +3,7 @@
 //! It holds no protocol logic: the participant, coordinator and manager interpret these
 //! messages; this crate only names, encodes, validates sizes and carries them.
 
+pub mod backoff;
 pub mod conn;
 pub mod frame;
 pub mod handshake;
@@ -10,6 +11,7 @@ pub mod limits;
 pub mod message;
 mod planted;
 
+pub use backoff::Backoff;
 pub use conn::{
     bad_request, serve, serve_connection, Connection, Connections, Dialer, Replies, RpcError,
 };

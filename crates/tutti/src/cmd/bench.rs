@@ -105,6 +105,14 @@ mod measure {
     use tutti_client::{ClientOptions, Cluster};
     use tutti_harness::local::manager_addr;
 
+    /// A scratch directory for the bench's clusters and peers, removed when dropped.
+    fn scratch_dir(prefix: &str) -> Result<tempfile::TempDir, String> {
+        tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .map_err(|e| format!("creating a scratch directory: {e}"))
+    }
+
     pub(super) async fn all(a: BenchAllArgs) -> Result<(), String> {
         use tutti_bench::suite::{self, SuiteConfig};
         let (outstanding, headline_runs, seconds) = if a.quick {
@@ -112,10 +120,11 @@ mod measure {
         } else {
             (a.outstanding, 3, a.seconds)
         };
+        let scratch = scratch_dir("tutti-bench-all-")?;
         let cfg = SuiteConfig {
             exe: std::env::current_exe().map_err(|e| e.to_string())?,
             out: a.out,
-            scratch: std::env::temp_dir().join(format!("tutti-bench-all-{}", std::process::id())),
+            scratch: scratch.path().to_path_buf(),
             outstanding,
             headline_runs,
             seconds_per_point: seconds,
@@ -148,7 +157,7 @@ mod measure {
         };
         let result = suite::run(&cfg, &mut progress).await;
         bar.finish();
-        let _ = std::fs::remove_dir_all(&cfg.scratch);
+        drop(scratch);
         let points = result?;
         let command = std::env::args()
             .skip(1)
@@ -175,6 +184,7 @@ mod measure {
             (a.outstanding.clone(), a.seconds)
         };
         let mut points: Vec<Point> = Vec::new();
+        let scratch = scratch_dir("tutti-bench-")?;
         let print = |p: &Point| {
             eprintln!(
                 "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
@@ -211,12 +221,7 @@ mod measure {
                     Some(c) => manager_addr(c).map_err(|e| e.to_string())?,
                     None => {
                         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-                        let dir = std::env::temp_dir().join(format!(
-                            "tutti-bench-{}-{}-{}",
-                            std::process::id(),
-                            mode.name(),
-                            nodes
-                        ));
+                        let dir = scratch.path().join(format!("{}-{nodes}", mode.name()));
                         let local =
                             ScratchCluster::start(&exe, dir, nodes as usize, mode.name()).await?;
                         let manager = local.cluster.manager().to_string();

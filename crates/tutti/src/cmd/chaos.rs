@@ -65,21 +65,33 @@ pub(crate) fn run(a: ChaosArgs) -> Result<(), String> {
         linearizability_checker: a.linearizability_checker,
         seed: a.seed.unwrap_or_else(rand::random),
     };
-    let scratch = a.data.is_none();
-    let dir = a.data.unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("tutti-chaos-{}", std::process::id()))
-    });
-    if scratch {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    // Without --data: a scratch directory, removed when every invariant holds and kept
+    // (for its logs) otherwise.
+    let (dir, scratch) = match a.data {
+        Some(data) => (data, None),
+        None => {
+            let scratch = tempfile::Builder::new()
+                .prefix("tutti-chaos-")
+                .tempdir()
+                .map_err(|e| format!("creating a scratch directory: {e}"))?;
+            (scratch.path().to_path_buf(), Some(scratch))
+        }
+    };
+    let keep = |scratch: Option<tempfile::TempDir>| scratch.map(tempfile::TempDir::keep);
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     eprintln!(
         "chaos: seed {} (replay the fault schedule with --seed), data in {}",
         cfg.seed,
         dir.display()
     );
-    let report = tutti_harness::chaos::run(&exe, &dir, &cfg, |line| eprint!("\rchaos: {line}   "))
-        .map_err(|e| e.to_string())?;
+    let report =
+        match tutti_harness::chaos::run(&exe, &dir, &cfg, |line| eprint!("\rchaos: {line}   ")) {
+            Ok(report) => report,
+            Err(e) => {
+                keep(scratch);
+                return Err(format!("{e}; data and logs kept in {}", dir.display()));
+            }
+        };
     eprintln!();
     print!("{}", report.table(&cfg));
     if report.violations.is_empty() {
@@ -89,11 +101,9 @@ pub(crate) fn run(a: ChaosArgs) -> Result<(), String> {
             ""
         };
         println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected{registers})");
-        if scratch {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
         Ok(())
     } else {
+        keep(scratch);
         for v in &report.violations {
             println!("VIOLATION: {v}");
         }

@@ -23,7 +23,7 @@ pub(crate) struct MemnodeArgs {
     /// Bytes of address space (suffixes K, M, G accepted). Fixed at creation.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     size: u64,
-    /// Serve Prometheus text metrics on this address.
+    /// Serve metrics over HTTP on this address, in the OpenMetrics text format Prometheus scrapes.
     #[arg(long)]
     metrics: Option<String>,
     /// A tid uncertain this long is reported to the manager's recovery coordinator.

@@ -1,7 +1,7 @@
 //! Helpers for cross-process tests: real `tutti` processes on loopback in scratch dirs.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tutti_client::Cluster;
 use tutti_harness::local::{Layout, LocalCluster};
@@ -20,26 +20,45 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tutti-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A scratch directory under the system's temporary directory: removed when the test
+/// passes, kept (and its path printed) when it fails, for the logs in it.
+pub struct Scratch(Option<tempfile::TempDir>);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.as_ref().expect("present until dropped").path()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(dir) = self.0.take() {
+                eprintln!("scratch directory kept: {}", dir.keep().display());
+            }
+        }
+    }
+}
+
+pub fn scratch(name: &str) -> Scratch {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("tutti-test-{name}-"))
+        .tempdir()
+        .expect("a scratch directory");
+    Scratch(Some(dir))
 }
 
 /// A started cluster whose directory is removed when the test passes.
 pub struct TestCluster {
     pub local: LocalCluster,
     pub dir: PathBuf,
+    _scratch: Scratch,
 }
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
         self.local.stop_all();
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("cluster logs kept in {}", self.dir.join("logs").display());
-        }
     }
 }
 
@@ -60,7 +79,11 @@ pub fn start(
     };
     let mut local = LocalCluster::open(&exe(), &dir, layout, true).expect("cluster dir");
     local.start_all().expect("start cluster");
-    TestCluster { local, dir }
+    TestCluster {
+        local,
+        dir: dir.to_path_buf(),
+        _scratch: dir,
+    }
 }
 
 pub async fn ready(c: &TestCluster) -> Cluster {

@@ -240,11 +240,6 @@ impl LocalCluster {
         self.processes.kill("manager");
     }
 
-    /// Children that exited by themselves since the last call: (name, exit status).
-    pub fn reap(&mut self) -> Vec<(String, ExitStatus)> {
-        self.processes.reap()
-    }
-
     /// Waits until a child exits by itself: (name, exit status).
     pub async fn exited(&mut self) -> (String, ExitStatus) {
         self.processes.exited().await

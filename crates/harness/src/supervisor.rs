@@ -4,7 +4,7 @@
 //! Children are `tokio::process` children, so starting one needs a runtime context.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
@@ -12,15 +12,9 @@ use tokio::process::{Child, Command};
 /// How often a kill or a stop checks whether its child has exited.
 const REAP_POLL: Duration = Duration::from_millis(1);
 
-/// A running child: the process and the file its output goes to.
-struct Running {
-    child: Child,
-    log: PathBuf,
-}
-
 #[derive(Default)]
 pub struct Supervisor {
-    children: BTreeMap<String, Running>,
+    children: BTreeMap<String, Child>,
 }
 
 impl Supervisor {
@@ -63,13 +57,7 @@ impl Supervisor {
         }
         let child = cmd.spawn()?;
         let pid = child.id().expect("a child that was just spawned has a pid");
-        self.children.insert(
-            name.to_string(),
-            Running {
-                child,
-                log: log.to_path_buf(),
-            },
-        );
+        self.children.insert(name.to_string(), child);
         Ok(pid)
     }
 
@@ -77,40 +65,31 @@ impl Supervisor {
         self.children.contains_key(name)
     }
 
-    pub fn pid(&self, name: &str) -> Option<u32> {
-        self.children.get(name).and_then(|r| r.child.id())
-    }
-
-    /// The file `name`'s output goes to.
-    pub fn log(&self, name: &str) -> Option<&Path> {
-        self.children.get(name).map(|r| r.log.as_path())
-    }
-
     /// `kill -9` the child `name` and reap it; its exit status, or `None` if it was not
     /// running.
     pub fn kill(&mut self, name: &str) -> Option<ExitStatus> {
-        let mut running = self.children.remove(name)?;
-        let _ = running.child.start_kill();
-        reap_blocking(&mut running.child, None)
+        let mut child = self.children.remove(name)?;
+        let _ = child.start_kill();
+        reap_blocking(&mut child, None)
     }
 
     /// Sends `signal` to the child `name`, waits up to `grace` for it to exit, then kills it.
     pub fn stop(&mut self, name: &str, signal: i32, grace: Duration) -> Option<ExitStatus> {
-        let mut running = self.children.remove(name)?;
-        signal_child(&running.child, signal);
-        reap_blocking(&mut running.child, Some(Instant::now() + grace))
+        let mut child = self.children.remove(name)?;
+        signal_child(&child, signal);
+        reap_blocking(&mut child, Some(Instant::now() + grace))
     }
 
     /// Sends `signal` to every child at once, waits up to `grace` in all for them to exit,
     /// then kills what is left.
     pub fn stop_all(&mut self, signal: i32, grace: Duration) {
-        let mut children: Vec<Running> = std::mem::take(&mut self.children).into_values().collect();
-        for r in &children {
-            signal_child(&r.child, signal);
+        let mut children: Vec<Child> = std::mem::take(&mut self.children).into_values().collect();
+        for child in &children {
+            signal_child(child, signal);
         }
         let until = Instant::now() + grace;
-        for r in &mut children {
-            reap_blocking(&mut r.child, Some(until));
+        for child in &mut children {
+            reap_blocking(child, Some(until));
         }
     }
 
@@ -119,7 +98,7 @@ impl Supervisor {
         let exited: Vec<(String, ExitStatus)> = self
             .children
             .iter_mut()
-            .filter_map(|(name, r)| Some((name.clone(), r.child.try_wait().ok()??)))
+            .filter_map(|(name, child)| Some((name.clone(), child.try_wait().ok()??)))
             .collect();
         for (name, _) in &exited {
             self.children.remove(name);
@@ -136,7 +115,7 @@ impl Supervisor {
         let waits = self
             .children
             .iter_mut()
-            .map(|(name, r)| Box::pin(async move { (name.clone(), r.child.wait().await) }));
+            .map(|(name, child)| Box::pin(async move { (name.clone(), child.wait().await) }));
         let ((name, status), _, _) = futures::future::select_all(waits).await;
         self.children.remove(&name);
         let status = status.unwrap_or_else(|e| panic!("waiting for {name}: {e}"));

@@ -29,7 +29,7 @@ fn bank_cluster(rt: &tokio::runtime::Runtime, name: &str) -> (common::TestCluste
             .await
             .unwrap();
     });
-    let clients = Clients::new(&common::exe(), &c.local.file.manager, &c.dir, CLIENTS);
+    let clients = Clients::new(&common::exe(), &c.local.file.manager, &c.local.dir, CLIENTS);
     (c, clients)
 }
 

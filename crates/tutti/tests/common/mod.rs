@@ -52,7 +52,6 @@ pub fn scratch(name: &str) -> Scratch {
 /// A started cluster whose directory is removed when the test passes.
 pub struct TestCluster {
     pub local: LocalCluster,
-    pub dir: PathBuf,
     _scratch: Scratch,
 }
 
@@ -81,7 +80,6 @@ pub fn start(
     local.start_all().expect("start cluster");
     TestCluster {
         local,
-        dir: dir.to_path_buf(),
         _scratch: dir,
     }
 }

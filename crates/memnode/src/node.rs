@@ -8,6 +8,7 @@ use crate::redo_log::{encode_record, LogError, LogRecord, Lsn, RedoLog};
 use crate::space::Space;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -137,6 +138,10 @@ struct Node {
     log: Option<std::sync::mpsc::Sender<LogCmd>>,
     /// Whoever holds this lock sends to `log`, so records reach the writer in lsn order.
     unsent: Mutex<Unsent>,
+    /// Set while the log writer waits for `participant`. A std mutex is not fair: the event
+    /// loop retaking it step after step of a checkpoint kept the writer, and every reply
+    /// waiting for a sync, from it for up to 37 ms. The checkpoint lets the writer go first.
+    writer_waiting: AtomicBool,
     start: Instant,
     peers: Connections,
     directory: Mutex<HashMap<NodeId, String>>,
@@ -313,6 +318,7 @@ pub async fn run(
         participant: Mutex::new(participant),
         log: log.as_ref().map(|_| log_tx.clone()),
         unsent: Mutex::default(),
+        writer_waiting: Default::default(),
         start: Instant::now(),
         peers: Connections::new(cfg.frame_bytes_max, RPC_TIMEOUT, cfg.dialer.clone()),
         directory: Mutex::default(),
@@ -494,7 +500,9 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
         count = 0;
         if needs_sync {
             let upto = log.next_lsn() - 1;
+            node.writer_waiting.store(true, Ordering::Relaxed);
             node.step(|p, now| {
+                node.writer_waiting.store(false, Ordering::Relaxed);
                 p.set_log_counters(counters);
                 p.on_synced(now, upto)
             });
@@ -717,6 +725,9 @@ async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
                 acts.unwrap_or_default()
             });
             tokio::task::yield_now().await;
+            while node.writer_waiting.load(Ordering::Relaxed) {
+                tokio::task::yield_now().await;
+            }
         }
     }
 }

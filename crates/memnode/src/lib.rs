@@ -10,6 +10,7 @@ pub mod participant;
 pub mod range_locks;
 pub mod recovery;
 pub mod redo_log;
+pub mod segment_files;
 pub mod space;
 pub mod stats;
 

@@ -150,11 +150,20 @@ fn open_segment(path: &Path, direct: bool) -> Result<(File, Writes), LogError> {
     }
 }
 
-/// Creates (or empties) the segment at `path` holding only its header, synced, and opens
-/// it for appending. The caller syncs the directory.
-fn create_segment(path: &Path, first_lsn: Lsn, direct: bool) -> Result<(File, Writes), LogError> {
+/// Writes the header of the segment at `path`, synced, and opens it for appending: over a
+/// new (or emptied) file, or, if `zeroed`, over the zeros of a spare renamed to `path`. The
+/// caller syncs the directory.
+fn create_segment(
+    path: &Path,
+    first_lsn: Lsn,
+    direct: bool,
+    zeroed: bool,
+) -> Result<(File, Writes), LogError> {
     use std::io::Write;
-    File::create(path)
+    let mut options = OpenOptions::new();
+    options.write(true).create(!zeroed).truncate(!zeroed);
+    options
+        .open(path)
         .and_then(|mut f| {
             f.write_all(&segment_header(first_lsn))?;
             f.sync_data()
@@ -295,7 +304,7 @@ impl RedoLog {
             (torn, _) => {
                 // A new log, or a segment whose creation was cut short: it starts afresh.
                 let (first_lsn, path) = torn.unwrap_or_else(|| (1, segment_path(dir, 1)));
-                let opened = create_segment(&path, first_lsn, direct)?;
+                let opened = create_segment(&path, first_lsn, direct, false)?;
                 sync_dir(dir)?;
                 tail = segment_header(first_lsn).to_vec();
                 segments.push(Segment {
@@ -431,22 +440,12 @@ impl RedoLog {
         }
         let path = segment_path(&self.dir, self.next_lsn);
         let direct = self.writes != Writes::Buffered;
-        (self.file, self.writes) = match &spare {
-            Some(spare) => {
-                OpenOptions::new()
-                    .write(true)
-                    .open(spare)
-                    .and_then(|f| {
-                        use std::os::unix::fs::FileExt;
-                        f.write_all_at(&segment_header(self.next_lsn), 0)?;
-                        f.sync_data()
-                    })
-                    .and_then(|_| fs::rename(spare, &path))
-                    .map_err(io_err(spare))?;
-                open_segment(&path, direct)?
-            }
-            None => create_segment(&path, self.next_lsn, direct)?,
-        };
+        if let Some(spare) = &spare {
+            // A crash before the header is written leaves a last segment of zeros, which
+            // the next start takes for a creation cut short and makes again.
+            fs::rename(spare, &path).map_err(io_err(spare))?;
+        }
+        (self.file, self.writes) = create_segment(&path, self.next_lsn, direct, spare.is_some())?;
         sync_dir(&self.dir)?;
         self.file_bytes = self.file.metadata().map_err(io_err(&path))?.len();
         let header = segment_header(self.next_lsn);

@@ -88,9 +88,7 @@ impl SegmentFiles {
     /// must move it away before asking for another. The thread's first failure, if any.
     pub fn take_spare(&mut self) -> Result<Option<PathBuf>, LogError> {
         let mut shared = self.shared.lock().expect("segment files poisoned");
-        if let Some(e) = shared.failed.take() {
-            return Err(e);
-        }
+        failure(&mut shared)?;
         if !std::mem::take(&mut shared.spare_ready) {
             return Ok(None);
         }
@@ -101,15 +99,7 @@ impl SegmentFiles {
     /// Deletes `segments`, then syncs the directory, in the background. Nothing depends on
     /// when: a segment still there after a crash is read again at restart, as before GC.
     pub fn delete(&mut self, segments: Vec<PathBuf>) -> Result<(), LogError> {
-        if let Some(e) = self
-            .shared
-            .lock()
-            .expect("segment files poisoned")
-            .failed
-            .take()
-        {
-            return Err(e);
-        }
+        failure(&mut self.shared.lock().expect("segment files poisoned"))?;
         self.send(Job::Delete(segments));
         Ok(())
     }
@@ -130,6 +120,11 @@ impl Drop for SegmentFiles {
             let _ = thread.join();
         }
     }
+}
+
+/// The thread's failure, reported once.
+fn failure(shared: &mut Shared) -> Result<(), LogError> {
+    shared.failed.take().map_or(Ok(()), Err)
 }
 
 fn work(

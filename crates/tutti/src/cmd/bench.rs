@@ -17,6 +17,21 @@ pub(crate) enum BenchCommand {
     /// each started here on loopback (installed with apt-get if missing). Writes
     /// results/*.json, RESULTS.md and a PNG per figure (matplotlib) under --out.
     All(BenchAllArgs),
+    /// The physical limits alone, as `all` measures them: the 64-byte loopback round trip
+    /// (1 and 16 connections) and 4 KiB writes each followed by fdatasync (appending, on a
+    /// preallocated file, and four preallocated streams at once), with p99.9 and max. Run it
+    /// next to `minitx` to tell the disk's own stalls from tutti's.
+    Limits(BenchLimitsArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct BenchLimitsArgs {
+    /// Seconds per limit (an fdatasync stream stops early after 64 MiB).
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// A directory on the disk to measure (default: a scratch directory under $TMPDIR).
+    #[arg(long)]
+    dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -83,6 +98,7 @@ pub(crate) async fn run(which: BenchCommand) -> Result<(), String> {
     match which {
         BenchCommand::Minitx(a) => measure::minitx(a).await,
         BenchCommand::All(a) => measure::all(a).await,
+        BenchCommand::Limits(a) => measure::limits(a).await,
     }
 }
 
@@ -97,7 +113,7 @@ pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
 
 #[cfg(feature = "bench")]
 mod measure {
-    use super::{BenchAllArgs, BenchMinitxArgs, Layout2};
+    use super::{BenchAllArgs, BenchLimitsArgs, BenchMinitxArgs, Layout2};
     use std::time::Duration;
     use tutti_bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
     use tutti_bench::suite::ScratchCluster;
@@ -173,6 +189,30 @@ mod measure {
             points.len(),
             cfg.out.join("results").display(),
             cfg.out.join("RESULTS.md").display()
+        );
+        Ok(())
+    }
+
+    pub(super) async fn limits(a: BenchLimitsArgs) -> Result<(), String> {
+        let scratch = match &a.dir {
+            Some(dir) => tempfile::Builder::new()
+                .prefix("tutti-bench-limits-")
+                .tempdir_in(dir)
+                .map_err(|e| format!("creating a scratch directory in {}: {e}", dir.display()))?,
+            None => scratch_dir("tutti-bench-limits-")?,
+        };
+        let mut print = |p: &Point| {
+            eprintln!(
+                "bench: {} outstanding={}: {:.0}/s p50 {} µs p99.9 {} µs max {} µs",
+                p.mode, p.outstanding, p.throughput_per_s, p.p50_us, p.p999_us, p.max_us
+            )
+        };
+        let duration = Duration::from_secs_f64(a.seconds);
+        let points =
+            tutti_bench::suite::physical_limits(scratch.path(), duration, &mut print).await?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&points).expect("serialisable")
         );
         Ok(())
     }

@@ -129,11 +129,7 @@ pub async fn serve(addr: String, report: impl Fn() -> StatsReport + Send + Sync 
     };
     let report = Arc::new(report);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            // Out of descriptors or a transient error: let the condition pass.
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            continue;
-        };
+        let stream = tutti_wire::conn::accept(&listener).await;
         let report = report.clone();
         let service = hyper::service::service_fn(move |_request| {
             let body = openmetrics_text(&report());

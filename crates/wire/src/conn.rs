@@ -366,6 +366,17 @@ pub fn bad_request(message: String) -> Response {
     }
 }
 
+/// The next connection on `listener`. Accepting fails only for a passing condition (out of
+/// descriptors, a connection reset before it was taken): it is retried after a pause.
+pub async fn accept(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => return stream,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
+}
+
 /// Accepts connections on `listener` forever and serves each with `handle`
 /// (see `serve_connection`).
 pub async fn serve<H>(listener: tokio::net::TcpListener, frame_bytes_max: usize, handle: H)
@@ -374,11 +385,7 @@ where
 {
     let handle = Arc::new(handle);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            // Out of descriptors or a transient error: let the condition pass.
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            continue;
-        };
+        let stream = accept(&listener).await;
         let handle = handle.clone();
         tokio::spawn(serve_connection(
             stream,

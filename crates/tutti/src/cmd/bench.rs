@@ -114,6 +114,7 @@ pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
 #[cfg(feature = "bench")]
 mod measure {
     use super::{BenchAllArgs, BenchLimitsArgs, BenchMinitxArgs, Layout2};
+    use std::path::Path;
     use std::time::Duration;
     use tutti_bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
     use tutti_bench::suite::ScratchCluster;
@@ -121,12 +122,16 @@ mod measure {
     use tutti_client::{ClientOptions, Cluster};
     use tutti_harness::local::manager_addr;
 
-    /// A scratch directory for the bench's clusters and peers, removed when dropped.
-    fn scratch_dir(prefix: &str) -> Result<tempfile::TempDir, String> {
-        tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir()
-            .map_err(|e| format!("creating a scratch directory: {e}"))
+    /// A scratch directory for the bench's clusters and peers, removed when dropped: in
+    /// `within`, or under $TMPDIR.
+    fn scratch_dir(prefix: &str, within: Option<&Path>) -> Result<tempfile::TempDir, String> {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(prefix);
+        match within {
+            Some(dir) => builder.tempdir_in(dir),
+            None => builder.tempdir(),
+        }
+        .map_err(|e| format!("creating a scratch directory: {e}"))
     }
 
     pub(super) async fn all(a: BenchAllArgs) -> Result<(), String> {
@@ -136,7 +141,7 @@ mod measure {
         } else {
             (a.outstanding, 3, a.seconds)
         };
-        let scratch = scratch_dir("tutti-bench-all-")?;
+        let scratch = scratch_dir("tutti-bench-all-", None)?;
         let cfg = SuiteConfig {
             exe: std::env::current_exe().map_err(|e| e.to_string())?,
             out: a.out,
@@ -194,13 +199,7 @@ mod measure {
     }
 
     pub(super) async fn limits(a: BenchLimitsArgs) -> Result<(), String> {
-        let scratch = match &a.dir {
-            Some(dir) => tempfile::Builder::new()
-                .prefix("tutti-bench-limits-")
-                .tempdir_in(dir)
-                .map_err(|e| format!("creating a scratch directory in {}: {e}", dir.display()))?,
-            None => scratch_dir("tutti-bench-limits-")?,
-        };
+        let scratch = scratch_dir("tutti-bench-limits-", a.dir.as_deref())?;
         let mut print = |p: &Point| {
             eprintln!(
                 "bench: {} outstanding={}: {:.0}/s p50 {} µs p99.9 {} µs max {} µs",
@@ -224,7 +223,7 @@ mod measure {
             (a.outstanding.clone(), a.seconds)
         };
         let mut points: Vec<Point> = Vec::new();
-        let scratch = scratch_dir("tutti-bench-")?;
+        let scratch = scratch_dir("tutti-bench-", None)?;
         let print = |p: &Point| {
             eprintln!(
                 "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tutti_wire::SyncHistogram;
 
 /// One item of an operation: item `key` should hold `old` and is to hold `new`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +27,12 @@ pub trait Session: Send + 'static {
     fn swap(&mut self, swaps: &[Swap]) -> impl Future<Output = Result<bool, String>> + Send;
     /// The current values of `keys`, in order.
     fn read(&mut self, keys: &[u64]) -> impl Future<Output = Result<Vec<u32>, String>> + Send;
+    /// How long each server's synced log writes took so far (tutti: every memory node's
+    /// redo log), read before and after a point to tell a slow disk from a slow system;
+    /// `None` where the system does not say.
+    fn log_syncs(&mut self) -> impl Future<Output = Option<Vec<SyncHistogram>>> + Send {
+        async { None }
+    }
 }
 
 /// What an operation's swaps are drawn from: `groups` groups of `items_per_group` items each
@@ -117,6 +124,10 @@ pub async fn closed_loop<S: Session, F: Future<Output = Result<S, String>>>(
         for _ in 0..n {
             sessions.push(open().await?);
         }
+        let syncs_before = match sessions.first_mut() {
+            Some(session) => session.log_syncs().await,
+            None => None,
+        };
         let start = Instant::now();
         let until = start + duration;
         let (failed, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -153,27 +164,48 @@ pub async fn closed_loop<S: Session, F: Future<Output = Result<S, String>>>(
                         }
                     }
                 }
-                (lat, committed)
+                (lat, committed, session)
             }));
         }
         let mut lat = Latencies::new();
         let mut committed = 0;
+        let mut last = None;
         for t in tasks {
-            let (l, c) = t.await.map_err(|e| e.to_string())?;
+            let (l, c, session) = t.await.map_err(|e| e.to_string())?;
             lat.add(&l);
             committed += c;
+            last = Some(session);
         }
+        let elapsed = start.elapsed();
+        let syncs_after = match last {
+            Some(mut session) => session.log_syncs().await,
+            None => None,
+        };
         let mut point = Point {
             outstanding: n,
             ..label.clone()
         }
-        .measured(committed, start.elapsed(), &lat);
+        .measured(committed, elapsed, &lat);
         point.compare_failed = failed.load(Ordering::Relaxed);
         point.errors = errors.load(Ordering::Relaxed);
+        point.log_sync_max_us = slowest_sync(syncs_before, syncs_after);
         progress(&point);
         points.push(point);
     }
     Ok(points)
+}
+
+/// The slowest sync of any server between two readings of their histograms.
+fn slowest_sync(
+    before: Option<Vec<SyncHistogram>>,
+    after: Option<Vec<SyncHistogram>>,
+) -> Option<u64> {
+    let (before, after) = (before?, after?);
+    after
+        .iter()
+        .zip(&before)
+        .filter_map(|(a, b)| a.slowest_since(b))
+        .max()
 }
 
 /// Reads every item once, so that the first compares expect the values actually stored.

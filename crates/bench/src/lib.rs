@@ -61,6 +61,11 @@ pub struct Point {
     pub written_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_records: Option<u64>,
+    /// The slowest synced write (write and fdatasync) of any server's log during the point
+    /// (tutti `log`: read from the memory nodes' statistics before and after it): what the
+    /// disk alone cost the slowest operations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_sync_max_us: Option<u64>,
 }
 
 impl Point {
@@ -96,6 +101,7 @@ impl Point {
             limit_bytes: None,
             written_bytes: None,
             log_records: None,
+            log_sync_max_us: None,
         }
     }
 

@@ -8,7 +8,7 @@ use super::Point;
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_client::{Cluster, ExecuteAhead, Minitx};
-use tutti_wire::NodeId;
+use tutti_wire::{NodeId, SyncHistogram};
 
 /// Items live at this address on each node (away from the bank workload's addresses).
 const ITEMS_BASE: u64 = 64 << 20;
@@ -172,6 +172,22 @@ impl Session for MinitxSession {
             .iter()
             .map(|r| u32::from_le_bytes(r[..4].try_into().expect("4 bytes")))
             .collect())
+    }
+
+    /// The nodes the layout uses, in its order; `None` unless each of them answered.
+    async fn log_syncs(&mut self) -> Option<Vec<SyncHistogram>> {
+        let reports = self.cluster.stats().await;
+        self.bench
+            .nodes
+            .iter()
+            .map(|node| {
+                reports
+                    .iter()
+                    .find(|(id, _)| id == node)
+                    .and_then(|(_, r)| r.as_ref().ok())
+                    .map(|r| r.log_sync)
+            })
+            .collect()
     }
 }
 

@@ -193,7 +193,7 @@ impl Cluster {
                     .call_within(&Request::Stats, self.inner.opts.deadline)
                     .await
                 {
-                    Ok(Response::Stats(s)) => Ok(s),
+                    Ok(Response::Stats(s)) => Ok(*s),
                     Ok(_) => Err(RpcError::Unexpected {
                         addr: node.addr.clone(),
                     }),

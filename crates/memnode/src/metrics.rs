@@ -6,14 +6,14 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::header::CONTENT_TYPE;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::net::TcpListener;
-use tutti_wire::{LoadCounters, StatsReport};
+use tutti_wire::{LoadCounters, StatsReport, SyncHistogram, SYNC_BUCKETS};
 
 const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -102,6 +102,35 @@ impl Collector for Scrape {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(v).encode(family.encode_family(&[("node", node.clone())])?)?;
         }
+        let sync = &r.log_sync;
+        let buckets: Vec<(f64, u64)> = (0..SYNC_BUCKETS)
+            .map(|i| {
+                let upper = SyncHistogram::upper_us(i).map_or(f64::INFINITY, |us| us as f64 / 1e6);
+                (upper, sync.counts[i])
+            })
+            .collect();
+        let mut family = encoder.encode_descriptor(
+            "log_sync_duration_seconds",
+            "how long the redo log's synced writes (write and fdatasync) took, since start",
+            None,
+            MetricType::Histogram,
+        )?;
+        family
+            .encode_family(&[("node", node.clone())])?
+            .encode_histogram::<NoLabelSet>(
+                sync.sum_us as f64 / 1e6,
+                sync.counts.iter().sum(),
+                &buckets,
+                None,
+            )?;
+        let mut family = encoder.encode_descriptor(
+            "log_sync_max_seconds",
+            "the slowest synced write (write and fdatasync) of the redo log since start",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(sync.max_us as f64 / 1e6)
+            .encode(family.encode_family(&[("node", node)])?)?;
         Ok(())
     }
 }
@@ -157,7 +186,7 @@ mod tests {
 
     #[test]
     fn each_class_window_and_gauge_is_one_labelled_sample() {
-        let report = StatsReport {
+        let mut report = StatsReport {
             node: 2,
             windows_s: vec![5, 60],
             classes: vec![ClassLoad {
@@ -182,7 +211,10 @@ mod tests {
             epoch: 4,
             serving: true,
             rss_bytes: 0,
+            log_sync: SyncHistogram::default(),
         };
+        report.log_sync.record(100);
+        report.log_sync.record(3_000);
         let text = openmetrics_text(&report);
         for line in [
             "# TYPE tutti_load_committed gauge",
@@ -190,6 +222,13 @@ mod tests {
             r#"tutti_load_committed{node="2",class="tx \"a\"",window="60s"} 7"#,
             r#"tutti_serving{node="2"} 1"#,
             r#"tutti_epoch{node="2"} 4"#,
+            "# TYPE tutti_log_sync_duration_seconds histogram",
+            r#"tutti_log_sync_duration_seconds_bucket{le="0.000064",node="2"} 0"#,
+            r#"tutti_log_sync_duration_seconds_bucket{le="0.000128",node="2"} 1"#,
+            r#"tutti_log_sync_duration_seconds_bucket{le="0.004096",node="2"} 2"#,
+            r#"tutti_log_sync_duration_seconds_bucket{le="+Inf",node="2"} 2"#,
+            r#"tutti_log_sync_duration_seconds_count{node="2"} 2"#,
+            r#"tutti_log_sync_max_seconds{node="2"} 0.003"#,
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");

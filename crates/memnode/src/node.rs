@@ -476,11 +476,15 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
         }
         held_since = None;
         let result = (|| -> Result<(), LogError> {
+            // A synced round's write is timed with its sync: with direct I/O the write is a
+            // device round trip of its own, and a stalled disk shows in either.
+            let started = Instant::now();
             if count > 0 {
                 log.append(log.next_lsn(), count, &buf)?;
             }
             if needs_sync {
                 log.sync()?;
+                counters.sync.record(started.elapsed().as_micros() as u64);
             }
             if let Some(lsn) = truncate {
                 log.truncate_head(lsn)?;

@@ -159,6 +159,8 @@ pub struct LogCounters {
     /// Where the segment being appended starts: a record kept below it keeps a whole
     /// older segment on disk.
     pub current_segment_first_lsn: Lsn,
+    /// How long each synced write (the round's write and its fdatasync) took.
+    pub sync: tutti_wire::SyncHistogram,
 }
 
 /// A checkpoint in progress: the committed tids applied to the space before it began, and
@@ -418,7 +420,7 @@ impl<R> Participant<R> {
             }
             Request::Stats => {
                 acts.replies
-                    .push((reply_to, id, Response::Stats(self.stats(now_ms))))
+                    .push((reply_to, id, Response::Stats(Box::new(self.stats(now_ms)))))
             }
             Request::Applied { tids } => {
                 // A committed tid this node no longer holds was collected, which needed it applied.
@@ -1243,6 +1245,7 @@ impl<R> Participant<R> {
             epoch: self.epoch,
             serving: self.stage == Stage::Serving,
             rss_bytes: self.rss_bytes,
+            log_sync: self.log.sync,
         }
     }
 }

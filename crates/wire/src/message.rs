@@ -266,6 +266,52 @@ pub struct StatsReport {
     pub serving: bool,
     /// Resident memory of the node's process, sampled at its last heartbeat (0 before).
     pub rss_bytes: u64,
+    /// How long the redo log's synced writes took (each round's write and its fdatasync),
+    /// since the node started; all zero in `ram`.
+    pub log_sync: SyncHistogram,
+}
+
+/// Buckets of a `SyncHistogram`.
+pub const SYNC_BUCKETS: usize = 16;
+
+/// Durations of a log's syncs: bucket `i` counts those that took at most `64 µs << i` and
+/// more than the bucket before it; the last bucket counts every longer one. The exact
+/// slowest is kept as well, since one slow sync holds up every reply waiting for it.
+#[derive(Encode, Decode, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncHistogram {
+    pub counts: [u64; SYNC_BUCKETS],
+    pub sum_us: u64,
+    pub max_us: u64,
+}
+
+impl SyncHistogram {
+    /// The upper bound of bucket `i` in µs; `None` for the last, which has none.
+    pub fn upper_us(i: usize) -> Option<u64> {
+        (i + 1 < SYNC_BUCKETS).then(|| 64 << i)
+    }
+
+    pub fn record(&mut self, us: u64) {
+        let i = (0..SYNC_BUCKETS)
+            .find(|&i| Self::upper_us(i).is_none_or(|upper| us <= upper))
+            .expect("the last bucket takes any duration");
+        self.counts[i] += 1;
+        self.sum_us += us;
+        self.max_us = self.max_us.max(us);
+    }
+
+    /// The slowest of the syncs counted here and not in `earlier` (a reading of the same
+    /// histogram taken before): exact when the maximum grew in between, otherwise the upper
+    /// bound of the highest bucket that grew (the maximum, for the last). `None` if no sync
+    /// happened in between.
+    pub fn slowest_since(&self, earlier: &SyncHistogram) -> Option<u64> {
+        if self.max_us > earlier.max_us {
+            return Some(self.max_us);
+        }
+        let i = (0..SYNC_BUCKETS)
+            .rev()
+            .find(|&i| self.counts[i] > earlier.counts[i])?;
+        Some(Self::upper_us(i).map_or(self.max_us, |upper| upper.min(self.max_us)))
+    }
 }
 
 /// Requests a state machine asks its driver to send, each to a memory node.
@@ -348,7 +394,8 @@ pub enum Response {
     Released {
         held: bool,
     },
-    Stats(StatsReport),
+    /// Boxed: the report is several times larger than any other reply.
+    Stats(Box<StatsReport>),
     Directory(Directory),
     Registered {
         epoch: u64,
@@ -365,4 +412,39 @@ pub enum Response {
         code: ErrorCode,
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_lands_in_the_first_bucket_whose_bound_holds_it() {
+        let mut h = SyncHistogram::default();
+        for us in [0, 64, 65, 128, 1_000, 2_000_000_000] {
+            h.record(us);
+        }
+        assert_eq!(h.counts[0], 2);
+        assert_eq!(h.counts[1], 2);
+        assert_eq!(h.counts[4], 1, "1 ms is in (512, 1024] µs");
+        assert_eq!(h.counts[SYNC_BUCKETS - 1], 1);
+        assert_eq!(h.max_us, 2_000_000_000);
+        assert_eq!(SyncHistogram::upper_us(SYNC_BUCKETS - 2), Some(64 << 14));
+    }
+
+    #[test]
+    fn the_slowest_since_an_earlier_reading_is_exact_when_it_set_the_maximum() {
+        let mut h = SyncHistogram::default();
+        h.record(9_000);
+        let earlier = h;
+        assert_eq!(h.slowest_since(&earlier), None);
+        h.record(300);
+        assert_eq!(
+            h.slowest_since(&earlier),
+            Some(512),
+            "bounded by its bucket"
+        );
+        h.record(12_345);
+        assert_eq!(h.slowest_since(&earlier), Some(12_345));
+    }
 }

@@ -75,7 +75,7 @@ impl Collector for Scrape {
             (
                 "log_syncs",
                 "syncs of the redo log since start",
-                r.log_syncs,
+                r.log_sync.count(),
             ),
             (
                 "log_records_appended",
@@ -119,7 +119,7 @@ impl Collector for Scrape {
             .encode_family(&[("node", node.clone())])?
             .encode_histogram::<NoLabelSet>(
                 sync.sum_us as f64 / 1e6,
-                sync.counts.iter().sum(),
+                sync.count(),
                 &buckets,
                 None,
             )?;
@@ -205,7 +205,6 @@ mod tests {
             uncertain: 0,
             locks_held: 0,
             log_bytes: 0,
-            log_syncs: 0,
             log_records_appended: 0,
             log_records_live: 0,
             epoch: 4,

@@ -497,7 +497,6 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
             std::process::exit(70);
         }
         counters.records_appended += count;
-        counters.syncs += u64::from(needs_sync);
         counters.bytes = log.bytes_total();
         counters.current_segment_first_lsn = log.current_segment_first_lsn();
         buf.clear();

@@ -154,7 +154,6 @@ enum Deferred<R> {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LogCounters {
     pub bytes: u64,
-    pub syncs: u64,
     pub records_appended: u64,
     /// Where the segment being appended starts: a record kept below it keeps a whole
     /// older segment on disk.
@@ -1239,7 +1238,6 @@ impl<R> Participant<R> {
             uncertain: self.uncertain.len() as u64,
             locks_held: self.locks.holders() as u64,
             log_bytes: self.log.bytes,
-            log_syncs: self.log.syncs,
             log_records_appended: self.log.records_appended,
             log_records_live: self.by_lsn.len() as u64,
             epoch: self.epoch,

@@ -256,9 +256,8 @@ pub struct StatsReport {
     pub uncertain: u64,
     pub locks_held: u64,
     pub log_bytes: u64,
-    /// Since the node started: fdatasyncs of the redo log and records appended (group
-    /// commit packs `log_records_appended / log_syncs` records into each sync).
-    pub log_syncs: u64,
+    /// Since the node started: records appended to the redo log (group commit packs
+    /// `log_records_appended / log_sync.count()` records into each sync).
     pub log_records_appended: u64,
     pub log_records_live: u64,
     pub epoch: u64,
@@ -288,6 +287,11 @@ impl SyncHistogram {
     /// The upper bound of bucket `i` in µs; `None` for the last, which has none.
     pub fn upper_us(i: usize) -> Option<u64> {
         (i + 1 < SYNC_BUCKETS).then(|| 64 << i)
+    }
+
+    /// The syncs counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
     }
 
     pub fn record(&mut self, us: u64) {

@@ -22,9 +22,9 @@ pub(crate) async fn run(a: StatsArgs, dialer: &Dialer) -> Result<(), String> {
                 Ok(s) => serde_json::json!({
                     "node": id, "serving": s.serving, "epoch": s.epoch, "uncertain": s.uncertain,
                     "locks_held": s.locks_held, "log_bytes": s.log_bytes, "log_records_live": s.log_records_live,
-                    "log_syncs": s.log_syncs, "log_records_appended": s.log_records_appended,
+                    "log_syncs": s.log_sync.count(), "log_records_appended": s.log_records_appended,
                     "rss_bytes": s.rss_bytes, "log_sync_max_us": s.log_sync.max_us,
-                    "log_sync_mean_us": s.log_sync.sum_us.checked_div(s.log_syncs).unwrap_or(0),
+                    "log_sync_mean_us": s.log_sync.sum_us.checked_div(s.log_sync.count()).unwrap_or(0),
                     "classes": s.classes.iter().map(|c| serde_json::json!({
                         "class": c.class,
                         "windows": s.windows_s.iter().zip(&c.windows).map(|(w, l)| serde_json::json!({
@@ -73,7 +73,7 @@ pub(crate) async fn run(a: StatsArgs, dialer: &Dialer) -> Result<(), String> {
                         );
                     }
                 }
-                println!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={} log_sync_max_us={} rss_bytes={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live, s.log_syncs, s.log_records_appended, s.log_sync.max_us, s.rss_bytes);
+                println!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={} log_sync_max_us={} rss_bytes={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live, s.log_sync.count(), s.log_records_appended, s.log_sync.max_us, s.rss_bytes);
             }
             Err(e) => println!("{id:>4} unreachable: {e}"),
         }

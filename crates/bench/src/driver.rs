@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tutti_wire::SyncHistogram;
+use tutti_wire::{SlowestSync, SyncHistogram};
 
 /// One item of an operation: item `key` should hold `old` and is to hold `new`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,24 +188,28 @@ pub async fn closed_loop<S: Session, F: Future<Output = Result<S, String>>>(
         .measured(committed, elapsed, &lat);
         point.compare_failed = failed.load(Ordering::Relaxed);
         point.errors = errors.load(Ordering::Relaxed);
-        point.log_sync_max_us = slowest_sync(syncs_before, syncs_after);
+        if let Some(slowest) = slowest_sync(syncs_before, syncs_after) {
+            point.log_sync_max_us = Some(slowest.us);
+            point.log_sync_max_is_bound = !slowest.exact;
+        }
         progress(&point);
         points.push(point);
     }
     Ok(points)
 }
 
-/// The slowest sync of any server between two readings of their histograms.
+/// The slowest sync of any server between two readings of their histograms (on a tie,
+/// the exact one).
 fn slowest_sync(
     before: Option<Vec<SyncHistogram>>,
     after: Option<Vec<SyncHistogram>>,
-) -> Option<u64> {
+) -> Option<SlowestSync> {
     let (before, after) = (before?, after?);
     after
         .iter()
         .zip(&before)
         .filter_map(|(a, b)| a.slowest_since(b))
-        .max()
+        .max_by_key(|s| (s.us, s.exact))
 }
 
 /// Reads every item once, so that the first compares expect the values actually stored.
@@ -258,6 +262,33 @@ mod tests {
         }
         assert!(Draw { spread: 5, ..draw }.check().is_err());
         assert!(Draw { swaps: 7, ..draw }.check().is_err());
+    }
+
+    #[test]
+    fn the_slowest_sync_over_servers_says_whether_it_is_a_bound() {
+        let mut node_a = SyncHistogram::default();
+        let mut node_b = SyncHistogram::default();
+        node_a.record(20_000);
+        let before = vec![node_a, node_b];
+        node_a.record(5_000);
+        node_b.record(3_000);
+        assert_eq!(
+            slowest_sync(Some(before.clone()), Some(vec![node_a, node_b])),
+            Some(SlowestSync {
+                us: 8_192,
+                exact: false
+            }),
+            "node a's 5 ms is known only by its bucket, above node b's exact 3 ms"
+        );
+        node_b.record(8_192);
+        assert_eq!(
+            slowest_sync(Some(before.clone()), Some(vec![node_a, node_b])),
+            Some(SlowestSync {
+                us: 8_192,
+                exact: true
+            })
+        );
+        assert_eq!(slowest_sync(None, Some(vec![node_a, node_b])), None);
     }
 
     /// A system that keeps its items in a map and refuses every other operation with an

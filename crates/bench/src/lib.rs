@@ -66,6 +66,10 @@ pub struct Point {
     /// disk alone cost the slowest operations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_sync_max_us: Option<u64>,
+    /// `log_sync_max_us` is an upper bound (its histogram bucket's), not the write's time:
+    /// that write was not the slowest since its node started.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub log_sync_max_is_bound: bool,
 }
 
 impl Point {
@@ -102,6 +106,7 @@ impl Point {
             written_bytes: None,
             log_records: None,
             log_sync_max_us: None,
+            log_sync_max_is_bound: false,
         }
     }
 

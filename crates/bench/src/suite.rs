@@ -782,7 +782,7 @@ fn limits_md(md: &mut String, points: &[Point]) {
 fn tail_md(md: &mut String, points: &[Point]) {
     let _ = writeln!(
         md,
-        "\n## Tail at {HEADLINE_OUTSTANDING} outstanding\n\nTargets for `log`: p99.9 under 5 ms and max under 15 ms. A point's max counts every operation from its first, with no warm-up, on the clusters started for the sweep. The last column is the slowest synced write (one write and its fdatasync) of any memory node's redo log during the point, from the nodes' statistics: every operation that waited for it took at least that long. The limits' rows show how long this machine's disk and loopback stall by themselves in the same run.\n"
+        "\n## Tail at {HEADLINE_OUTSTANDING} outstanding\n\nTargets for `log`: p99.9 under 5 ms and max under 15 ms. A point's max counts every operation from its first, with no warm-up, on the clusters started for the sweep. The last column is the slowest synced write (one write and its fdatasync) of any memory node's redo log during the point, from the nodes' statistics: every operation that waited for it took at least that long (\"≤\" marks the bound of a histogram bucket, when that write was not the slowest since its node started). The limits' rows show how long this machine's disk and loopback stall by themselves in the same run.\n"
     );
     table_header(
         md,
@@ -805,8 +805,11 @@ fn tail_md(md: &mut String, points: &[Point]) {
                 p.p99_us,
                 p.p999_us,
                 p.max_us,
-                p.log_sync_max_us
-                    .map_or("–".to_string(), |us| us.to_string())
+                match (p.log_sync_max_us, p.log_sync_max_is_bound) {
+                    (None, _) => "–".to_string(),
+                    (Some(us), false) => us.to_string(),
+                    (Some(us), true) => format!("≤ {us}"),
+                }
             );
         }
     }

@@ -307,15 +307,29 @@ impl SyncHistogram {
     /// histogram taken before): exact when the maximum grew in between, otherwise the upper
     /// bound of the highest bucket that grew (the maximum, for the last). `None` if no sync
     /// happened in between.
-    pub fn slowest_since(&self, earlier: &SyncHistogram) -> Option<u64> {
+    pub fn slowest_since(&self, earlier: &SyncHistogram) -> Option<SlowestSync> {
         if self.max_us > earlier.max_us {
-            return Some(self.max_us);
+            return Some(SlowestSync {
+                us: self.max_us,
+                exact: true,
+            });
         }
         let i = (0..SYNC_BUCKETS)
             .rev()
             .find(|&i| self.counts[i] > earlier.counts[i])?;
-        Some(Self::upper_us(i).map_or(self.max_us, |upper| upper.min(self.max_us)))
+        Some(SlowestSync {
+            us: Self::upper_us(i).map_or(self.max_us, |upper| upper.min(self.max_us)),
+            exact: false,
+        })
     }
+}
+
+/// The slowest sync between two readings of a `SyncHistogram`: its duration, or when it
+/// did not set the histogram's maximum, an upper bound on it (its bucket's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowestSync {
+    pub us: u64,
+    pub exact: bool,
 }
 
 /// Requests a state machine asks its driver to send, each to a memory node.
@@ -445,10 +459,19 @@ mod tests {
         h.record(300);
         assert_eq!(
             h.slowest_since(&earlier),
-            Some(512),
+            Some(SlowestSync {
+                us: 512,
+                exact: false
+            }),
             "bounded by its bucket"
         );
         h.record(12_345);
-        assert_eq!(h.slowest_since(&earlier), Some(12_345));
+        assert_eq!(
+            h.slowest_since(&earlier),
+            Some(SlowestSync {
+                us: 12_345,
+                exact: true
+            })
+        );
     }
 }

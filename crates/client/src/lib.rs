@@ -156,6 +156,14 @@ impl Cluster {
         &self.inner.manager
     }
 
+    /// Sends `req` to the manager over a connection of its own and returns the reply: for
+    /// the rare requests of the layers above (regions). Bounded by 2 s to connect and 2 s
+    /// to answer; the manager's errors come back as `RpcError::Remote`.
+    pub async fn ask_manager(&self, req: &Request) -> Result<Response, RpcError> {
+        let opts = &self.inner.opts;
+        ask_manager(&self.inner.manager, opts.frame_bytes_max, &opts.dialer, req).await
+    }
+
     pub fn nodes(&self) -> Vec<NodeInfo> {
         self.inner
             .directory
@@ -401,25 +409,31 @@ impl Cluster {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long one directory request may take.
-const DIRECTORY_TIMEOUT: Duration = Duration::from_secs(2);
+const MANAGER_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn ask_manager(
+    manager: &str,
+    frame_bytes_max: usize,
+    dialer: &Dialer,
+    req: &Request,
+) -> Result<Response, RpcError> {
+    let connect = tokio::time::timeout(
+        MANAGER_TIMEOUT,
+        Connection::connect(manager, frame_bytes_max, dialer),
+    );
+    let conn = connect.await.map_err(|_| RpcError::Timeout {
+        addr: manager.to_string(),
+        ms: MANAGER_TIMEOUT.as_millis() as u64,
+    })??;
+    conn.call_within(req, MANAGER_TIMEOUT).await
+}
 
 async fn fetch_directory(
     manager: &str,
     frame_bytes_max: usize,
     dialer: &Dialer,
 ) -> Result<Directory, RpcError> {
-    let connect = tokio::time::timeout(
-        DIRECTORY_TIMEOUT,
-        Connection::connect(manager, frame_bytes_max, dialer),
-    );
-    let conn = connect.await.map_err(|_| RpcError::Timeout {
-        addr: manager.to_string(),
-        ms: DIRECTORY_TIMEOUT.as_millis() as u64,
-    })??;
-    match conn
-        .call_within(&Request::Directory, DIRECTORY_TIMEOUT)
-        .await?
-    {
+    match ask_manager(manager, frame_bytes_max, dialer, &Request::Directory).await? {
         Response::Directory(d) => Ok(d),
         _ => Err(RpcError::Unexpected {
             addr: manager.to_string(),

@@ -4,6 +4,7 @@
 //! epoch clock. It holds no application data and is not on the minitransaction path.
 
 mod recovery;
+mod regions;
 mod state;
 mod store;
 
@@ -128,13 +129,7 @@ fn handle(manager: &Arc<Manager>, req: Request) -> Response {
             rebooted,
         } => {
             let (resp, written) = state.register(now_ms, node, addr, size_bytes, durable, rebooted);
-            match written.map(|p| store::save(&manager.cfg.data, &p)) {
-                Some(Err(e)) => Response::Error {
-                    code: tutti_wire::ErrorCode::NotReady,
-                    message: format!("persisting: {e}"),
-                },
-                _ => resp,
-            }
+            save_then(manager, written, resp)
         }
         Request::Directory => {
             Response::Directory(state.directory(now_ms, manager.cfg.failure_timeout_ms))
@@ -151,10 +146,24 @@ fn handle(manager: &Arc<Manager>, req: Request) -> Response {
             }
             resp
         }
-        _ => Response::Error {
-            code: tutti_wire::ErrorCode::Unsupported,
-            message: "the manager serves Register, Directory and Heartbeat".into(),
+        other => match state.region_request(other) {
+            Some((resp, written)) => save_then(manager, written, resp),
+            None => Response::Error {
+                code: tutti_wire::ErrorCode::Unsupported,
+                message: "the manager serves Register, Directory, Heartbeat and regions".into(),
+            },
         },
+    }
+}
+
+/// `resp`, once `written` (if any) is on disk; an error instead if it cannot be.
+fn save_then(manager: &Manager, written: Option<Persisted>, resp: Response) -> Response {
+    match written.map(|p| store::save(&manager.cfg.data, &p)) {
+        Some(Err(e)) => Response::Error {
+            code: tutti_wire::ErrorCode::NotReady,
+            message: format!("persisting: {e}"),
+        },
+        _ => resp,
     }
 }
 

@@ -3,11 +3,12 @@
 //! directory and the epoch) comes back as a `Persisted` snapshot that the driver writes
 //! before it sends the reply that depends on it (`store` on disk; the simulator in memory).
 
+use crate::regions::Regions;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use tutti_wire::{Applied, Directory, NodeId, NodeInfo, Response, Tid};
+use tutti_wire::{Applied, Directory, NodeId, NodeInfo, Request, Response, Tid};
 
 /// Tids relayed to one node per heartbeat acknowledgement.
 const GC_BATCH_MAX: usize = 65_536;
@@ -18,11 +19,14 @@ const GC_BATCH_MAX: usize = 65_536;
 /// so never reports it) would stay here for good.
 const REPORTS_ROTATE_ROUNDS: u64 = 250;
 
-/// What the manager keeps across restarts: the epoch and the directory.
+/// What the manager keeps across restarts: the epoch, the directory and the regions.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Persisted {
     epoch: u64,
     nodes: BTreeMap<NodeId, PersistedNode>,
+    /// Absent from the files of managers that predate regions.
+    #[serde(default)]
+    regions: Regions,
 }
 
 impl Persisted {
@@ -31,6 +35,7 @@ impl Persisted {
         Persisted {
             epoch: 1,
             nodes: BTreeMap::new(),
+            regions: Regions::default(),
         }
     }
 }
@@ -260,6 +265,37 @@ impl ManagerState {
         )
     }
 
+    /// Answers a request about regions (`CreateRegion`, `Region`, `Regions`, `TakeRegion`);
+    /// `None` for any other. With a snapshot, write it before sending the reply.
+    pub fn region_request(&mut self, req: Request) -> Option<(Response, Option<Persisted>)> {
+        let (resp, changed) = match req {
+            Request::CreateRegion {
+                name,
+                kind,
+                nodes,
+                bytes_per_node,
+                params,
+            } => {
+                let sizes: BTreeMap<NodeId, u64> = (self.persisted.nodes.iter())
+                    .map(|(&id, n)| (id, n.size_bytes))
+                    .collect();
+                let regions = &mut self.persisted.regions;
+                regions.create(name, kind, nodes, bytes_per_node, params, |n| {
+                    sizes.get(&n).copied()
+                })
+            }
+            Request::Region { name } => (self.persisted.regions.get(&name), false),
+            Request::Regions => (self.persisted.regions.all(), false),
+            Request::TakeRegion {
+                name,
+                expect,
+                holder,
+            } => self.persisted.regions.take(&name, expect, holder),
+            _ => return None,
+        };
+        Some((resp, changed.then(|| self.persisted.clone())))
+    }
+
     pub fn recovery_done(&mut self, batch: &RecoveryBatch) {
         for (tid, _) in &batch.tids {
             self.recovering.remove(tid);
@@ -385,6 +421,36 @@ mod tests {
         let restarted = ManagerState::new(s.persisted().clone(), 2);
         assert_eq!(restarted.epoch(), 2);
         assert_eq!(restarted.addr(4).as_deref(), Some("127.0.0.1:9"));
+    }
+
+    #[test]
+    fn regions_and_their_epochs_are_persisted_before_the_reply() {
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let _ = s.register(0, 1, "127.0.0.1:9".into(), 1 << 20, true, false);
+        let create = Request::CreateRegion {
+            name: "events".into(),
+            kind: "log".into(),
+            nodes: vec![1],
+            bytes_per_node: 8192,
+            params: vec![1, 2],
+        };
+        let (resp, written) = s.region_request(create).expect("a region request");
+        assert!(matches!(resp, Response::Region(ref r) if r.nodes == vec![(1, (1 << 20) - 8192)]));
+        let written = written.expect("a new region is written before the reply");
+        let take = Request::TakeRegion {
+            name: "events".into(),
+            expect: 1,
+            holder: "127.0.0.1:8".into(),
+        };
+        let (_, taken) = s.region_request(take).expect("a region request");
+        assert!(taken.is_some());
+        let restarted = ManagerState::new(s.persisted().clone(), 2);
+        assert_eq!(restarted.persisted(), s.persisted());
+        assert_ne!(&written, s.persisted(), "the epoch was written too");
+        assert!(s.region_request(Request::Directory).is_none());
+        let old_file = r#"{"epoch": 3, "nodes": {}}"#;
+        let old: Persisted = serde_json::from_str(old_file).expect("files without regions load");
+        assert_eq!(old.regions, Regions::default());
     }
 
     #[test]

@@ -465,7 +465,13 @@ impl<R> Participant<R> {
                 acts.replies
                     .push((reply_to, id, Response::Released { held }));
             }
-            Request::Register { .. } | Request::Directory | Request::Heartbeat { .. } => {
+            Request::Register { .. }
+            | Request::Directory
+            | Request::Heartbeat { .. }
+            | Request::CreateRegion { .. }
+            | Request::Region { .. }
+            | Request::Regions
+            | Request::TakeRegion { .. } => {
                 acts.replies.push((
                     reply_to,
                     id,

@@ -230,6 +230,25 @@ pub struct Directory {
     pub epoch: u64,
 }
 
+/// A named region of the memory nodes' address spaces, allocated by the manager to a layer
+/// above the core (a shared log, say), with an epoch that the layer's single active holder
+/// (a log's sequencer) takes from the manager. The manager knows nothing of what is inside.
+#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    pub name: String,
+    /// What the region is (`log`), so that one layer never opens another's region.
+    pub kind: String,
+    /// The nodes, in the order the creator gave, each with the region's first address.
+    pub nodes: Vec<(NodeId, u64)>,
+    pub bytes_per_node: u64,
+    /// The creator's parameters, opaque to the manager.
+    pub params: Vec<u8>,
+    /// Raised by every `TakeRegion`; starts at 1.
+    pub epoch: u64,
+    /// Who took the current epoch (an address), if anyone did.
+    pub holder: Option<String>,
+}
+
 /// Load counters of one minitransaction class over one window.
 #[derive(Encode, Decode, Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadCounters {
@@ -376,6 +395,28 @@ pub enum Request {
     },
     /// Anyone → manager.
     Directory,
+    /// Anyone → manager: allocate `bytes_per_node` on each of `nodes` under a new `name`.
+    /// Replies `Region`. Creating the same region again (same name, kind, nodes, size and
+    /// params) replies it again, so that a creator may retry.
+    CreateRegion {
+        name: String,
+        kind: String,
+        nodes: Vec<NodeId>,
+        bytes_per_node: u64,
+        params: Vec<u8>,
+    },
+    /// Anyone → manager: the region called `name`. Replies `Region`.
+    Region { name: String },
+    /// Anyone → manager: every region. Replies `Regions`.
+    Regions,
+    /// A would-be holder → manager: if the region's epoch is still `expect`, raise it and
+    /// record `holder` (durably, before the reply). Replies `Region` as it is after, taken
+    /// or not: the caller compares the epoch.
+    TakeRegion {
+        name: String,
+        expect: u64,
+        holder: String,
+    },
     /// Memory node → manager, periodically: tids uncertain for longer than the timeout,
     /// tids newly applied to the node's durable image whose participants' lsns it does not
     /// know (multi-participant ones only), and `applied_below`: every committed tid whose
@@ -400,6 +441,12 @@ pub enum ErrorCode {
     NotReady,
     /// The receiver does not serve this request (a manager asked for a vote, say).
     Unsupported,
+    /// The named region does not exist.
+    NotFound,
+    /// A region of that name exists with other parameters.
+    Conflict,
+    /// A node's address space has no room left for the region.
+    NoSpace,
 }
 
 #[derive(Encode, Decode, Clone, Debug)]
@@ -415,6 +462,9 @@ pub enum Response {
     /// Boxed: the report is several times larger than any other reply.
     Stats(Box<StatsReport>),
     Directory(Directory),
+    /// Boxed, like `Stats`: larger than the replies on the data path.
+    Region(Box<RegionInfo>),
+    Regions(Vec<RegionInfo>),
     Registered {
         epoch: u64,
         incarnation: u64,

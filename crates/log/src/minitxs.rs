@@ -1,0 +1,193 @@
+//! The log's minitransactions, built and read back here so that every driver (the async
+//! client, the sequencer's driver, the simulator) runs the same ones: create, append and
+//! fill (write once, fenced by epoch and trim), read, seal, reserve, trim, and the reads of
+//! the slow check. Why each compare is there is in docs/log.md, "Protocol".
+
+use crate::entry::{Entry, ENTRY_HEADER_BYTES};
+use crate::layout::{word, LogLayout, MAGIC};
+use crate::sequencer::Reservation;
+use tutti_client::{Minitx, Outcome};
+use tutti_wire::CmpOp;
+
+/// The class these minitransactions are counted under in the nodes' load statistics.
+pub const CLASS: &str = "log";
+
+/// Bytes of a slot read in one go: enough for most entries, so that a read takes one round
+/// trip; a longer entry takes a second.
+pub const READ_PREFIX_BYTES: u32 = 4096;
+
+fn u64_of(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes read"))
+}
+
+/// Writes every node's region header, refusing (failed compare) if any region is in use.
+pub fn create(layout: &LogLayout) -> Minitx {
+    let mut tx = Minitx::new().class(CLASS);
+    for &(node, base) in &layout.nodes {
+        let mut words = Vec::with_capacity(word::END as usize);
+        words.extend_from_slice(&MAGIC.to_le_bytes());
+        words.extend_from_slice(&1u64.to_le_bytes());
+        words.extend_from_slice(&[0; 24]);
+        words.extend_from_slice(&layout.layout_word());
+        tx = tx
+            .compare_u64(node, base + word::MAGIC, CmpOp::Eq, 0)
+            .write(node, base, words);
+    }
+    tx
+}
+
+/// Why a write of a position (append or fill) was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The log is at a later epoch than the writer's.
+    Sealed { epoch: u64 },
+    /// The position is written already, by `writer`.
+    Taken { writer: u64 },
+    /// The position is trimmed.
+    Trimmed { trim: u64 },
+    /// The slot still holds an untrimmed position one period earlier: the log is full.
+    Full { trim: u64 },
+}
+
+/// Writes `entry` at its position if the slot is free for it and the log is in `epoch`.
+/// Read back by `write_refusal`.
+pub fn write(layout: &LogLayout, epoch: u64, entry: &Entry) -> Minitx {
+    let p = entry.position;
+    let slot = layout.slot(p);
+    let period = layout.period();
+    let mut tx = Minitx::new()
+        .class(CLASS)
+        .compare_u64(slot.node, slot.header + word::EPOCH, CmpOp::Eq, epoch)
+        .compare_u64(slot.node, slot.addr, CmpOp::Lt, p + 1);
+    if p >= period {
+        tx = tx.compare_u64(
+            slot.node,
+            slot.header + word::TRIM,
+            CmpOp::Ge,
+            p + 1 - period,
+        );
+    }
+    tx.read(slot.node, slot.header + word::EPOCH, 16)
+        .read(slot.node, slot.addr, 24)
+        .write(slot.node, slot.addr, entry.encode(layout.backpointers))
+}
+
+/// Why `write`'s minitransaction did not commit, from the words it read.
+pub fn write_refusal(position: u64, epoch: u64, outcome: &Outcome) -> Refusal {
+    let words = &outcome.reads[0];
+    let (log_epoch, trim) = (u64_of(&words[0..8]), u64_of(&words[8..16]));
+    let slot = &outcome.reads[1];
+    if log_epoch != epoch {
+        Refusal::Sealed { epoch: log_epoch }
+    } else if u64_of(&slot[0..8]) == position + 1 {
+        Refusal::Taken {
+            writer: u64_of(&slot[16..24]),
+        }
+    } else if position < trim {
+        Refusal::Trimmed { trim }
+    } else {
+        Refusal::Full { trim }
+    }
+}
+
+/// Reads `position`'s slot (its first `len` bytes) with its node's epoch and trim words.
+pub fn read(layout: &LogLayout, position: u64, len: u32) -> Minitx {
+    let slot = layout.slot(position);
+    Minitx::new()
+        .class(CLASS)
+        .read(slot.node, slot.header + word::EPOCH, 16)
+        .read(slot.node, slot.addr, len.min(layout.slot_bytes))
+}
+
+/// What `read` found: the node's trim point and the slot's bytes.
+pub fn read_result(outcome: &Outcome) -> (u64, &[u8]) {
+    (u64_of(&outcome.reads[0][8..16]), &outcome.reads[1])
+}
+
+/// The log's control words as every node holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Words {
+    pub magic: u64,
+    pub epoch: u64,
+    pub trim: u64,
+    pub reserved_from: u64,
+    pub reserved_to: u64,
+}
+
+impl Words {
+    fn parse(bytes: &[u8]) -> Words {
+        Words {
+            magic: u64_of(&bytes[0..]),
+            epoch: u64_of(&bytes[8..]),
+            trim: u64_of(&bytes[16..]),
+            reserved_from: u64_of(&bytes[24..]),
+            reserved_to: u64_of(&bytes[32..]),
+        }
+    }
+}
+
+/// Reads every node's control words at once.
+pub fn words(layout: &LogLayout) -> Minitx {
+    layout
+        .nodes
+        .iter()
+        .fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
+            tx.read(node, base, word::LAYOUT as u32)
+        })
+}
+
+/// The words `words` read, per node in layout order.
+pub fn words_result(outcome: &Outcome) -> Vec<Words> {
+    outcome.reads.iter().map(|b| Words::parse(b)).collect()
+}
+
+/// Raises the epoch of every node to `epoch`, or of none if any is there already; reads
+/// every node's words as they were. After it commits, no write in an older epoch can.
+pub fn seal(layout: &LogLayout, epoch: u64) -> Minitx {
+    layout
+        .nodes
+        .iter()
+        .fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
+            tx.compare_u64(node, base + word::EPOCH, CmpOp::Lt, epoch)
+                .read(node, base, word::LAYOUT as u32)
+                .write(node, base + word::EPOCH, epoch.to_le_bytes().to_vec())
+        })
+}
+
+/// Makes a sequencer's reservation durable on every node, if the log is still in its epoch.
+pub fn reserve(layout: &LogLayout, r: &Reservation) -> Minitx {
+    let mut words = r.from.to_le_bytes().to_vec();
+    words.extend_from_slice(&r.to.to_le_bytes());
+    layout
+        .nodes
+        .iter()
+        .fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
+            tx.compare_u64(node, base + word::EPOCH, CmpOp::Eq, r.epoch)
+                .write(node, base + word::RESERVED_FROM, words.clone())
+        })
+}
+
+/// Moves every node's trim point up to `prefix`; a failed compare means some node's is
+/// there already (trims only grow).
+pub fn trim(layout: &LogLayout, prefix: u64) -> Minitx {
+    layout
+        .nodes
+        .iter()
+        .fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
+            tx.compare_u64(node, base + word::TRIM, CmpOp::Lt, prefix)
+                .write(node, base + word::TRIM, prefix.to_le_bytes().to_vec())
+        })
+}
+
+/// Reads the headers of the slots of `positions` (at most `Limits::items_max`), with room
+/// for `streams` stream headers each: the backward scans of the slow check and of a new
+/// sequencer.
+pub fn headers(layout: &LogLayout, positions: &[u64], streams: usize) -> Minitx {
+    let len = (crate::entry::header_bytes(streams, layout.backpointers) as u32)
+        .max(ENTRY_HEADER_BYTES as u32)
+        .min(layout.slot_bytes);
+    positions.iter().fold(Minitx::new().class(CLASS), |tx, &p| {
+        let slot = layout.slot(p);
+        tx.read(slot.node, slot.addr, len)
+    })
+}

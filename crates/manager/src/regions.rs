@@ -1,0 +1,231 @@
+//! The registry of regions: named ranges of the memory nodes' address spaces that the layers
+//! above the core (shared logs first) are given, each with an epoch that its one active
+//! holder takes. Regions are allocated from the top of each node's space downwards, so that
+//! raw addresses from 0 up (`tutti txn`, the chaos bank) stay the user's; they are never
+//! freed or moved.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tutti_wire::{ErrorCode, NodeId, RegionInfo, Response};
+
+/// Regions start on a page.
+const ALIGN: u64 = 4096;
+/// Longest region name, in bytes.
+pub const NAME_BYTES_MAX: usize = 128;
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub(crate) struct Regions {
+    by_name: BTreeMap<String, Region>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct Region {
+    kind: String,
+    nodes: Vec<(NodeId, u64)>,
+    bytes_per_node: u64,
+    params: Vec<u8>,
+    epoch: u64,
+    holder: Option<String>,
+}
+
+fn error(code: ErrorCode, message: String) -> Response {
+    Response::Error { code, message }
+}
+
+impl Regions {
+    fn info(name: &str, r: &Region) -> RegionInfo {
+        RegionInfo {
+            name: name.to_string(),
+            kind: r.kind.clone(),
+            nodes: r.nodes.clone(),
+            bytes_per_node: r.bytes_per_node,
+            params: r.params.clone(),
+            epoch: r.epoch,
+            holder: r.holder.clone(),
+        }
+    }
+
+    /// The lowest address allocated on `node` (its space's size if none is).
+    fn floor(&self, node: NodeId, size_bytes: u64) -> u64 {
+        self.by_name
+            .values()
+            .flat_map(|r| &r.nodes)
+            .filter(|(n, _)| *n == node)
+            .map(|(_, base)| *base)
+            .fold(size_bytes, u64::min)
+    }
+
+    /// Allocates a region; `sizes` gives each known node's space. Returns the reply and
+    /// whether the registry changed (then persist before replying).
+    pub(crate) fn create(
+        &mut self,
+        name: String,
+        kind: String,
+        nodes: Vec<NodeId>,
+        bytes_per_node: u64,
+        params: Vec<u8>,
+        sizes: impl Fn(NodeId) -> Option<u64>,
+    ) -> (Response, bool) {
+        if name.is_empty() || name.len() > NAME_BYTES_MAX || name.chars().any(char::is_control) {
+            let m =
+                format!("a region name is 1 to {NAME_BYTES_MAX} bytes with no control characters");
+            return (error(ErrorCode::BadRequest, m), false);
+        }
+        if let Some(r) = self.by_name.get(&name) {
+            let same = r.kind == kind
+                && r.nodes.iter().map(|(n, _)| *n).eq(nodes.iter().copied())
+                && r.bytes_per_node == bytes_per_node
+                && r.params == params;
+            return if same {
+                (Response::Region(Box::new(Self::info(&name, r))), false)
+            } else {
+                let m = format!(
+                    "{name} exists already, as a {} over nodes {:?} of {} bytes each",
+                    r.kind,
+                    r.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                    r.bytes_per_node
+                );
+                (error(ErrorCode::Conflict, m), false)
+            };
+        }
+        if nodes.is_empty() || bytes_per_node == 0 {
+            let m = "a region takes at least one byte on at least one node".to_string();
+            return (error(ErrorCode::BadRequest, m), false);
+        }
+        let mut placed = Vec::with_capacity(nodes.len());
+        for (i, &node) in nodes.iter().enumerate() {
+            if nodes[..i].contains(&node) {
+                return (
+                    error(
+                        ErrorCode::BadRequest,
+                        format!("node {node} is listed twice"),
+                    ),
+                    false,
+                );
+            }
+            let Some(size) = sizes(node) else {
+                return (
+                    error(
+                        ErrorCode::UnknownNode,
+                        format!("node {node} is not in the directory"),
+                    ),
+                    false,
+                );
+            };
+            let floor = self.floor(node, size);
+            let Some(base) = floor.checked_sub(bytes_per_node).map(|b| b / ALIGN * ALIGN) else {
+                let m = format!("node {node} has {floor} bytes below its regions; the region needs {bytes_per_node}");
+                return (error(ErrorCode::NoSpace, m), false);
+            };
+            placed.push((node, base));
+        }
+        let region = Region {
+            kind,
+            nodes: placed,
+            bytes_per_node,
+            params,
+            epoch: 1,
+            holder: None,
+        };
+        let reply = Response::Region(Box::new(Self::info(&name, &region)));
+        self.by_name.insert(name, region);
+        (reply, true)
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Response {
+        match self.by_name.get(name) {
+            Some(r) => Response::Region(Box::new(Self::info(name, r))),
+            None => error(ErrorCode::NotFound, format!("no region is called {name}")),
+        }
+    }
+
+    pub(crate) fn all(&self) -> Response {
+        Response::Regions(self.by_name.iter().map(|(n, r)| Self::info(n, r)).collect())
+    }
+
+    /// Raises the epoch of `name` if it is still `expect`, recording `holder`. Returns the
+    /// region as it is after and whether it changed (then persist before replying).
+    pub(crate) fn take(&mut self, name: &str, expect: u64, holder: String) -> (Response, bool) {
+        let Some(r) = self.by_name.get_mut(name) else {
+            return (
+                error(ErrorCode::NotFound, format!("no region is called {name}")),
+                false,
+            );
+        };
+        let taken = r.epoch == expect;
+        if taken {
+            r.epoch += 1;
+            r.holder = Some(holder);
+        }
+        (Response::Region(Box::new(Self::info(name, r))), taken)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(resp: Response) -> RegionInfo {
+        match resp {
+            Response::Region(r) => *r,
+            other => panic!("not a region: {other:?}"),
+        }
+    }
+
+    fn code(resp: Response) -> ErrorCode {
+        match resp {
+            Response::Error { code, .. } => code,
+            other => panic!("not an error: {other:?}"),
+        }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    fn size(node: NodeId) -> Option<u64> {
+        (node <= 3).then_some(16 * MIB)
+    }
+
+    #[test]
+    fn regions_stack_down_from_the_top_of_each_node() {
+        let mut r = Regions::default();
+        let (a, changed) = r.create("a".into(), "log".into(), vec![1, 2], 4 * MIB, vec![7], size);
+        assert!(changed);
+        assert_eq!(region(a).nodes, vec![(1, 12 * MIB), (2, 12 * MIB)]);
+        let (b, _) = r.create("b".into(), "log".into(), vec![2, 3], 5000, vec![], size);
+        assert_eq!(
+            region(b).nodes,
+            vec![(2, 12 * MIB - 8192), (3, 16 * MIB - 8192)]
+        );
+        let (again, changed) =
+            r.create("a".into(), "log".into(), vec![1, 2], 4 * MIB, vec![7], size);
+        assert!(!changed, "a retried create replies the same region");
+        assert_eq!(region(again).nodes, vec![(1, 12 * MIB), (2, 12 * MIB)]);
+        let (clash, _) = r.create("a".into(), "log".into(), vec![1], 4 * MIB, vec![7], size);
+        assert_eq!(code(clash), ErrorCode::Conflict);
+        let (full, changed) = r.create("c".into(), "log".into(), vec![1], 13 * MIB, vec![], size);
+        assert_eq!(code(full), ErrorCode::NoSpace);
+        assert!(!changed);
+        let (unknown, _) = r.create("c".into(), "log".into(), vec![9], MIB, vec![], size);
+        assert_eq!(code(unknown), ErrorCode::UnknownNode);
+        let (twice, _) = r.create("c".into(), "log".into(), vec![1, 1], MIB, vec![], size);
+        assert_eq!(code(twice), ErrorCode::BadRequest);
+        let (unnamed, _) = r.create(String::new(), "log".into(), vec![1], MIB, vec![], size);
+        assert_eq!(code(unnamed), ErrorCode::BadRequest);
+        assert_eq!(code(r.get("c")), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn an_epoch_is_taken_once_by_whoever_expected_it() {
+        let mut r = Regions::default();
+        let _ = r.create("a".into(), "log".into(), vec![1], MIB, vec![], size);
+        let (first, changed) = r.take("a", 1, "x:1".into());
+        assert!(changed);
+        let first = region(first);
+        assert_eq!((first.epoch, first.holder.as_deref()), (2, Some("x:1")));
+        let (late, changed) = r.take("a", 1, "y:2".into());
+        assert!(!changed, "the epoch moved on");
+        let late = region(late);
+        assert_eq!((late.epoch, late.holder.as_deref()), (2, Some("x:1")));
+        assert_eq!(code(r.take("b", 1, "y:2".into()).0), ErrorCode::NotFound);
+    }
+}

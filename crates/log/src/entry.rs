@@ -198,6 +198,32 @@ impl Entry {
     }
 }
 
+/// An entry's streams as its header gives them, for the backward scans that read only
+/// headers: `Ok(None)` if the slot does not hold `position`, `Ok(Some(streams))` (empty
+/// for junk) if it does. The checksum covers the payload too, so it is not checked here.
+pub fn peek_streams(position: u64, bytes: &[u8], k: u8) -> Result<Option<Vec<StreamId>>, Decoded> {
+    if bytes.len() < ENTRY_HEADER_BYTES {
+        return Err(Decoded::Need(ENTRY_HEADER_BYTES));
+    }
+    if u64::from_le_bytes(bytes[0..8].try_into().unwrap()) != position + 1 {
+        return Ok(None);
+    }
+    let n = usize::from(bytes[33]);
+    if n > STREAMS_PER_ENTRY_MAX {
+        let why = format!("{n} streams");
+        return Err(Decoded::Corrupt(EntryError::Corrupt { position, why }));
+    }
+    if bytes.len() < header_bytes(n, k) {
+        return Err(Decoded::Need(header_bytes(n, k)));
+    }
+    let at = |i: usize| ENTRY_HEADER_BYTES + i * stream_header_bytes(k);
+    Ok(Some(
+        (0..n)
+            .map(|i| u32::from_le_bytes(bytes[at(i)..at(i) + 4].try_into().unwrap()))
+            .collect(),
+    ))
+}
+
 /// Why a slot's bytes did not decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decoded {
@@ -258,6 +284,18 @@ mod tests {
             content: Content::Junk,
         };
         assert_eq!(Entry::decode(9, &junk.encode(4), 4, 4096), Ok(Some(junk)));
+    }
+
+    #[test]
+    fn a_header_alone_gives_the_streams() {
+        let bytes = data(41).encode(4);
+        let header = &bytes[..header_bytes(2, 4)];
+        assert_eq!(peek_streams(41, header, 4), Ok(Some(vec![7, 1 << 31])));
+        assert_eq!(peek_streams(40, header, 4), Ok(None));
+        assert_eq!(
+            peek_streams(41, &header[..50], 4),
+            Err(Decoded::Need(header.len()))
+        );
     }
 
     #[test]

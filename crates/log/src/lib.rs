@@ -9,7 +9,9 @@ pub mod entry;
 pub mod layout;
 pub mod minitxs;
 pub mod sequencer;
+pub mod takeover;
 
 pub use entry::{Content, Entry, EntryError, StreamHeader, StreamId};
 pub use layout::{LayoutError, LogLayout, Slot};
 pub use sequencer::{Answer, Ask, Reservation, Sequencer};
+pub use takeover::{SlowCheck, Step, TakenOver, Takeover, TakeoverError};

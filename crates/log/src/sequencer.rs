@@ -12,8 +12,9 @@ use crate::entry::{StreamId, STREAMS_PER_ENTRY_MAX};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
-/// Positions one reservation covers by default.
-pub const LEASE_DEFAULT: u64 = 1 << 16;
+/// Positions one reservation covers by default: a reservation every 2,048 positions, and a
+/// slow check that reads at most 4,096 slot headers.
+pub const LEASE_DEFAULT: u64 = 4096;
 
 /// A request to the sequencer.
 #[derive(Clone, Debug, PartialEq, Eq)]

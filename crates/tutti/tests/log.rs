@@ -5,7 +5,10 @@ mod common;
 
 use tutti_client::Cluster;
 use tutti_log::minitxs::{self, Refusal};
-use tutti_log::{Content, Entry, LogLayout, Reservation};
+use tutti_log::{
+    Answer, Ask, Content, Entry, LogLayout, Reservation, Sequencer, SlowCheck, Step, StreamHeader,
+    Takeover, TakeoverError,
+};
 use tutti_wire::{Request, Response};
 
 fn entry(position: u64, writer: u64, epoch: u64) -> Entry {
@@ -138,5 +141,166 @@ fn memory_nodes_enforce_write_once_positions_epochs_and_trims() {
                 (tutti_log::layout::MAGIC, 2, 1, 5, 100)
             );
         }
+    });
+}
+
+/// Runs a takeover or a slow check to its end.
+async fn drive<T>(
+    c: &Cluster,
+    first: tutti_client::Minitx,
+    mut on_outcome: impl FnMut(&tutti_client::Outcome) -> Result<Step<T>, TakeoverError>,
+) -> Result<T, TakeoverError> {
+    let mut tx = first;
+    loop {
+        let outcome = c.exec_and_commit(&tx).await.expect("an outcome");
+        match on_outcome(&outcome)? {
+            Step::Run(next) => tx = next,
+            Step::Done(done) => return Ok(done),
+        }
+    }
+}
+
+#[test]
+fn a_takeover_finds_the_tail_and_each_streams_last_positions_on_the_nodes() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("log-takeover", 3, "ram", &[], &[]);
+    rt.block_on(async {
+        let cluster = common::ready(&c).await;
+        let slots = LogLayout::slots_for(&[1, 2, 3], 512, 4096 + 2000 * 512, 2).expect("a layout");
+        let mut layout = LogLayout {
+            nodes: vec![],
+            slot_bytes: 512,
+            slots_per_node: slots,
+            backpointers: 2,
+        };
+        let create = Request::CreateRegion {
+            name: "streams".into(),
+            kind: "log".into(),
+            nodes: vec![1, 2, 3],
+            bytes_per_node: layout.region_bytes(),
+            params: layout.layout_word(),
+        };
+        let Response::Region(region) = cluster.ask_manager(&create).await.expect("created") else {
+            panic!("not a region");
+        };
+        layout.nodes = region.nodes;
+        let l = &layout;
+        assert!(committed(&cluster, &minitxs::create(l)).await);
+
+        // The first sequencer, in epoch 1: 3,000 positions over streams 1 and 2, with holes.
+        let (mut first, r) = Sequencer::<u64>::start(1, 0, 2, 1000, []);
+        assert!(committed(&cluster, &minitxs::reserve(l, &r)).await);
+        first.on_reserved(r.to);
+        let mut written = 0u64;
+        for i in 0..3000u64 {
+            let streams = match i % 3 {
+                0 => vec![1],
+                1 => vec![1, 2],
+                _ => vec![],
+            };
+            let acts = first.on_asks([(
+                i,
+                Ask::Next {
+                    streams: streams.clone(),
+                },
+            )]);
+            if let Some(r) = acts.reserve {
+                assert!(committed(&cluster, &minitxs::reserve(l, &r)).await);
+                first.on_reserved(r.to);
+            }
+            let Some((
+                _,
+                Answer::Granted {
+                    position,
+                    backpointers,
+                    ..
+                },
+            )) = acts.answers.first().cloned()
+            else {
+                panic!("granted at once: {acts:?}");
+            };
+            if i % 7 == 6 {
+                continue; // a hole: its appender died
+            }
+            let e = Entry {
+                position,
+                epoch: 1,
+                writer: i,
+                content: Content::Data {
+                    streams: streams
+                        .iter()
+                        .zip(backpointers)
+                        .map(|(&stream, backpointers)| StreamHeader {
+                            stream,
+                            backpointers,
+                        })
+                        .collect(),
+                    payload: vec![1; 10],
+                },
+            };
+            write(&cluster, l, 1, &e).await.expect("free");
+            written = position;
+        }
+        assert!(committed(&cluster, &minitxs::trim(l, 100)).await);
+
+        let (mut check, tx) = SlowCheck::start(l);
+        let tail = drive(&cluster, tx, |o| check.on_outcome(o))
+            .await
+            .expect("a tail");
+        assert_eq!(
+            tail,
+            written + 1,
+            "the slow check finds the highest written position"
+        );
+
+        let (mut takeover, tx) = Takeover::start(l, 2);
+        let taken = drive(&cluster, tx, |o| takeover.on_outcome(o))
+            .await
+            .expect("taken over");
+        assert_eq!(taken.tail, written + 1);
+        let oldest = taken.history.last().expect("some history").0;
+        assert!(
+            oldest >= 100,
+            "nothing below the trim point is scanned: {oldest}"
+        );
+        let (mut second, r) = Sequencer::<u64>::start(2, taken.tail, 2, 1000, taken.history);
+        assert!(committed(&cluster, &minitxs::reserve(l, &r)).await);
+        second.on_reserved(r.to);
+        let acts = second.on_asks([(
+            0,
+            Ask::Next {
+                streams: vec![1, 2],
+            },
+        )]);
+        // Position i holds entry i; stream 1 has the entries with i % 3 of 0 or 1, stream 2
+        // those with 1; every seventh is a hole.
+        let last_two = |in_stream: fn(u64) -> bool| {
+            (0..3000u64)
+                .rev()
+                .filter(|&i| i % 7 != 6 && in_stream(i))
+                .take(2)
+                .collect::<Vec<u64>>()
+        };
+        assert_eq!(
+            acts.answers[0].1,
+            Answer::Granted {
+                position: written + 1,
+                epoch: 2,
+                backpointers: vec![last_two(|i| i % 3 < 2), last_two(|i| i % 3 == 1)]
+            }
+        );
+
+        let (mut late, tx) = Takeover::start(l, 2);
+        assert_eq!(
+            drive(&cluster, tx, |o| late.on_outcome(o)).await,
+            Err(TakeoverError::Superseded(2)),
+            "a takeover racing a later one stops at its seal"
+        );
+        assert_eq!(
+            write(&cluster, l, 1, &entry(written + 1, 5, 1)).await,
+            Err(Refusal::Sealed { epoch: 2 }),
+            "the first sequencer's positions are refused"
+        );
     });
 }

@@ -1,0 +1,235 @@
+//! How a new sequencer takes a log over (Tango §5, "Failure handling") and how anyone finds
+//! the tail from the memory nodes alone (CORFU's slow check), as sans-I/O steps: each input
+//! is the outcome of the minitransaction the previous step asked for. Nothing here trusts
+//! any sequencer's memory: the seal fences the old epoch on every node, the reservation
+//! words bound where the old sequencer may have handed out positions, and the slots say
+//! which of those were written and in which streams.
+
+use crate::entry::{peek_streams, StreamId, STREAMS_PER_ENTRY_MAX};
+use crate::layout::LogLayout;
+use crate::minitxs::{self, Words};
+use tutti_client::{Minitx, Outcome};
+
+/// Slot headers read per minitransaction of a scan.
+pub const SCAN_CHUNK: u64 = 1024;
+
+/// What to do next: run this minitransaction and hand its outcome back, or done.
+#[derive(Debug)]
+pub enum Step<T> {
+    Run(Minitx),
+    Done(T),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TakeoverError {
+    #[error("the log is at epoch {0} already: a later sequencer sealed it")]
+    Superseded(u64),
+    #[error("the log's region holds no log (magic {0:#x})")]
+    NotALog(u64),
+    #[error("slot of position {0} is corrupt")]
+    Corrupt(u64),
+}
+
+/// The words every node agrees on (they change only on all nodes at once); the maximum
+/// of each, to be safe against reading them mid-change in a failed seal.
+fn agreed(words: &[Words]) -> Result<Words, TakeoverError> {
+    let magic = words[0].magic;
+    if magic != crate::layout::MAGIC {
+        return Err(TakeoverError::NotALog(magic));
+    }
+    let max = |f: fn(&Words) -> u64| words.iter().map(f).max().expect("a log has nodes");
+    Ok(Words {
+        magic,
+        epoch: max(|w| w.epoch),
+        trim: max(|w| w.trim),
+        reserved_from: max(|w| w.reserved_from),
+        reserved_to: max(|w| w.reserved_to),
+    })
+}
+
+/// The slow check: the highest written position below `reserved_to`, plus one; at least
+/// `reserved_from`. Scans down from `reserved_to` a chunk at a time and stops at the first
+/// written slot, so it reads about one lease of headers at most.
+#[derive(Debug)]
+pub struct SlowCheck {
+    layout: LogLayout,
+    floor: u64,
+    /// The chunk in flight covers positions below this.
+    high: u64,
+    words: Option<Words>,
+}
+
+impl SlowCheck {
+    /// Starts by reading every node's words.
+    pub fn start(layout: &LogLayout) -> (SlowCheck, Minitx) {
+        let check = SlowCheck {
+            layout: layout.clone(),
+            floor: 0,
+            high: 0,
+            words: None,
+        };
+        (check, minitxs::words(layout))
+    }
+
+    /// Starts from words read already (by a seal).
+    fn from_words(layout: &LogLayout, words: Words) -> (SlowCheck, Step<u64>) {
+        let mut check = SlowCheck {
+            layout: layout.clone(),
+            floor: words.reserved_from,
+            high: words.reserved_to,
+            words: Some(words),
+        };
+        let step = check.next_chunk();
+        (check, step)
+    }
+
+    /// The words the check started from.
+    pub fn words(&self) -> Option<Words> {
+        self.words
+    }
+
+    fn chunk(&self) -> Vec<u64> {
+        scan_chunk(self.floor, self.high)
+    }
+
+    fn next_chunk(&mut self) -> Step<u64> {
+        if self.high <= self.floor {
+            return Step::Done(self.floor);
+        }
+        Step::Run(minitxs::headers(&self.layout, &self.chunk(), 0))
+    }
+
+    pub fn on_outcome(&mut self, outcome: &Outcome) -> Result<Step<u64>, TakeoverError> {
+        if self.words.is_none() {
+            let words = agreed(&minitxs::words_result(outcome))?;
+            let (check, step) = SlowCheck::from_words(&self.layout, words);
+            *self = check;
+            return Ok(step);
+        }
+        let k = self.layout.backpointers;
+        for (p, bytes) in self.chunk().into_iter().zip(&outcome.reads) {
+            match peek_streams(p, bytes, k) {
+                Ok(Some(_)) => return Ok(Step::Done(p + 1)),
+                Ok(None) => {}
+                Err(_) => return Err(TakeoverError::Corrupt(p)),
+            }
+        }
+        self.high = self.floor.max(self.high.saturating_sub(SCAN_CHUNK));
+        Ok(self.next_chunk())
+    }
+}
+
+/// What a takeover found: the new sequencer starts from it (`Sequencer::start`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenOver {
+    pub epoch: u64,
+    pub tail: u64,
+    /// Streams of every data entry from the tail down to the trim point, newest first.
+    pub history: Vec<(u64, Vec<StreamId>)>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Seal,
+    Tail(SlowCheck),
+    Scan { tail: u64, floor: u64, high: u64 },
+}
+
+/// A takeover at `epoch` (taken from the manager with `TakeRegion`): seal every node at it,
+/// find the tail with the slow check, then scan back to the trim point for the streams.
+#[derive(Debug)]
+pub struct Takeover {
+    layout: LogLayout,
+    epoch: u64,
+    phase: Phase,
+    history: Vec<(u64, Vec<StreamId>)>,
+}
+
+impl Takeover {
+    pub fn start(layout: &LogLayout, epoch: u64) -> (Takeover, Minitx) {
+        let t = Takeover {
+            layout: layout.clone(),
+            epoch,
+            phase: Phase::Seal,
+            history: Vec::new(),
+        };
+        (t, minitxs::seal(layout, epoch))
+    }
+
+    pub fn on_outcome(&mut self, outcome: &Outcome) -> Result<Step<TakenOver>, TakeoverError> {
+        match &mut self.phase {
+            Phase::Seal => {
+                let words = agreed(&minitxs::words_result(outcome))?;
+                if !outcome.committed {
+                    return Err(TakeoverError::Superseded(words.epoch));
+                }
+                let (check, step) = SlowCheck::from_words(&self.layout, words);
+                self.phase = Phase::Tail(check);
+                self.after_tail(step)
+            }
+            Phase::Tail(check) => {
+                let step = check.on_outcome(outcome)?;
+                self.after_tail(step)
+            }
+            Phase::Scan { tail, floor, high } => {
+                let (tail, floor) = (*tail, *floor);
+                let positions = scan_chunk(floor, *high);
+                let k = self.layout.backpointers;
+                for (p, bytes) in positions.into_iter().zip(&outcome.reads) {
+                    match peek_streams(p, bytes, k) {
+                        Ok(Some(streams)) if !streams.is_empty() => {
+                            self.history.push((p, streams));
+                        }
+                        Ok(_) => {}
+                        Err(_) => return Err(TakeoverError::Corrupt(p)),
+                    }
+                }
+                *high = floor.max(high.saturating_sub(SCAN_CHUNK));
+                let high = *high;
+                Ok(self.scan_from(tail, floor, high))
+            }
+        }
+    }
+
+    fn after_tail(&mut self, step: Step<u64>) -> Result<Step<TakenOver>, TakeoverError> {
+        let Phase::Tail(check) = &self.phase else {
+            unreachable!("called in the tail phase")
+        };
+        match step {
+            Step::Run(tx) => Ok(Step::Run(tx)),
+            Step::Done(tail) => {
+                let trim = check.words().expect("read by the seal").trim;
+                let floor = trim.max(tail.saturating_sub(self.layout.period()));
+                self.phase = Phase::Scan {
+                    tail,
+                    floor,
+                    high: tail,
+                };
+                Ok(self.scan_from(tail, floor, tail))
+            }
+        }
+    }
+
+    fn scan_from(&mut self, tail: u64, floor: u64, high: u64) -> Step<TakenOver> {
+        if high <= floor {
+            return Step::Done(TakenOver {
+                epoch: self.epoch,
+                tail,
+                history: std::mem::take(&mut self.history),
+            });
+        }
+        let positions = scan_chunk(floor, high);
+        Step::Run(minitxs::headers(
+            &self.layout,
+            &positions,
+            STREAMS_PER_ENTRY_MAX,
+        ))
+    }
+}
+
+/// The positions of the next chunk of a backward scan, highest first.
+fn scan_chunk(floor: u64, high: u64) -> Vec<u64> {
+    (floor.max(high.saturating_sub(SCAN_CHUNK))..high)
+        .rev()
+        .collect()
+}

@@ -66,56 +66,46 @@ impl Regions {
         params: Vec<u8>,
         sizes: impl Fn(NodeId) -> Option<u64>,
     ) -> (Response, bool) {
+        let refuse = |code, message: String| (error(code, message), false);
         if name.is_empty() || name.len() > NAME_BYTES_MAX || name.chars().any(char::is_control) {
-            let m =
-                format!("a region name is 1 to {NAME_BYTES_MAX} bytes with no control characters");
-            return (error(ErrorCode::BadRequest, m), false);
+            let m = format!("a region name is 1 to {NAME_BYTES_MAX} bytes, no control characters");
+            return refuse(ErrorCode::BadRequest, m);
         }
         if let Some(r) = self.by_name.get(&name) {
             let same = r.kind == kind
                 && r.nodes.iter().map(|(n, _)| *n).eq(nodes.iter().copied())
                 && r.bytes_per_node == bytes_per_node
                 && r.params == params;
-            return if same {
-                (Response::Region(Box::new(Self::info(&name, r))), false)
-            } else {
-                let m = format!(
-                    "{name} exists already, as a {} over nodes {:?} of {} bytes each",
-                    r.kind,
-                    r.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-                    r.bytes_per_node
-                );
-                (error(ErrorCode::Conflict, m), false)
-            };
+            if same {
+                return (Response::Region(Box::new(Self::info(&name, r))), false);
+            }
+            let on: Vec<NodeId> = r.nodes.iter().map(|(n, _)| *n).collect();
+            let (kind, bytes) = (&r.kind, r.bytes_per_node);
+            let m = format!(
+                "{name} exists already, as a {kind} over nodes {on:?} of {bytes} bytes each"
+            );
+            return refuse(ErrorCode::Conflict, m);
         }
         if nodes.is_empty() || bytes_per_node == 0 {
             let m = "a region takes at least one byte on at least one node".to_string();
-            return (error(ErrorCode::BadRequest, m), false);
+            return refuse(ErrorCode::BadRequest, m);
         }
         let mut placed = Vec::with_capacity(nodes.len());
         for (i, &node) in nodes.iter().enumerate() {
             if nodes[..i].contains(&node) {
-                return (
-                    error(
-                        ErrorCode::BadRequest,
-                        format!("node {node} is listed twice"),
-                    ),
-                    false,
+                return refuse(
+                    ErrorCode::BadRequest,
+                    format!("node {node} is listed twice"),
                 );
             }
             let Some(size) = sizes(node) else {
-                return (
-                    error(
-                        ErrorCode::UnknownNode,
-                        format!("node {node} is not in the directory"),
-                    ),
-                    false,
-                );
+                let m = format!("node {node} is not in the directory");
+                return refuse(ErrorCode::UnknownNode, m);
             };
             let floor = self.floor(node, size);
             let Some(base) = floor.checked_sub(bytes_per_node).map(|b| b / ALIGN * ALIGN) else {
-                let m = format!("node {node} has {floor} bytes below its regions; the region needs {bytes_per_node}");
-                return (error(ErrorCode::NoSpace, m), false);
+                let m = format!("node {node} has {floor} bytes below its regions; {name} needs {bytes_per_node}");
+                return refuse(ErrorCode::NoSpace, m);
             };
             placed.push((node, base));
         }

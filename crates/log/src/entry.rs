@@ -123,7 +123,7 @@ impl Entry {
             }
         }
         b.extend_from_slice(payload);
-        let crc = checksum(&b);
+        let crc = crc32c::crc32c(&b);
         b[28..32].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -160,9 +160,8 @@ impl Entry {
             return Err(Decoded::Need(end));
         }
         let stored = u32::from_le_bytes(bytes[28..32].try_into().unwrap());
-        let mut copy = bytes[..end].to_vec();
-        copy[28..32].fill(0);
-        if checksum(&copy) != stored {
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..28]), &[0; 4]);
+        if crc32c::crc32c_append(crc, &bytes[32..end]) != stored {
             return Err(corrupt("checksum mismatch".into()));
         }
         let content = match state {
@@ -230,10 +229,6 @@ pub enum Decoded {
     /// Read at least this many bytes of the slot and decode again.
     Need(usize),
     Corrupt(EntryError),
-}
-
-fn checksum(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
 }
 
 #[cfg(test)]

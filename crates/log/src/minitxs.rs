@@ -3,11 +3,11 @@
 //! fill (write once, fenced by epoch and trim), read, seal, reserve, trim, and the reads of
 //! the slow check. Why each compare is there is in docs/log.md, "Protocol".
 
-use crate::entry::{Entry, ENTRY_HEADER_BYTES};
+use crate::entry::Entry;
 use crate::layout::{word, LogLayout, MAGIC};
 use crate::sequencer::Reservation;
 use tutti_client::{Minitx, Outcome};
-use tutti_wire::CmpOp;
+use tutti_wire::{CmpOp, NodeId};
 
 /// The class these minitransactions are counted under in the nodes' load statistics.
 pub const CLASS: &str = "log";
@@ -22,18 +22,15 @@ fn u64_of(bytes: &[u8]) -> u64 {
 
 /// Writes every node's region header, refusing (failed compare) if any region is in use.
 pub fn create(layout: &LogLayout) -> Minitx {
-    let mut tx = Minitx::new().class(CLASS);
-    for &(node, base) in &layout.nodes {
-        let mut words = Vec::with_capacity(word::END as usize);
-        words.extend_from_slice(&MAGIC.to_le_bytes());
-        words.extend_from_slice(&1u64.to_le_bytes());
-        words.extend_from_slice(&[0; 24]);
-        words.extend_from_slice(&layout.layout_word());
-        tx = tx
-            .compare_u64(node, base + word::MAGIC, CmpOp::Eq, 0)
-            .write(node, base, words);
-    }
-    tx
+    let mut words = Vec::with_capacity(word::END as usize);
+    words.extend_from_slice(&MAGIC.to_le_bytes());
+    words.extend_from_slice(&1u64.to_le_bytes());
+    words.extend_from_slice(&[0; 24]);
+    words.extend_from_slice(&layout.layout_word());
+    on_every_node(layout, |tx, node, base| {
+        tx.compare_u64(node, base + word::MAGIC, CmpOp::Eq, 0)
+            .write(node, base, words.clone())
+    })
 }
 
 /// Why a write of a position (append or fill) was refused.
@@ -126,14 +123,19 @@ impl Words {
     }
 }
 
+/// One minitransaction with `items` added for every node of the log (given its id and its
+/// region's address): the changes to the control words, which all nodes make at once.
+fn on_every_node(layout: &LogLayout, items: impl Fn(Minitx, NodeId, u64) -> Minitx) -> Minitx {
+    (layout.nodes.iter()).fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
+        items(tx, node, base)
+    })
+}
+
 /// Reads every node's control words at once.
 pub fn words(layout: &LogLayout) -> Minitx {
-    layout
-        .nodes
-        .iter()
-        .fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
-            tx.read(node, base, word::LAYOUT as u32)
-        })
+    on_every_node(layout, |tx, node, base| {
+        tx.read(node, base, word::LAYOUT as u32)
+    })
 }
 
 /// The words `words` read, per node in layout order.
@@ -144,48 +146,38 @@ pub fn words_result(outcome: &Outcome) -> Vec<Words> {
 /// Raises the epoch of every node to `epoch`, or of none if any is there already; reads
 /// every node's words as they were. After it commits, no write in an older epoch can.
 pub fn seal(layout: &LogLayout, epoch: u64) -> Minitx {
-    layout
-        .nodes
-        .iter()
-        .fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
-            tx.compare_u64(node, base + word::EPOCH, CmpOp::Lt, epoch)
-                .read(node, base, word::LAYOUT as u32)
-                .write(node, base + word::EPOCH, epoch.to_le_bytes().to_vec())
-        })
+    on_every_node(layout, |tx, node, base| {
+        tx.compare_u64(node, base + word::EPOCH, CmpOp::Lt, epoch)
+            .read(node, base, word::LAYOUT as u32)
+            .write(node, base + word::EPOCH, epoch.to_le_bytes().to_vec())
+    })
 }
 
 /// Makes a sequencer's reservation durable on every node, if the log is still in its epoch.
 pub fn reserve(layout: &LogLayout, r: &Reservation) -> Minitx {
     let mut words = r.from.to_le_bytes().to_vec();
     words.extend_from_slice(&r.to.to_le_bytes());
-    layout
-        .nodes
-        .iter()
-        .fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
-            tx.compare_u64(node, base + word::EPOCH, CmpOp::Eq, r.epoch)
-                .write(node, base + word::RESERVED_FROM, words.clone())
-        })
+    on_every_node(layout, |tx, node, base| {
+        tx.compare_u64(node, base + word::EPOCH, CmpOp::Eq, r.epoch)
+            .write(node, base + word::RESERVED_FROM, words.clone())
+    })
 }
 
 /// Moves every node's trim point up to `prefix`; a failed compare means some node's is
 /// there already (trims only grow).
 pub fn trim(layout: &LogLayout, prefix: u64) -> Minitx {
-    layout
-        .nodes
-        .iter()
-        .fold(Minitx::new().class(CLASS), |tx, &(node, base)| {
-            tx.compare_u64(node, base + word::TRIM, CmpOp::Lt, prefix)
-                .write(node, base + word::TRIM, prefix.to_le_bytes().to_vec())
-        })
+    on_every_node(layout, |tx, node, base| {
+        tx.compare_u64(node, base + word::TRIM, CmpOp::Lt, prefix)
+            .write(node, base + word::TRIM, prefix.to_le_bytes().to_vec())
+    })
 }
 
 /// Reads the headers of the slots of `positions` (at most `Limits::items_max`), with room
 /// for `streams` stream headers each: the backward scans of the slow check and of a new
 /// sequencer.
 pub fn headers(layout: &LogLayout, positions: &[u64], streams: usize) -> Minitx {
-    let len = (crate::entry::header_bytes(streams, layout.backpointers) as u32)
-        .max(ENTRY_HEADER_BYTES as u32)
-        .min(layout.slot_bytes);
+    let len =
+        (crate::entry::header_bytes(streams, layout.backpointers) as u32).min(layout.slot_bytes);
     positions.iter().fold(Minitx::new().class(CLASS), |tx, &p| {
         let slot = layout.slot(p);
         tx.read(slot.node, slot.addr, len)

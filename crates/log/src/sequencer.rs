@@ -128,20 +128,6 @@ impl<T> Sequencer<T> {
         (s, r)
     }
 
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// The next position to be handed out.
-    pub fn tail(&self) -> u64 {
-        self.next
-    }
-
-    /// Streams with at least one entry.
-    pub fn streams(&self) -> usize {
-        self.streams.len()
-    }
-
     /// A batch of requests, answered in order where they can be now; requests for positions
     /// beyond the durable reservation wait for the next.
     pub fn on_asks(&mut self, asks: impl IntoIterator<Item = (T, Ask)>) -> Actions<T> {

@@ -56,7 +56,8 @@ pub struct SlowCheck {
     floor: u64,
     /// The chunk in flight covers positions below this.
     high: u64,
-    words: Option<Words>,
+    /// The words are read and the scan has begun.
+    scanning: bool,
 }
 
 impl SlowCheck {
@@ -66,7 +67,7 @@ impl SlowCheck {
             layout: layout.clone(),
             floor: 0,
             high: 0,
-            words: None,
+            scanning: false,
         };
         (check, minitxs::words(layout))
     }
@@ -77,15 +78,10 @@ impl SlowCheck {
             layout: layout.clone(),
             floor: words.reserved_from,
             high: words.reserved_to,
-            words: Some(words),
+            scanning: true,
         };
         let step = check.next_chunk();
         (check, step)
-    }
-
-    /// The words the check started from.
-    pub fn words(&self) -> Option<Words> {
-        self.words
     }
 
     fn chunk(&self) -> Vec<u64> {
@@ -100,7 +96,7 @@ impl SlowCheck {
     }
 
     pub fn on_outcome(&mut self, outcome: &Outcome) -> Result<Step<u64>, TakeoverError> {
-        if self.words.is_none() {
+        if !self.scanning {
             let words = agreed(&minitxs::words_result(outcome))?;
             let (check, step) = SlowCheck::from_words(&self.layout, words);
             *self = check;
@@ -114,7 +110,7 @@ impl SlowCheck {
                 Err(_) => return Err(TakeoverError::Corrupt(p)),
             }
         }
-        self.high = self.floor.max(self.high.saturating_sub(SCAN_CHUNK));
+        self.high = chunk_low(self.floor, self.high);
         Ok(self.next_chunk())
     }
 }
@@ -142,6 +138,8 @@ pub struct Takeover {
     layout: LogLayout,
     epoch: u64,
     phase: Phase,
+    /// The trim point the seal read: the backward scan stops there.
+    trim: u64,
     history: Vec<(u64, Vec<StreamId>)>,
 }
 
@@ -151,6 +149,7 @@ impl Takeover {
             layout: layout.clone(),
             epoch,
             phase: Phase::Seal,
+            trim: 0,
             history: Vec::new(),
         };
         (t, minitxs::seal(layout, epoch))
@@ -163,13 +162,14 @@ impl Takeover {
                 if !outcome.committed {
                     return Err(TakeoverError::Superseded(words.epoch));
                 }
+                self.trim = words.trim;
                 let (check, step) = SlowCheck::from_words(&self.layout, words);
                 self.phase = Phase::Tail(check);
-                self.after_tail(step)
+                Ok(self.after_tail(step))
             }
             Phase::Tail(check) => {
                 let step = check.on_outcome(outcome)?;
-                self.after_tail(step)
+                Ok(self.after_tail(step))
             }
             Phase::Scan { tail, floor, high } => {
                 let (tail, floor) = (*tail, *floor);
@@ -184,28 +184,24 @@ impl Takeover {
                         Err(_) => return Err(TakeoverError::Corrupt(p)),
                     }
                 }
-                *high = floor.max(high.saturating_sub(SCAN_CHUNK));
+                *high = chunk_low(floor, *high);
                 let high = *high;
                 Ok(self.scan_from(tail, floor, high))
             }
         }
     }
 
-    fn after_tail(&mut self, step: Step<u64>) -> Result<Step<TakenOver>, TakeoverError> {
-        let Phase::Tail(check) = &self.phase else {
-            unreachable!("called in the tail phase")
-        };
+    fn after_tail(&mut self, step: Step<u64>) -> Step<TakenOver> {
         match step {
-            Step::Run(tx) => Ok(Step::Run(tx)),
+            Step::Run(tx) => Step::Run(tx),
             Step::Done(tail) => {
-                let trim = check.words().expect("read by the seal").trim;
-                let floor = trim.max(tail.saturating_sub(self.layout.period()));
+                let floor = self.trim.max(tail.saturating_sub(self.layout.period()));
                 self.phase = Phase::Scan {
                     tail,
                     floor,
                     high: tail,
                 };
-                Ok(self.scan_from(tail, floor, tail))
+                self.scan_from(tail, floor, tail)
             }
         }
     }
@@ -227,9 +223,12 @@ impl Takeover {
     }
 }
 
-/// The positions of the next chunk of a backward scan, highest first.
+/// The positions of the next chunk of a backward scan down to `floor`, highest first.
 fn scan_chunk(floor: u64, high: u64) -> Vec<u64> {
-    (floor.max(high.saturating_sub(SCAN_CHUNK))..high)
-        .rev()
-        .collect()
+    (chunk_low(floor, high)..high).rev().collect()
+}
+
+/// Where the chunk of a backward scan that ends below `high` begins.
+fn chunk_low(floor: u64, high: u64) -> u64 {
+    floor.max(high.saturating_sub(SCAN_CHUNK))
 }

@@ -276,13 +276,10 @@ impl ManagerState {
                 bytes_per_node,
                 params,
             } => {
-                let sizes: BTreeMap<NodeId, u64> = (self.persisted.nodes.iter())
-                    .map(|(&id, n)| (id, n.size_bytes))
-                    .collect();
+                let known = &self.persisted.nodes;
+                let size = |n| known.get(&n).map(|n: &PersistedNode| n.size_bytes);
                 let regions = &mut self.persisted.regions;
-                regions.create(name, kind, nodes, bytes_per_node, params, |n| {
-                    sizes.get(&n).copied()
-                })
+                regions.create(name, kind, nodes, bytes_per_node, params, size)
             }
             Request::Region { name } => (self.persisted.regions.get(&name), false),
             Request::Regions => (self.persisted.regions.all(), false),

@@ -50,6 +50,40 @@ async fn committed(c: &Cluster, tx: &tutti_client::Minitx) -> bool {
     c.exec_and_commit(tx).await.expect("an outcome").committed
 }
 
+/// Allocates a log's regions on `nodes` from the manager, `slots` slots of `slot_bytes` per
+/// node, and writes its headers.
+async fn create_log(
+    c: &Cluster,
+    name: &str,
+    nodes: &[u16],
+    slot_bytes: u32,
+    slots: u64,
+    backpointers: u8,
+) -> LogLayout {
+    let capacity = 4096 + slots * u64::from(slot_bytes);
+    let slots_per_node =
+        LogLayout::slots_for(nodes, slot_bytes, capacity, backpointers).expect("a layout");
+    let mut layout = LogLayout {
+        nodes: vec![],
+        slot_bytes,
+        slots_per_node,
+        backpointers,
+    };
+    let create = Request::CreateRegion {
+        name: name.into(),
+        kind: "log".into(),
+        nodes: nodes.to_vec(),
+        bytes_per_node: layout.region_bytes(),
+        params: layout.layout_word(),
+    };
+    let Response::Region(region) = c.ask_manager(&create).await.expect("created") else {
+        panic!("not a region");
+    };
+    layout.nodes = region.nodes;
+    assert!(committed(c, &minitxs::create(&layout)).await);
+    layout
+}
+
 #[test]
 fn memory_nodes_enforce_write_once_positions_epochs_and_trims() {
     let rt = common::runtime();
@@ -57,27 +91,9 @@ fn memory_nodes_enforce_write_once_positions_epochs_and_trims() {
     let c = common::start("log-minitxs", 2, "ram", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let slots = LogLayout::slots_for(&[1, 2], 256, 4096 + 2 * 256, 4).expect("a layout");
-        let mut layout = LogLayout {
-            nodes: vec![],
-            slot_bytes: 256,
-            slots_per_node: slots,
-            backpointers: 4,
-        };
-        let create = Request::CreateRegion {
-            name: "events".into(),
-            kind: "log".into(),
-            nodes: vec![1, 2],
-            bytes_per_node: layout.region_bytes(),
-            params: layout.layout_word(),
-        };
-        let Response::Region(region) = cluster.ask_manager(&create).await.expect("created") else {
-            panic!("not a region");
-        };
-        layout.nodes = region.nodes;
+        let layout = create_log(&cluster, "events", &[1, 2], 256, 2, 4).await;
         let l = &layout;
         assert_eq!(l.period(), 4);
-        assert!(committed(&cluster, &minitxs::create(l)).await);
         assert!(
             !committed(&cluster, &minitxs::create(l)).await,
             "a region in use is not created again"
@@ -167,26 +183,8 @@ fn a_takeover_finds_the_tail_and_each_streams_last_positions_on_the_nodes() {
     let c = common::start("log-takeover", 3, "ram", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let slots = LogLayout::slots_for(&[1, 2, 3], 512, 4096 + 2000 * 512, 2).expect("a layout");
-        let mut layout = LogLayout {
-            nodes: vec![],
-            slot_bytes: 512,
-            slots_per_node: slots,
-            backpointers: 2,
-        };
-        let create = Request::CreateRegion {
-            name: "streams".into(),
-            kind: "log".into(),
-            nodes: vec![1, 2, 3],
-            bytes_per_node: layout.region_bytes(),
-            params: layout.layout_word(),
-        };
-        let Response::Region(region) = cluster.ask_manager(&create).await.expect("created") else {
-            panic!("not a region");
-        };
-        layout.nodes = region.nodes;
+        let layout = create_log(&cluster, "streams", &[1, 2, 3], 512, 2000, 2).await;
         let l = &layout;
-        assert!(committed(&cluster, &minitxs::create(l)).await);
 
         // The first sequencer, in epoch 1: 3,000 positions over streams 1 and 2, with holes.
         let (mut first, r) = Sequencer::<u64>::start(1, 0, 2, 1000, []);

@@ -151,6 +151,12 @@ impl Cluster {
         })
     }
 
+    /// The options this handle was made with (the layers above reach their own servers
+    /// with the same dialer and frame limit).
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
     /// The manager this handle fetches its directory from.
     pub fn manager(&self) -> &str {
         &self.inner.manager
@@ -241,7 +247,14 @@ impl Cluster {
         ahead: Option<ExecuteAhead>,
     ) -> Result<Outcome, ExecError> {
         tx.check(&self.inner.opts.limits)?;
-        let durable = self.first_node_durable(tx)?;
+        let durable = match self.first_node_durable(tx) {
+            Err(ExecError::UnknownNode(_)) => {
+                // A node that registered since this handle fetched its directory.
+                self.refresh_directory().await;
+                self.first_node_durable(tx)?
+            }
+            known => known?,
+        };
         let clock = Instant::now();
         let now_us = || clock.elapsed().as_micros() as u64;
         let instant = |us: u64| tokio::time::Instant::from_std(clock + Duration::from_micros(us));

@@ -28,6 +28,10 @@ pub struct ClusterFile {
     pub mode: String,
     pub size_bytes: u64,
     pub nodes: Vec<NodeEntry>,
+    /// The logs' sequencer (`tutti sequencer`); files from before it have none, and get one
+    /// when opened.
+    #[serde(default)]
+    pub sequencer: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +119,12 @@ impl LocalCluster {
         let path = dir.join("cluster.json");
         let file = match std::fs::read(&path) {
             Ok(bytes) => {
-                let file: ClusterFile = serde_json::from_slice(&bytes)
+                let mut file: ClusterFile = serde_json::from_slice(&bytes)
                     .map_err(|e| LocalError::Config(format!("{}: {e}", path.display())))?;
+                if file.sequencer.is_empty() {
+                    file.sequencer = format!("127.0.0.1:{}", free_port()?);
+                    write_file(&dir, &file)?;
+                }
                 if strict && (file.nodes.len() != layout.nodes || file.mode != layout.mode) {
                     return Err(LocalError::Config(format!(
                         "{} holds a {}-node {} cluster; use another --data to make a {}-node {} one",
@@ -145,14 +153,9 @@ impl LocalCluster {
                     mode: layout.mode.clone(),
                     size_bytes: layout.size_bytes,
                     nodes,
+                    sequencer: format!("127.0.0.1:{}", free_port()?),
                 };
-                let tmp = dir.join("cluster.json.tmp");
-                std::fs::write(
-                    &tmp,
-                    serde_json::to_vec_pretty(&file).expect("serialisable"),
-                )
-                .map_err(io("write cluster.json"))?;
-                std::fs::rename(&tmp, &path).map_err(io("write cluster.json"))?;
+                write_file(&dir, &file)?;
                 file
             }
         };
@@ -218,12 +221,34 @@ impl LocalCluster {
         self.spawn(&format!("node-{id}"), args)
     }
 
+    pub fn start_sequencer(&mut self) -> Result<(), LocalError> {
+        let args = vec![
+            "sequencer".into(),
+            "--listen".into(),
+            self.file.sequencer.clone(),
+            "--cluster".into(),
+            self.file.manager.clone(),
+        ];
+        self.spawn("sequencer", args)
+    }
+
+    /// Starts `name` again after it exited: `manager`, `sequencer` or `node-N`.
+    pub fn restart(&mut self, name: &str) -> Result<(), LocalError> {
+        match name.strip_prefix("node-").map(str::parse) {
+            Some(Ok(id)) => self.start_node(id),
+            Some(Err(_)) => Err(LocalError::Config(format!("no process {name}"))),
+            None if name == "manager" => self.start_manager(),
+            None if name == "sequencer" => self.start_sequencer(),
+            None => Err(LocalError::Config(format!("no process {name}"))),
+        }
+    }
+
     pub fn start_all(&mut self) -> Result<(), LocalError> {
         self.start_manager()?;
         for id in self.node_ids() {
             self.start_node(id)?;
         }
-        Ok(())
+        self.start_sequencer()
     }
 
     pub fn node_ids(&self) -> Vec<NodeId> {
@@ -238,6 +263,11 @@ impl LocalCluster {
     /// `kill -9` the manager.
     pub fn kill_manager(&mut self) {
         self.processes.kill("manager");
+    }
+
+    /// `kill -9` the sequencer.
+    pub fn kill_sequencer(&mut self) {
+        self.processes.kill("sequencer");
     }
 
     /// Waits until a child exits by itself: (name, exit status).
@@ -295,6 +325,14 @@ impl LocalCluster {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(10)..].join("\n")
     }
+}
+
+/// Writes `dir/cluster.json` through a temporary file, so that a reader never sees half.
+fn write_file(dir: &Path, file: &ClusterFile) -> Result<(), LocalError> {
+    let tmp = dir.join("cluster.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(file).expect("serialisable"))
+        .map_err(io("write cluster.json"))?;
+    std::fs::rename(&tmp, dir.join("cluster.json")).map_err(io("write cluster.json"))
 }
 
 /// Reads the manager address from `ADDR` or from a cluster.json path (or its directory).

@@ -197,6 +197,12 @@ impl Entry {
     }
 }
 
+/// Whether a slot's first bytes (at least 8) say it holds `position`, data or junk: all
+/// the slow check needs to know.
+pub fn holds(position: u64, bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && u64::from_le_bytes(bytes[0..8].try_into().unwrap()) == position + 1
+}
+
 /// An entry's streams as its header gives them, for the backward scans that read only
 /// headers: `Ok(None)` if the slot does not hold `position`, `Ok(Some(streams))` (empty
 /// for junk) if it does. The checksum covers the payload too, so it is not checked here.
@@ -204,7 +210,7 @@ pub fn peek_streams(position: u64, bytes: &[u8], k: u8) -> Result<Option<Vec<Str
     if bytes.len() < ENTRY_HEADER_BYTES {
         return Err(Decoded::Need(ENTRY_HEADER_BYTES));
     }
-    if u64::from_le_bytes(bytes[0..8].try_into().unwrap()) != position + 1 {
+    if !holds(position, bytes) {
         return Ok(None);
     }
     let n = usize::from(bytes[33]);

@@ -50,6 +50,8 @@ pub enum LayoutError {
     SlotBytes(u32),
     #[error("{0} backpointers per stream; a log keeps 1 to {BACKPOINTERS_MAX}")]
     Backpointers(u8),
+    #[error("the region's parameters are not a log's layout ({0} bytes)")]
+    Params(usize),
     #[error("capacity {capacity} bytes per node holds no slot of {slot_bytes} bytes after the {REGION_HEADER_BYTES}-byte header")]
     Capacity { capacity: u64, slot_bytes: u32 },
 }
@@ -130,6 +132,24 @@ impl LogLayout {
         }
     }
 
+    /// The layout of a log whose region (from the manager) is on `nodes` with the `LAYOUT`
+    /// word's bytes as its parameters.
+    pub fn from_region(nodes: Vec<(NodeId, u64)>, params: &[u8]) -> Result<LogLayout, LayoutError> {
+        let bytes: [u8; 16] = params
+            .try_into()
+            .map_err(|_| LayoutError::Params(params.len()))?;
+        let layout = LogLayout {
+            nodes,
+            slot_bytes: u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")),
+            slots_per_node: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
+            backpointers: bytes[4],
+        };
+        let ids: Vec<NodeId> = layout.nodes.iter().map(|(n, _)| *n).collect();
+        let capacity = layout.region_bytes();
+        LogLayout::slots_for(&ids, layout.slot_bytes, capacity, layout.backpointers)?;
+        Ok(layout)
+    }
+
     /// The `LAYOUT` word's 16 bytes.
     pub fn layout_word(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(16);
@@ -206,5 +226,13 @@ mod tests {
             Err(LayoutError::Capacity { .. })
         ));
         assert_eq!(LogLayout::slots_for(&[1, 2], 4096, 4096 * 11, 4), Ok(10));
+        assert_eq!(
+            LogLayout::from_region(layout().nodes, &layout().layout_word()),
+            Ok(layout())
+        );
+        assert_eq!(
+            LogLayout::from_region(layout().nodes, &[1, 2]),
+            Err(LayoutError::Params(2))
+        );
     }
 }

@@ -3,15 +3,28 @@
 //! compares fence stale epochs and untrimmed slots; a sequencer that hands out positions and
 //! each stream's backpointers; a seal that moves the log to a new epoch on every node at once.
 //!
-//! This crate holds the log's formats and its sans-I/O logic; it sends nothing.
+//! The formats and every decision are sans-I/O (`append`, `read`, `stream`, `sequencer`,
+//! `takeover`), driven by the async client (`Log`, `Stream`) and the sequencer service
+//! (`service`, run by `tutti sequencer`) here, and by the simulator.
 
+pub mod append;
+mod client;
 pub mod entry;
+mod error;
 pub mod layout;
 pub mod minitxs;
+pub mod read;
 pub mod sequencer;
+pub mod service;
+pub mod stream;
 pub mod takeover;
 
+pub use append::{Append, AppendStep};
+pub use client::{Log, LogOptions, LogShape, Stat, Stream, Tail, REGION_KIND};
 pub use entry::{Content, Entry, EntryError, StreamHeader, StreamId};
+pub use error::LogError;
 pub use layout::{LayoutError, LogLayout, Slot};
+pub use read::{Found, Hole, ReadAt, ReadStep, HOLE_TIMEOUT_DEFAULT};
 pub use sequencer::{Answer, Ask, Reservation, Sequencer};
+pub use stream::{Sync, SyncStep};
 pub use takeover::{SlowCheck, Step, TakenOver, Takeover, TakeoverError};

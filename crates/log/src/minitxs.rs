@@ -69,17 +69,19 @@ pub fn write(layout: &LogLayout, epoch: u64, entry: &Entry) -> Minitx {
         .write(slot.node, slot.addr, entry.encode(layout.backpointers))
 }
 
-/// Why `write`'s minitransaction did not commit, from the words it read.
+/// Why `write`'s minitransaction did not commit, from the words it read. A slot that holds
+/// the position comes first: a writer retrying after an unknown outcome must learn that its
+/// entry is there even if the log was sealed since.
 pub fn write_refusal(position: u64, epoch: u64, outcome: &Outcome) -> Refusal {
     let words = &outcome.reads[0];
     let (log_epoch, trim) = (u64_of(&words[0..8]), u64_of(&words[8..16]));
     let slot = &outcome.reads[1];
-    if log_epoch != epoch {
-        Refusal::Sealed { epoch: log_epoch }
-    } else if u64_of(&slot[0..8]) == position + 1 {
+    if u64_of(&slot[0..8]) == position + 1 {
         Refusal::Taken {
             writer: u64_of(&slot[16..24]),
         }
+    } else if log_epoch != epoch {
+        Refusal::Sealed { epoch: log_epoch }
     } else if position < trim {
         Refusal::Trimmed { trim }
     } else {
@@ -182,4 +184,40 @@ pub fn headers(layout: &LogLayout, positions: &[u64], streams: usize) -> Minitx 
         let slot = layout.slot(p);
         tx.read(slot.node, slot.addr, len)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(words: [u64; 2], slot: [u64; 3]) -> Outcome {
+        let bytes = |w: &[u64]| w.iter().flat_map(|w| w.to_le_bytes()).collect();
+        Outcome {
+            committed: false,
+            reads: vec![bytes(&words), bytes(&slot)],
+            failed_compares: vec![0],
+        }
+    }
+
+    #[test]
+    fn a_slot_holding_the_position_is_reported_before_a_seal() {
+        let after_seal = refused([3, 0], [6, 2, 77]);
+        assert_eq!(
+            write_refusal(5, 2, &after_seal),
+            Refusal::Taken { writer: 77 },
+            "a retry finds its own entry although the log moved on"
+        );
+        assert_eq!(
+            write_refusal(5, 2, &refused([3, 0], [0, 0, 0])),
+            Refusal::Sealed { epoch: 3 }
+        );
+        assert_eq!(
+            write_refusal(5, 2, &refused([2, 9], [0, 0, 0])),
+            Refusal::Trimmed { trim: 9 }
+        );
+        assert_eq!(
+            write_refusal(15, 2, &refused([2, 3], [6, 2, 1])),
+            Refusal::Full { trim: 3 }
+        );
+    }
 }

@@ -16,36 +16,7 @@ use std::collections::VecDeque;
 /// slow check that reads at most 4,096 slot headers.
 pub const LEASE_DEFAULT: u64 = 4096;
 
-/// A request to the sequencer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ask {
-    /// The next position, for an entry in these streams.
-    Next { streams: Vec<StreamId> },
-    /// The tail and the streams' last positions, taking nothing (the fast check).
-    Tail { streams: Vec<StreamId> },
-}
-
-/// The sequencer's answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Answer {
-    /// `position` is the asker's to write in `epoch`; `backpointers[i]` are the last
-    /// positions of `streams[i]` before it, newest first.
-    Granted {
-        position: u64,
-        epoch: u64,
-        backpointers: Vec<Vec<u64>>,
-    },
-    /// The next position to be handed out, and each stream's last positions, newest first.
-    Tail {
-        tail: u64,
-        epoch: u64,
-        last: Vec<Vec<u64>>,
-    },
-    /// The request names more streams than an entry can hold.
-    TooManyStreams(usize),
-    /// This sequencer's epoch, `epoch`, is over: the log was sealed by a successor.
-    Sealed { epoch: u64 },
-}
+pub use tutti_wire::{Answer, Ask};
 
 /// A reservation to make durable on every memory node of the log, comparing the epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,7 +109,7 @@ impl<T> Sequencer<T> {
             };
             if streams.len() > STREAMS_PER_ENTRY_MAX {
                 acts.answers
-                    .push((token, Answer::TooManyStreams(streams.len())));
+                    .push((token, Answer::TooManyStreams(streams.len() as u32)));
                 continue;
             }
             if self.sealed {

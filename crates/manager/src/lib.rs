@@ -150,7 +150,7 @@ fn handle(manager: &Arc<Manager>, req: Request) -> Response {
             Some((resp, written)) => save_then(manager, written, resp),
             None => Response::Error {
                 code: tutti_wire::ErrorCode::Unsupported,
-                message: "the manager serves Register, Directory, Heartbeat and regions".into(),
+                message: "the manager serves Register, Directory, Heartbeat, regions and the sequencer's address".into(),
             },
         },
     }

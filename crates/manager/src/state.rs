@@ -27,6 +27,9 @@ pub struct Persisted {
     /// Absent from the files of managers that predate regions.
     #[serde(default)]
     regions: Regions,
+    /// Where the cluster's logs are sequenced (`SetSequencer`); absent likewise.
+    #[serde(default)]
+    sequencer: Option<String>,
 }
 
 impl Persisted {
@@ -36,6 +39,7 @@ impl Persisted {
             epoch: 1,
             nodes: BTreeMap::new(),
             regions: Regions::default(),
+            sequencer: None,
         }
     }
 }
@@ -265,8 +269,8 @@ impl ManagerState {
         )
     }
 
-    /// Answers a request about regions (`CreateRegion`, `Region`, `Regions`, `TakeRegion`);
-    /// `None` for any other. With a snapshot, write it before sending the reply.
+    /// Answers a request about regions (`CreateRegion`, `Region`, `Regions`, `TakeRegion`)
+    /// or the logs' sequencer (`SetSequencer`, `Sequencer`); `None` for any other. With a snapshot, write it before sending the reply.
     pub fn region_request(&mut self, req: Request) -> Option<(Response, Option<Persisted>)> {
         let (resp, changed) = match req {
             Request::CreateRegion {
@@ -288,6 +292,15 @@ impl ManagerState {
                 expect,
                 holder,
             } => self.persisted.regions.take(&name, expect, holder),
+            Request::SetSequencer { addr } => {
+                let changed = self.persisted.sequencer.as_ref() != Some(&addr);
+                self.persisted.sequencer = Some(addr);
+                (
+                    Response::Sequencer(self.persisted.sequencer.clone()),
+                    changed,
+                )
+            }
+            Request::Sequencer => (Response::Sequencer(self.persisted.sequencer.clone()), false),
             _ => return None,
         };
         Some((resp, changed.then(|| self.persisted.clone())))
@@ -445,6 +458,16 @@ mod tests {
         assert_eq!(restarted.persisted(), s.persisted());
         assert_ne!(&written, s.persisted(), "the epoch was written too");
         assert!(s.region_request(Request::Directory).is_none());
+        let set = Request::SetSequencer {
+            addr: "127.0.0.1:7".into(),
+        };
+        let (_, set_written) = s.region_request(set.clone()).expect("a sequencer request");
+        assert!(set_written.is_some(), "the sequencer's address is written");
+        assert!(s.region_request(set).expect("again").1.is_none());
+        let (resp, _) = s
+            .region_request(Request::Sequencer)
+            .expect("a sequencer request");
+        assert!(matches!(resp, Response::Sequencer(Some(ref a)) if a == "127.0.0.1:7"));
         let old_file = r#"{"epoch": 3, "nodes": {}}"#;
         let old: Persisted = serde_json::from_str(old_file).expect("files without regions load");
         assert_eq!(old.regions, Regions::default());

@@ -471,11 +471,17 @@ impl<R> Participant<R> {
             | Request::CreateRegion { .. }
             | Request::Region { .. }
             | Request::Regions
-            | Request::TakeRegion { .. } => {
+            | Request::TakeRegion { .. }
+            | Request::SetSequencer { .. }
+            | Request::Sequencer
+            | Request::Sequence { .. } => {
                 acts.replies.push((
                     reply_to,
                     id,
-                    error(ErrorCode::Unsupported, "ask the manager".into()),
+                    error(
+                        ErrorCode::Unsupported,
+                        "not a memory node's request: ask the manager or the sequencer".into(),
+                    ),
                 ));
             }
         }

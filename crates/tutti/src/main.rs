@@ -1,5 +1,5 @@
-//! `tutti`: run memory nodes and the manager, start a local cluster, run ad-hoc
-//! minitransactions, read load statistics and benchmark.
+//! `tutti`: run memory nodes, the manager and the logs' sequencer, start a local cluster,
+//! run ad-hoc minitransactions, use shared logs, read load statistics and benchmark.
 
 mod cmd;
 
@@ -48,6 +48,11 @@ enum Command {
     /// on the stored little-endian u64)  write:NODE:ADDR:HEX  add:NODE:ADDR:I64. ADDR is decimal
     /// or 0x-hex. Exit status 0 when committed or when a compare failed (see "committed").
     Txn(cmd::txn::TxnArgs),
+    /// The shared log: create, append, read, tail, stream, trim, stat (JSON out).
+    ///
+    /// Positions are striped over memory nodes and written once; `tutti up` runs the
+    /// sequencer that hands them out. See docs/log.md.
+    Log(cmd::log::LogArgs),
     /// Print the load statistics of every memory node.
     Stats(cmd::stats::StatsArgs),
     /// Benchmarks; print JSON.
@@ -73,6 +78,8 @@ enum Command {
     Memnode(cmd::memnode::MemnodeArgs),
     /// Run the management node (normally started by `tutti up`).
     Manager(cmd::manager::ManagerArgs),
+    /// Run the logs' sequencer (normally started by `tutti up`).
+    Sequencer(cmd::sequencer::SequencerArgs),
     /// Workloads used by the crash tests.
     #[command(hide = true)]
     Workload(cmd::workload::WorkloadArgs),
@@ -136,6 +143,14 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         Command::Manager(a) => {
             init_tracing("info");
             cmd::manager::run(a, dialer).await
+        }
+        Command::Sequencer(a) => {
+            init_tracing("info");
+            cmd::sequencer::run(a, dialer).await
+        }
+        Command::Log(a) => {
+            init_tracing("error");
+            cmd::log::run(a, &dialer).await
         }
         Command::Up(a) => {
             init_tracing("warn");

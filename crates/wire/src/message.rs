@@ -249,6 +249,37 @@ pub struct RegionInfo {
     pub holder: Option<String>,
 }
 
+/// A request to a log's sequencer (docs/log.md, "Sequencer"), many to a frame.
+#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// The next position, for an entry in these streams.
+    Next { streams: Vec<u32> },
+    /// The tail and the streams' last positions, taking nothing (the fast check).
+    Tail { streams: Vec<u32> },
+}
+
+/// The sequencer's answer to one `Ask`.
+#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// `position` is the asker's to write in `epoch`; `backpointers[i]` are the last
+    /// positions of `streams[i]` before it, newest first.
+    Granted {
+        position: u64,
+        epoch: u64,
+        backpointers: Vec<Vec<u64>>,
+    },
+    /// The next position to be handed out, and each stream's last positions, newest first.
+    Tail {
+        tail: u64,
+        epoch: u64,
+        last: Vec<Vec<u64>>,
+    },
+    /// The request names more streams than an entry can hold.
+    TooManyStreams(u32),
+    /// This sequencer's epoch, `epoch`, is over: the log was sealed by a successor.
+    Sealed { epoch: u64 },
+}
+
 /// Load counters of one minitransaction class over one window.
 #[derive(Encode, Decode, Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadCounters {
@@ -417,6 +448,19 @@ pub enum Request {
         expect: u64,
         holder: String,
     },
+    /// Client → sequencer: answer `asks` for the log called `log`, in order. `min_epoch` is
+    /// the highest epoch the client saw the log's memory nodes at: a sequencer of an older
+    /// epoch was superseded and takes the log over again. Replies `Sequenced`.
+    Sequence {
+        log: String,
+        min_epoch: u64,
+        asks: Vec<Ask>,
+    },
+    /// Sequencer → manager, at start: record `addr` as where the cluster's logs are
+    /// sequenced (durably, before the reply). Replies `Sequencer`.
+    SetSequencer { addr: String },
+    /// Anyone → manager: where the cluster's logs are sequenced. Replies `Sequencer`.
+    Sequencer,
     /// Memory node → manager, periodically: tids uncertain for longer than the timeout,
     /// tids newly applied to the node's durable image whose participants' lsns it does not
     /// know (multi-participant ones only), and `applied_below`: every committed tid whose
@@ -465,6 +509,10 @@ pub enum Response {
     /// Boxed, like `Stats`: larger than the replies on the data path.
     Region(Box<RegionInfo>),
     Regions(Vec<RegionInfo>),
+    /// One answer per ask of a `Sequence` request, in order.
+    Sequenced(Vec<Answer>),
+    /// The sequencer's address, if one registered.
+    Sequencer(Option<String>),
     Registered {
         epoch: u64,
         incarnation: u64,

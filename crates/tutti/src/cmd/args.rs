@@ -35,14 +35,18 @@ impl ModeArg {
 #[derive(Args)]
 pub(crate) struct ClusterArg {
     /// Manager address, or a data directory / cluster.json written by `tutti up`.
-    #[arg(long, default_value = "./tutti-data")]
+    #[arg(long, global = true, default_value = "./tutti-data")]
     cluster: String,
     /// Give up after this long (retries included).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, global = true, default_value_t = 10_000)]
     deadline_ms: u64,
 }
 
 impl ClusterArg {
+    pub(crate) fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms)
+    }
+
     pub(crate) async fn connect(&self, dialer: &Dialer) -> Result<Cluster, String> {
         let addr = manager_addr(&self.cluster).map_err(|e| e.to_string())?;
         let opts = ClientOptions {

@@ -1,5 +1,5 @@
-//! `tutti up`: a local cluster (a manager and N memory nodes as child processes), restarted
-//! when a child dies, until Ctrl-C or SIGTERM.
+//! `tutti up`: a local cluster (a manager, N memory nodes and the logs' sequencer as child
+//! processes), restarted when a child dies, until Ctrl-C or SIGTERM.
 
 use super::args::{parse_size, shutdown_signal, ModeArg};
 use clap::Args;
@@ -51,6 +51,7 @@ pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
         cluster.file.mode,
         cluster.file.manager
     );
+    println!("tutti: logs sequenced at {}", cluster.file.sequencer);
     println!(
         "tutti: addresses in {}; logs in {}",
         cluster.dir.join("cluster.json").display(),
@@ -134,11 +135,7 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), String> {
                 {
                     r.due = None;
                     r.started = now;
-                    let result = match name.strip_prefix("node-").and_then(|id| id.parse().ok()) {
-                        Some(id) => cluster.start_node(id),
-                        None => cluster.start_manager(),
-                    };
-                    if let Err(e) = result {
+                    if let Err(e) = cluster.restart(name) {
                         eprintln!("tutti: restarting {name}: {e}; trying again in 1 s");
                         r.due = Some(now + Duration::from_secs(1));
                     }

@@ -1,0 +1,147 @@
+//! One append (Tango's multiappend when the entry has several streams) as sans-I/O steps:
+//! ask the sequencer for a position, write the slot with the write-once minitransaction,
+//! and take a new position when the slot went to someone else (a reader's fill) or the log
+//! moved to a new epoch. The driver runs the steps; the simulator drives the same ones.
+
+use crate::entry::{check_fits, Content, Entry, StreamHeader, StreamId};
+use crate::error::LogError;
+use crate::layout::LogLayout;
+use crate::minitxs::{self, Refusal};
+use tutti_client::{Minitx, Outcome};
+use tutti_wire::{Answer, Ask};
+
+/// What the driver does next.
+#[derive(Debug)]
+pub enum AppendStep {
+    /// Ask the log's sequencer (with `min_epoch` from `Append::min_epoch`).
+    Ask(Ask),
+    /// Run this minitransaction. If its outcome is unknown, run it again: it is idempotent.
+    Write(Minitx),
+    /// The entry is at this position.
+    Done(u64),
+}
+
+#[derive(Debug)]
+pub struct Append {
+    entry: Entry,
+    streams: Vec<StreamId>,
+    /// The highest epoch the nodes refused this append at: a sequencer older than that
+    /// is superseded.
+    min_epoch: u64,
+}
+
+impl Append {
+    /// An append of `payload` to `streams` by `writer` (a number drawn for this append, so
+    /// that a retried write recognises its own entry). Checks that it fits a slot first.
+    pub fn new(
+        layout: &LogLayout,
+        streams: &[StreamId],
+        payload: Vec<u8>,
+        writer: u64,
+    ) -> Result<(Append, AppendStep), LogError> {
+        check_fits(
+            streams,
+            payload.len(),
+            layout.slot_bytes,
+            layout.backpointers,
+        )?;
+        let append = Append {
+            entry: Entry {
+                position: 0,
+                epoch: 0,
+                writer,
+                content: Content::Data {
+                    streams: streams
+                        .iter()
+                        .map(|&stream| StreamHeader {
+                            stream,
+                            backpointers: Vec::new(),
+                        })
+                        .collect(),
+                    payload,
+                },
+            },
+            streams: streams.to_vec(),
+            min_epoch: 0,
+        };
+        let ask = append.ask();
+        Ok((append, ask))
+    }
+
+    pub fn min_epoch(&self) -> u64 {
+        self.min_epoch
+    }
+
+    /// The position being written, once one was granted.
+    pub fn position(&self) -> u64 {
+        self.entry.position
+    }
+
+    fn ask(&self) -> AppendStep {
+        AppendStep::Ask(Ask::Next {
+            streams: self.streams.clone(),
+        })
+    }
+
+    pub fn on_answer(
+        &mut self,
+        layout: &LogLayout,
+        answer: Answer,
+    ) -> Result<AppendStep, LogError> {
+        match answer {
+            Answer::Granted {
+                position,
+                epoch,
+                backpointers,
+            } => {
+                if backpointers.len() != self.streams.len() {
+                    return Err(LogError::Cluster(format!(
+                        "the sequencer gave {} backpointer lists for {} streams",
+                        backpointers.len(),
+                        self.streams.len()
+                    )));
+                }
+                self.entry.position = position;
+                self.entry.epoch = epoch;
+                if let Content::Data { streams, .. } = &mut self.entry.content {
+                    for (header, bps) in streams.iter_mut().zip(backpointers) {
+                        header.backpointers = bps;
+                    }
+                }
+                Ok(AppendStep::Write(minitxs::write(
+                    layout,
+                    epoch,
+                    &self.entry,
+                )))
+            }
+            Answer::Sealed { epoch } => {
+                self.min_epoch = self.min_epoch.max(epoch + 1);
+                Ok(self.ask())
+            }
+            Answer::TooManyStreams(n) => {
+                Err(crate::entry::EntryError::TooManyStreams(n as usize).into())
+            }
+            Answer::Tail { .. } => Err(LogError::Cluster(
+                "the sequencer answered a request for a position with the tail".into(),
+            )),
+        }
+    }
+
+    pub fn on_outcome(&mut self, outcome: &Outcome) -> Result<AppendStep, LogError> {
+        let position = self.entry.position;
+        if outcome.committed {
+            return Ok(AppendStep::Done(position));
+        }
+        match minitxs::write_refusal(position, self.entry.epoch, outcome) {
+            Refusal::Taken { writer } if writer == self.entry.writer => {
+                Ok(AppendStep::Done(position))
+            }
+            Refusal::Taken { .. } | Refusal::Trimmed { .. } => Ok(self.ask()),
+            Refusal::Sealed { epoch } => {
+                self.min_epoch = self.min_epoch.max(epoch);
+                Ok(self.ask())
+            }
+            Refusal::Full { trim } => Err(LogError::Full { position, trim }),
+        }
+    }
+}

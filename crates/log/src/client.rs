@@ -1,0 +1,524 @@
+//! The log's client API (Tango §2, §5): `Log` appends, reads, fills, checks and trims by
+//! running the sans-I/O steps of `append`, `read` and `stream` against the cluster and the
+//! sequencer; `Stream` reads one stream in log order. Asks to the sequencer from concurrent
+//! callers leave in batches, one frame each. Every call gives up at its deadline.
+
+use crate::append::{Append, AppendStep};
+use crate::entry::StreamId;
+use crate::error::LogError;
+use crate::layout::{LogLayout, BACKPOINTERS_DEFAULT, SLOT_BYTES_DEFAULT};
+use crate::minitxs::{self, Words};
+use crate::read::{Found, Hole, ReadAt, ReadStep, HOLE_TIMEOUT_DEFAULT};
+use crate::stream::{Sync, SyncStep};
+use crate::takeover::{SlowCheck, Step};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::{timeout_at, Instant};
+use tutti_client::{Cluster, ExecError, Minitx, Outcome};
+use tutti_wire::{
+    Answer, Ask, Backoff, Connection, ErrorCode, RegionInfo, Request, Response, RpcError,
+};
+
+/// The region kind the manager records for a log.
+pub const REGION_KIND: &str = "log";
+/// Asks in one frame to the sequencer, at most.
+pub const ASKS_PER_FRAME_MAX: usize = 1024;
+/// Frames to the sequencer in flight per log handle: while they are out, asks gather into
+/// the next one.
+const FRAMES_IN_FLIGHT: usize = 2;
+
+#[derive(Clone, Debug)]
+pub struct LogOptions {
+    /// How long one call may take, retries included.
+    pub deadline: Duration,
+    /// How long a reader waits for the writer of an unwritten position below the tail
+    /// before it fills the position with junk.
+    pub hole_timeout: Duration,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            deadline: Duration::from_secs(10),
+            hole_timeout: HOLE_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// A new log's shape (`Log::create`).
+#[derive(Clone, Debug)]
+pub struct LogShape {
+    pub nodes: Vec<tutti_wire::NodeId>,
+    pub slot_bytes: u32,
+    /// Bytes per node, the region's header included.
+    pub capacity_bytes: u64,
+    pub backpointers: u8,
+}
+
+impl LogShape {
+    /// 4 KiB slots and 4 backpointers over `nodes`, `capacity_bytes` each.
+    pub fn new(nodes: Vec<tutti_wire::NodeId>, capacity_bytes: u64) -> LogShape {
+        LogShape {
+            nodes,
+            slot_bytes: SLOT_BYTES_DEFAULT,
+            capacity_bytes,
+            backpointers: BACKPOINTERS_DEFAULT,
+        }
+    }
+}
+
+/// The fast check's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tail {
+    /// The next position to be handed out.
+    pub tail: u64,
+    pub epoch: u64,
+}
+
+/// A log's state as its memory nodes hold it (`Log::stat`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub layout: LogLayout,
+    /// The words of every node, in layout order.
+    pub words: Vec<Words>,
+    pub tail: Tail,
+}
+
+/// What a caller waits on for one ask.
+struct Pending {
+    ask: Ask,
+    min_epoch: u64,
+    reply: oneshot::Sender<Result<Answer, String>>,
+}
+
+/// A handle on one log. Clone it freely: clones share the batcher of asks.
+#[derive(Clone)]
+pub struct Log {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cluster: Cluster,
+    name: String,
+    layout: LogLayout,
+    opts: LogOptions,
+    asks: mpsc::Sender<Pending>,
+}
+
+fn remote(e: RpcError) -> LogError {
+    LogError::Cluster(e.to_string())
+}
+
+impl Log {
+    /// Allocates the log's regions from the manager and writes their headers; creating a
+    /// log again with the same shape opens it.
+    pub async fn create(
+        cluster: &Cluster,
+        name: &str,
+        shape: &LogShape,
+        opts: LogOptions,
+    ) -> Result<Log, LogError> {
+        let slots_per_node = LogLayout::slots_for(
+            &shape.nodes,
+            shape.slot_bytes,
+            shape.capacity_bytes,
+            shape.backpointers,
+        )?;
+        let mut layout = LogLayout {
+            nodes: vec![],
+            slot_bytes: shape.slot_bytes,
+            slots_per_node,
+            backpointers: shape.backpointers,
+        };
+        let create = Request::CreateRegion {
+            name: name.into(),
+            kind: REGION_KIND.into(),
+            nodes: shape.nodes.clone(),
+            bytes_per_node: layout.region_bytes(),
+            params: layout.layout_word(),
+        };
+        let region = match cluster.ask_manager(&create).await {
+            Ok(Response::Region(r)) => r,
+            Ok(other) => return Err(LogError::Cluster(format!("the manager answered {other:?}"))),
+            Err(RpcError::Remote {
+                code: ErrorCode::Conflict,
+                ..
+            }) => return Err(LogError::Exists(name.into())),
+            Err(e) => return Err(remote(e)),
+        };
+        layout.nodes = region.nodes;
+        let until = Instant::now() + opts.deadline;
+        // Refused when the headers are there already: by an earlier try of this create.
+        run(cluster, &minitxs::create(&layout), until).await?;
+        Log::open(cluster, name, opts).await
+    }
+
+    /// Opens the log called `name`.
+    pub async fn open(cluster: &Cluster, name: &str, opts: LogOptions) -> Result<Log, LogError> {
+        let region = region(cluster, name).await?;
+        let layout = LogLayout::from_region(region.nodes, &region.params)?;
+        let (asks, asks_rx) = mpsc::channel(ASKS_PER_FRAME_MAX * FRAMES_IN_FLIGHT);
+        tokio::spawn(batch_asks(cluster.clone(), name.to_string(), asks_rx));
+        Ok(Log {
+            inner: Arc::new(Inner {
+                cluster: cluster.clone(),
+                name: name.to_string(),
+                layout,
+                opts,
+                asks,
+            }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub fn layout(&self) -> &LogLayout {
+        &self.inner.layout
+    }
+
+    fn until(&self) -> Instant {
+        Instant::now() + self.inner.opts.deadline
+    }
+
+    /// Appends `payload` as one entry of every stream in `streams` (Tango's multiappend
+    /// when there are several; none is allowed) and returns its position. Retries with a
+    /// new position when its position was filled or the log moved to a new epoch.
+    pub async fn append(&self, payload: Vec<u8>, streams: &[StreamId]) -> Result<u64, LogError> {
+        let until = self.until();
+        let layout = &self.inner.layout;
+        let writer = rand::random::<u64>() | 1;
+        let (mut append, mut step) = Append::new(layout, streams, payload, writer)?;
+        loop {
+            step = match step {
+                AppendStep::Ask(ask) => {
+                    let answer = self.ask(ask, append.min_epoch(), until).await?;
+                    append.on_answer(layout, answer)?
+                }
+                AppendStep::Write(tx) => match run(&self.inner.cluster, &tx, until).await {
+                    Ok(outcome) => append.on_outcome(&outcome)?,
+                    Err(LogError::Deadline { last, .. }) => {
+                        return Err(LogError::OutcomeUnknown {
+                            position: append.position(),
+                            why: last,
+                        })
+                    }
+                    Err(e) => return Err(e),
+                },
+                AppendStep::Done(position) => return Ok(position),
+            }
+        }
+    }
+
+    /// What `position` holds; a hole below the tail is waited for, then filled.
+    pub async fn read(&self, position: u64) -> Result<Found, LogError> {
+        let hole = Hole::FillAfter(self.inner.opts.hole_timeout);
+        self.read_with(position, hole, self.until()).await
+    }
+
+    /// Fills `position` with junk unless it is written already; returns what it holds.
+    pub async fn fill(&self, position: u64) -> Result<Found, LogError> {
+        self.read_with(position, Hole::FillNow, self.until()).await
+    }
+
+    /// What `position` holds, doing `hole` with a hole.
+    pub async fn read_with(
+        &self,
+        position: u64,
+        hole: Hole,
+        until: Instant,
+    ) -> Result<Found, LogError> {
+        let layout = &self.inner.layout;
+        let cluster = &self.inner.cluster;
+        let (mut read, mut step) = ReadAt::new(layout, position, hole);
+        loop {
+            step = match step {
+                ReadStep::Read(tx) => read.on_read(layout, &run(cluster, &tx, until).await?)?,
+                ReadStep::Ask(ask) => {
+                    let answer = self.ask(ask, read.min_epoch(), until).await?;
+                    read.on_answer(layout, answer)?
+                }
+                ReadStep::Wait(pause) => {
+                    tokio::time::sleep(pause).await;
+                    read.on_waited(layout)
+                }
+                ReadStep::Fill(tx) => read.on_fill(layout, &run(cluster, &tx, until).await?)?,
+                ReadStep::Done(found) => return Ok(found),
+            }
+        }
+    }
+
+    /// The fast check: the tail as the sequencer knows it.
+    pub async fn check(&self) -> Result<Tail, LogError> {
+        let until = self.until();
+        let mut min_epoch = 0;
+        loop {
+            match self
+                .ask(Ask::Tail { streams: vec![] }, min_epoch, until)
+                .await?
+            {
+                Answer::Tail { tail, epoch, .. } => return Ok(Tail { tail, epoch }),
+                Answer::Sealed { epoch } => min_epoch = epoch + 1,
+                other => {
+                    return Err(LogError::Cluster(format!(
+                        "the sequencer answered a fast check with {other:?}"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// The slow check: the tail from the memory nodes alone (the highest written position
+    /// below the sequencer's durable reservation, plus one).
+    pub async fn check_slow(&self) -> Result<u64, LogError> {
+        let until = self.until();
+        let cluster = &self.inner.cluster;
+        let (mut check, tx) = SlowCheck::start(&self.inner.layout);
+        let mut step = Step::Run(tx);
+        loop {
+            match step {
+                Step::Run(tx) => {
+                    let outcome = run(cluster, &tx, until).await?;
+                    step = check
+                        .on_outcome(&outcome)
+                        .map_err(|e| LogError::Cluster(e.to_string()))?;
+                }
+                Step::Done(tail) => return Ok(tail),
+            }
+        }
+    }
+
+    /// Gives up every position below `prefix`: their slots may take new positions. Trims
+    /// only grow; a trim to at or below the current one does nothing.
+    pub async fn trim(&self, prefix: u64) -> Result<(), LogError> {
+        let tail = self.check().await?.tail;
+        if prefix > tail {
+            return Err(LogError::TrimPastTail { prefix, tail });
+        }
+        run(
+            &self.inner.cluster,
+            &minitxs::trim(&self.inner.layout, prefix),
+            self.until(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// The log's control words on every node, and the tail.
+    pub async fn stat(&self) -> Result<Stat, LogError> {
+        let tx = minitxs::words(&self.inner.layout);
+        let outcome = run(&self.inner.cluster, &tx, self.until()).await?;
+        Ok(Stat {
+            layout: self.inner.layout.clone(),
+            words: minitxs::words_result(&outcome),
+            tail: self.check().await?,
+        })
+    }
+
+    /// A reader of stream `id` from position `from` on.
+    pub fn stream(&self, id: StreamId, from: u64) -> Stream {
+        Stream {
+            log: self.clone(),
+            id,
+            floor: from,
+            ready: BTreeMap::new(),
+        }
+    }
+
+    /// One ask of the sequencer, retried (the batcher finds the sequencer again after an
+    /// error) until `until`.
+    async fn ask(&self, ask: Ask, min_epoch: u64, until: Instant) -> Result<Answer, LogError> {
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
+        loop {
+            let (reply, answer) = oneshot::channel();
+            let pending = Pending {
+                ask: ask.clone(),
+                min_epoch,
+                reply,
+            };
+            if self.inner.asks.send(pending).await.is_err() {
+                return Err(LogError::Cluster("the log's batcher stopped".into()));
+            }
+            let last = match timeout_at(until, answer).await {
+                Ok(Ok(Ok(answer))) => return Ok(answer),
+                Ok(Ok(Err(e))) => e,
+                Ok(Err(_)) => "the log's batcher stopped".to_string(),
+                Err(_) => "no answer from the sequencer".to_string(),
+            };
+            if !backoff.pause_before(until.into_std()).await {
+                return Err(LogError::Deadline { last });
+            }
+        }
+    }
+}
+
+/// A reader of one stream, in log order, from a position on (Tango's `readnext`).
+pub struct Stream {
+    log: Log,
+    id: StreamId,
+    /// Every entry of the stream below this has been found.
+    floor: u64,
+    /// Entries found and not yet returned.
+    ready: BTreeMap<u64, Vec<u8>>,
+}
+
+impl Stream {
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    /// Learns the stream's entries up to the tail (Tango's sync), reading back along the
+    /// backpointers in parallel; returns the tail.
+    pub async fn sync(&mut self) -> Result<u64, LogError> {
+        let log = &self.log;
+        let until = log.until();
+        let hole = Hole::FillAfter(log.inner.opts.hole_timeout);
+        let (mut sync, mut step) = Sync::new(self.id, log.inner.layout.backpointers, self.floor);
+        loop {
+            step = match step {
+                SyncStep::Ask(ask) => {
+                    sync.on_answer(log.ask(ask, sync.min_epoch(), until).await?)?
+                }
+                SyncStep::Read(positions) => {
+                    let reads = positions.iter().map(|&p| log.read_with(p, hole, until));
+                    let found = futures::future::try_join_all(reads).await?;
+                    sync.on_found(positions.into_iter().zip(found).collect())
+                }
+                SyncStep::Done { tail, entries } => {
+                    self.ready.extend(entries);
+                    self.floor = self.floor.max(tail);
+                    return Ok(tail);
+                }
+            }
+        }
+    }
+
+    /// The stream's next entry (position and payload), syncing when none is known; `None`
+    /// when the stream has no entry beyond the last one returned.
+    pub async fn readnext(&mut self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
+        if self.ready.is_empty() {
+            self.sync().await?;
+        }
+        Ok(self.ready.pop_first())
+    }
+}
+
+async fn region(cluster: &Cluster, name: &str) -> Result<RegionInfo, LogError> {
+    let ask = Request::Region { name: name.into() };
+    match cluster.ask_manager(&ask).await {
+        Ok(Response::Region(r)) if r.kind == REGION_KIND => Ok(*r),
+        Ok(Response::Region(r)) => Err(LogError::NotALog {
+            name: name.into(),
+            kind: r.kind,
+        }),
+        Ok(other) => Err(LogError::Cluster(format!("the manager answered {other:?}"))),
+        Err(RpcError::Remote {
+            code: ErrorCode::NotFound,
+            ..
+        }) => Err(LogError::NoSuchLog(name.into())),
+        Err(e) => Err(remote(e)),
+    }
+}
+
+/// Runs `tx` until it has an outcome or `until` passes. Every log minitransaction may run
+/// twice: the writes are fenced by compares that a second run fails harmlessly (and reads
+/// back why), the rest only read.
+pub(crate) async fn run(
+    cluster: &Cluster,
+    tx: &Minitx,
+    until: Instant,
+) -> Result<Outcome, LogError> {
+    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
+    loop {
+        let last = match timeout_at(until, cluster.exec_and_commit(tx)).await {
+            Ok(Ok(outcome)) => return Ok(outcome),
+            Ok(Err(
+                e
+                @ (ExecError::Invalid(_) | ExecError::UnknownNode(_) | ExecError::Rejected { .. }),
+            )) => return Err(LogError::Cluster(e.to_string())),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no outcome from the memory nodes".to_string(),
+        };
+        if !backoff.pause_before(until.into_std()).await {
+            return Err(LogError::Deadline { last });
+        }
+    }
+}
+
+/// Gathers the asks of every caller of one log into frames to the sequencer, at most
+/// `FRAMES_IN_FLIGHT` out at once, and hands each answer back. It finds the sequencer from
+/// the manager, and again after any error.
+async fn batch_asks(cluster: Cluster, log: String, mut asks: mpsc::Receiver<Pending>) {
+    let frames = Arc::new(Semaphore::new(FRAMES_IN_FLIGHT));
+    let conn: Arc<Mutex<Option<Arc<Connection>>>> = Arc::default();
+    while let Some(first) = asks.recv().await {
+        let Ok(permit) = frames.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < ASKS_PER_FRAME_MAX {
+            match asks.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let (cluster, log, conn) = (cluster.clone(), log.clone(), conn.clone());
+        tokio::spawn(async move {
+            let result = send_frame(&cluster, &log, &conn, &batch).await;
+            drop(permit);
+            match result {
+                Ok(answers) => {
+                    for (p, a) in batch.into_iter().zip(answers) {
+                        let _ = p.reply.send(Ok(a));
+                    }
+                }
+                Err(e) => {
+                    conn.lock().expect("connection slot poisoned").take();
+                    for p in batch {
+                        let _ = p.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
+    }
+}
+
+async fn send_frame(
+    cluster: &Cluster,
+    log: &str,
+    conn: &Mutex<Option<Arc<Connection>>>,
+    batch: &[Pending],
+) -> Result<Vec<Answer>, String> {
+    let cached = conn.lock().expect("connection slot poisoned").clone();
+    let c = match cached {
+        Some(c) if !c.is_closed() => c,
+        _ => {
+            let addr = match cluster.ask_manager(&Request::Sequencer).await {
+                Ok(Response::Sequencer(Some(addr))) => addr,
+                Ok(Response::Sequencer(None)) => return Err(LogError::NoSequencer.to_string()),
+                Ok(other) => return Err(format!("the manager answered {other:?}")),
+                Err(e) => return Err(e.to_string()),
+            };
+            let opts = cluster.options();
+            let c = Connection::connect(&addr, opts.frame_bytes_max, &opts.dialer)
+                .await
+                .map_err(|e| e.to_string())?;
+            let c = Arc::new(c);
+            *conn.lock().expect("connection slot poisoned") = Some(c.clone());
+            c
+        }
+    };
+    let req = Request::Sequence {
+        log: log.to_string(),
+        min_epoch: batch.iter().map(|p| p.min_epoch).max().unwrap_or(0),
+        asks: batch.iter().map(|p| p.ask.clone()).collect(),
+    };
+    match c.call(&req).await {
+        Ok(Response::Sequenced(answers)) if answers.len() == batch.len() => Ok(answers),
+        Ok(other) => Err(format!("the sequencer at {} answered {other:?}", c.addr())),
+        Err(e) => Err(e.to_string()),
+    }
+}

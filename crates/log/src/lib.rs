@@ -5,7 +5,7 @@
 //!
 //! The formats and every decision are sans-I/O (`append`, `read`, `stream`, `sequencer`,
 //! `takeover`), driven by the async client (`Log`, `Stream`) and the sequencer service
-//! (`service`, run by `tutti sequencer`) here, and by the simulator.
+//! (`server`, run by `tutti sequencer`, over `service`) here, and by the simulator.
 
 pub mod append;
 mod client;
@@ -15,6 +15,7 @@ pub mod layout;
 pub mod minitxs;
 pub mod read;
 pub mod sequencer;
+pub mod server;
 pub mod service;
 pub mod stream;
 pub mod takeover;

@@ -45,6 +45,7 @@ impl<T> Default for Actions<T> {
     }
 }
 
+#[derive(Debug)]
 pub struct Sequencer<T> {
     epoch: u64,
     next: u64,

@@ -1,336 +1,372 @@
-//! The sequencer service (`tutti sequencer`): the tokio driver of `Sequencer`. It records its
-//! address with the manager, then serves `Sequence` requests for every log of the cluster,
-//! one task per log. A log is taken over on the first request for it (and again when a
-//! client shows it a later epoch): take the epoch from the manager, seal, find the tail and
-//! the streams' last positions (`Takeover`), then grant positions within reservations it
-//! makes durable on the log's memory nodes.
+//! One log as the sequencer service serves it, sans-I/O: the frames of asks it is sent, the
+//! takeover that must come first (is this still the cluster's sequencer? take the next
+//! epoch from the manager, seal, find the tail, scan back; write the headers if the log's
+//! creator died before it could), then the sequencer in its epoch and its reservations.
+//! The tokio server (`server`) and the simulator drive it alike.
 
-use crate::client::{run, REGION_KIND};
-use crate::error::LogError;
+use crate::client::REGION_KIND;
 use crate::layout::LogLayout;
 use crate::minitxs;
-use crate::sequencer::{Reservation, Sequencer};
-use crate::takeover::{Step, TakenOver, Takeover, TakeoverError};
+use crate::sequencer::{Actions, Sequencer};
+use crate::takeover::{Step, Takeover, TakeoverError};
 use rustc_hash::FxHashMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio::time::Instant;
-use tutti_client::Cluster;
-use tutti_wire::{Answer, Ask, Backoff, ErrorCode, Replies, Request, Response};
+use std::collections::VecDeque;
+use tutti_client::{Minitx, Outcome};
+use tutti_wire::{Answer, Ask, ErrorCode, Request, Response};
 
-/// Frames queued for one log while it is taken over, at most; past that the connection
-/// waits.
-const FRAMES_QUEUED_MAX: usize = 1024;
-/// How long one takeover (seal, slow check, backward scan) may take before the frames
-/// waiting for it are answered with an error; the next frame starts another.
-const TAKEOVER_DEADLINE: Duration = Duration::from_secs(30);
+/// Rounds of asking the manager for an epoch that another taker keeps winning, before the
+/// waiting frames are refused.
+const TAKE_ROUNDS_MAX: u32 = 8;
 
-#[derive(Clone, Debug)]
-pub struct ServiceOptions {
-    /// Where clients reach this sequencer: recorded with the manager.
-    pub addr: String,
-    /// Positions per durable reservation (`LEASE_DEFAULT`).
-    pub lease: u64,
+/// A frame of asks, numbered by the service in arrival order.
+pub type FrameId = u64;
+
+/// What the driver does.
+#[derive(Debug)]
+pub enum Effect {
+    /// Send this to the manager; hand the reply (or the failure) to `on_manager`.
+    AskManager(Request),
+    /// Run this takeover step; hand its outcome to `on_outcome`. One at a time.
+    Run(Minitx),
+    /// Make a reservation (of `epoch`, up to `to`) durable: run `tx` until it has an outcome
+    /// (it may run twice) and hand `committed` to `on_reserved`. One at a time.
+    Reserve { tx: Minitx, epoch: u64, to: u64 },
+    /// Reply to the frame with one answer per ask.
+    Answer(FrameId, Vec<Answer>),
+    /// Reply to the frame with an error.
+    Refuse(FrameId, ErrorCode, String),
 }
 
-/// One `Sequence` request, waiting for its log's task.
-struct Frame {
-    id: u64,
-    replies: Replies,
-    min_epoch: u64,
-    asks: Vec<Ask>,
+#[derive(Debug)]
+enum State {
+    /// Not serving, nothing in flight.
+    Idle,
+    /// Is this still the cluster's sequencer?
+    CheckingSequencer,
+    /// The region, for its layout and epoch.
+    ReadingRegion,
+    /// Taking the epoch after `expect`.
+    Taking { expect: u64, layout: LogLayout },
+    /// Running the takeover's minitransactions at `epoch`.
+    Sealing {
+        layout: LogLayout,
+        takeover: Takeover,
+    },
+    /// Writing the headers of a log whose creator died before it could.
+    Creating { layout: LogLayout, epoch: u64 },
+    Serving {
+        layout: LogLayout,
+        epoch: u64,
+        seq: Sequencer<(FrameId, u32)>,
+    },
 }
 
-/// Records this sequencer with the manager and serves every log's requests on `listener`
-/// until `shutdown` completes.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    cluster: Cluster,
-    opts: ServiceOptions,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), LogError> {
-    let set = Request::SetSequencer {
-        addr: opts.addr.clone(),
-    };
-    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    while let Err(e) = cluster.ask_manager(&set).await {
-        tracing::warn!("recording this sequencer with the manager: {e}; retrying");
-        backoff.pause().await;
-    }
-    tracing::info!(addr = %opts.addr, "sequencer serving");
-    let logs: Arc<Mutex<FxHashMap<String, mpsc::Sender<Frame>>>> = Arc::default();
-    let frame_bytes_max = cluster.options().frame_bytes_max;
-    let handle = move |id: u64, req: Request, replies: Replies| {
-        let Request::Sequence {
-            log,
-            min_epoch,
-            asks,
-        } = req
-        else {
-            let _ = replies.send((
-                id,
-                Response::Error {
-                    code: ErrorCode::Unsupported,
-                    message: "a sequencer serves Sequence requests only".into(),
-                },
-            ));
-            return;
-        };
-        let frame = Frame {
-            id,
-            replies,
-            min_epoch,
-            asks,
-        };
-        let mut logs = logs.lock().expect("logs poisoned");
-        let task = logs.entry(log.clone()).or_insert_with(|| {
-            let (tx, rx) = mpsc::channel(FRAMES_QUEUED_MAX);
-            tokio::spawn(serve_log(cluster.clone(), opts.clone(), log, rx));
-            tx
-        });
-        if let Err(mpsc::error::TrySendError::Full(frame)) = task.try_send(frame) {
-            let task = task.clone();
-            tokio::spawn(async move { task.send(frame).await });
-        }
-    };
-    tokio::select! {
-        _ = tutti_wire::serve(listener, frame_bytes_max, handle) => {}
-        _ = shutdown => {}
-    }
-    Ok(())
-}
-
-/// A log's sequencer in its epoch.
-struct Serving {
-    layout: LogLayout,
-    seq: Sequencer<(u64, u32)>,
-    epoch: u64,
-}
-
-/// The reservation in flight: its end, and whether it became durable.
-type Reserving = std::pin::Pin<Box<dyn Future<Output = (u64, bool)> + Send>>;
-
-/// A frame waiting for some of its answers (grants wait for a reservation).
+/// A frame whose answers are not all in.
 struct Unanswered {
-    id: u64,
-    replies: Replies,
     answers: Vec<Option<Answer>>,
     left: usize,
 }
 
-/// One log's task: takes the log over when needed, feeds its frames to the sequencer and
-/// makes its reservations durable, one at a time.
-async fn serve_log(
-    cluster: Cluster,
-    opts: ServiceOptions,
+pub struct LogService {
     name: String,
-    mut frames: mpsc::Receiver<Frame>,
-) {
-    let mut serving: Option<Serving> = None;
-    let mut unanswered: FxHashMap<u64, Unanswered> = FxHashMap::default();
-    let mut next_frame: u64 = 0;
-    let mut reserving: Option<Reserving> = None;
-    loop {
-        let acts = tokio::select! {
-            frame = frames.recv() => {
-                let Some(frame) = frame else { return };
-                if serving.as_ref().is_none_or(|s| s.epoch < frame.min_epoch) {
-                    reserving = None;
-                    let sealed = serving.take().map(|mut s| s.seq.on_sealed());
-                    if let Some(acts) = sealed {
-                        answer(&mut unanswered, acts.answers);
+    /// This sequencer's address, as the manager should name it.
+    addr: String,
+    lease: u64,
+    state: State,
+    next_frame: FrameId,
+    /// Frames waiting for a takeover, with the epoch each showed.
+    waiting: VecDeque<(FrameId, u64, Vec<Ask>)>,
+    unanswered: FxHashMap<FrameId, Unanswered>,
+    take_rounds: u32,
+}
+
+impl LogService {
+    pub fn new(name: String, addr: String, lease: u64) -> LogService {
+        LogService {
+            name,
+            addr,
+            lease,
+            state: State::Idle,
+            next_frame: 0,
+            waiting: VecDeque::new(),
+            unanswered: FxHashMap::default(),
+            take_rounds: 0,
+        }
+    }
+
+    /// The epoch served, if the log is taken over.
+    pub fn epoch(&self) -> Option<u64> {
+        match &self.state {
+            State::Serving { epoch, .. } => Some(*epoch),
+            _ => None,
+        }
+    }
+
+    /// A frame of asks from a client that saw the log at `min_epoch`.
+    pub fn on_frame(&mut self, min_epoch: u64, asks: Vec<Ask>) -> (FrameId, Vec<Effect>) {
+        let frame = self.next_frame;
+        self.next_frame += 1;
+        let mut effects = Vec::new();
+        if asks.is_empty() {
+            effects.push(Effect::Answer(frame, vec![]));
+        } else {
+            self.serve(frame, min_epoch, asks, &mut effects);
+        }
+        (frame, effects)
+    }
+
+    fn serve(&mut self, frame: FrameId, min_epoch: u64, asks: Vec<Ask>, effects: &mut Vec<Effect>) {
+        if let State::Serving { epoch, seq, .. } = &mut self.state {
+            if min_epoch <= *epoch {
+                let acts = on_asks(seq, &mut self.unanswered, frame, asks);
+                self.apply(acts, effects);
+                return;
+            }
+            // A later epoch was sealed by someone else: this sequencer's is over.
+            let acts = seq.on_sealed();
+            self.apply(acts, effects);
+            self.state = State::Idle;
+        }
+        self.waiting.push_back((frame, min_epoch, asks));
+        if matches!(self.state, State::Idle) {
+            self.take_rounds = 0;
+            effects.push(self.check_sequencer());
+        }
+    }
+
+    fn check_sequencer(&mut self) -> Effect {
+        self.state = State::CheckingSequencer;
+        Effect::AskManager(Request::Sequencer)
+    }
+
+    /// The manager's reply to the last `AskManager`, or why there is none.
+    pub fn on_manager(&mut self, reply: Result<Response, (ErrorCode, String)>) -> Vec<Effect> {
+        let resp = match reply {
+            Ok(resp) => resp,
+            Err((code, message)) => return self.refuse_waiting(code, message),
+        };
+        match (std::mem::replace(&mut self.state, State::Idle), resp) {
+            (State::CheckingSequencer, Response::Sequencer(Some(addr))) if addr == self.addr => {
+                self.state = State::ReadingRegion;
+                vec![Effect::AskManager(Request::Region {
+                    name: self.name.clone(),
+                })]
+            }
+            (State::CheckingSequencer, Response::Sequencer(other)) => {
+                let message = format!(
+                    "this sequencer ({}) was replaced: the manager names {other:?}",
+                    self.addr
+                );
+                self.refuse_waiting(ErrorCode::Conflict, message)
+            }
+            (State::ReadingRegion, Response::Region(r)) if r.kind == REGION_KIND => {
+                match LogLayout::from_region(r.nodes, &r.params) {
+                    Ok(layout) => {
+                        self.state = State::Taking {
+                            expect: r.epoch,
+                            layout,
+                        };
+                        vec![Effect::AskManager(Request::TakeRegion {
+                            name: self.name.clone(),
+                            expect: r.epoch,
+                            holder: self.addr.clone(),
+                        })]
                     }
-                    match take_over(&cluster, &opts, &name).await {
-                        Ok((s, r)) => {
-                            tracing::info!(log = %name, epoch = s.epoch, from = r.from, "took the log over");
-                            reserving = Some(Box::pin(reserve(cluster.clone(), s.layout.clone(), r)));
-                            serving = Some(s);
-                        }
-                        Err((code, message)) => {
-                            tracing::warn!(log = %name, "taking the log over: {message}");
-                            let _ = frame.replies.send((frame.id, Response::Error { code, message }));
-                            continue;
-                        }
-                    }
-                }
-                let s = serving.as_mut().expect("taken over");
-                let number = next_frame;
-                next_frame += 1;
-                unanswered.insert(number, Unanswered {
-                    id: frame.id,
-                    replies: frame.replies,
-                    answers: vec![None; frame.asks.len()],
-                    left: frame.asks.len(),
-                });
-                s.seq.on_asks(frame.asks.into_iter().enumerate().map(|(i, a)| ((number, i as u32), a)))
-            }
-            (to, durable) = async { reserving.as_mut().expect("guarded").await }, if reserving.is_some() => {
-                reserving = None;
-                let s = serving.as_mut().expect("a reservation belongs to a serving sequencer");
-                if durable {
-                    s.seq.on_reserved(to)
-                } else {
-                    tracing::warn!(log = %name, epoch = s.epoch, "sealed by a successor");
-                    s.seq.on_sealed()
+                    Err(e) => self.refuse_waiting(ErrorCode::BadRequest, e.to_string()),
                 }
             }
-        };
-        if let (Some(r), Some(s)) = (acts.reserve, serving.as_ref()) {
-            reserving = Some(Box::pin(reserve(cluster.clone(), s.layout.clone(), r)));
-        }
-        answer(&mut unanswered, acts.answers);
-    }
-}
-
-fn answer(unanswered: &mut FxHashMap<u64, Unanswered>, answers: Vec<((u64, u32), Answer)>) {
-    for ((number, i), a) in answers {
-        let Some(u) = unanswered.get_mut(&number) else {
-            continue;
-        };
-        u.answers[i as usize] = Some(a);
-        u.left -= 1;
-        if u.left == 0 {
-            let u = unanswered.remove(&number).expect("present");
-            let answers = u
-                .answers
-                .into_iter()
-                .map(|a| a.expect("answered"))
-                .collect();
-            let _ = u.replies.send((u.id, Response::Sequenced(answers)));
-        }
-    }
-}
-
-/// Makes `r` durable: its end and true once it is, false if the log's epoch moved on.
-/// Retries while the nodes do not answer: the minitransaction may run twice.
-async fn reserve(cluster: Cluster, layout: LogLayout, r: Reservation) -> (u64, bool) {
-    let tx = minitxs::reserve(&layout, &r);
-    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
-    loop {
-        let until = Instant::now() + Duration::from_secs(10);
-        match run(&cluster, &tx, until).await {
-            Ok(outcome) => return (r.to, outcome.committed),
-            Err(e) => {
-                tracing::warn!(epoch = r.epoch, to = r.to, "reservation: {e}; retrying");
-                backoff.pause().await;
+            (State::ReadingRegion, Response::Region(r)) => {
+                let message = format!("region {:?} is a {}, not a log", self.name, r.kind);
+                self.refuse_waiting(ErrorCode::BadRequest, message)
             }
-        }
-    }
-}
-
-/// Takes `name` over: checks that this is still the cluster's sequencer, takes the next
-/// epoch from the manager, seals and scans. Errors are the code and message to answer with.
-async fn take_over(
-    cluster: &Cluster,
-    opts: &ServiceOptions,
-    name: &str,
-) -> Result<(Serving, Reservation), (ErrorCode, String)> {
-    let until = Instant::now() + TAKEOVER_DEADLINE;
-    let manager = |e: tutti_wire::RpcError| (ErrorCode::NotReady, e.to_string());
-    loop {
-        match cluster
-            .ask_manager(&Request::Sequencer)
-            .await
-            .map_err(manager)?
-        {
-            Response::Sequencer(Some(addr)) if addr == opts.addr => {}
-            other => {
-                return Err((
-                    ErrorCode::Conflict,
-                    format!(
-                        "this sequencer ({}) was replaced: the manager names {other:?}",
-                        opts.addr
-                    ),
-                ))
-            }
-        }
-        let region = match cluster
-            .ask_manager(&Request::Region { name: name.into() })
-            .await
-        {
-            Ok(Response::Region(r)) if r.kind == REGION_KIND => r,
-            Ok(Response::Region(r)) => {
-                return Err((
-                    ErrorCode::BadRequest,
-                    format!("region {name:?} is a {}, not a log", r.kind),
-                ))
-            }
-            Ok(other) => {
-                return Err((
-                    ErrorCode::NotReady,
-                    format!("the manager answered {other:?}"),
-                ))
-            }
-            Err(tutti_wire::RpcError::Remote { code, message, .. }) => return Err((code, message)),
-            Err(e) => return Err(manager(e)),
-        };
-        let layout = LogLayout::from_region(region.nodes.clone(), &region.params)
-            .map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
-        let take = Request::TakeRegion {
-            name: name.into(),
-            expect: region.epoch,
-            holder: opts.addr.clone(),
-        };
-        let epoch = match cluster.ask_manager(&take).await.map_err(manager)? {
-            Response::Region(r)
-                if r.epoch == region.epoch + 1 && r.holder.as_deref() == Some(&opts.addr) =>
+            (State::Taking { expect, layout }, Response::Region(r))
+                if r.epoch == expect + 1 && r.holder.as_deref() == Some(&self.addr) =>
             {
-                r.epoch
+                let (takeover, seal) = Takeover::start(&layout, r.epoch);
+                self.state = State::Sealing { layout, takeover };
+                vec![Effect::Run(seal)]
             }
-            // Another taker got this epoch: start again from the region as it is now.
-            Response::Region(_) => continue,
-            other => {
-                return Err((
-                    ErrorCode::NotReady,
-                    format!("the manager answered {other:?}"),
-                ))
+            // Another taker got that epoch: start again from the region as it is now.
+            (State::Taking { .. }, Response::Region(_)) => self.again(),
+            (_, other) => {
+                let message = format!("the manager answered {other:?}");
+                self.refuse_waiting(ErrorCode::NotReady, message)
             }
-        };
-        match seal_and_scan(cluster, &layout, epoch, until).await {
-            Ok(t) => {
-                let (seq, r) =
-                    Sequencer::start(t.epoch, t.tail, layout.backpointers, opts.lease, t.history);
-                return Ok((Serving { layout, seq, epoch }, r));
-            }
-            Err(Ok(TakeoverError::Superseded(_))) => continue,
-            Err(Ok(e)) => return Err((ErrorCode::BadRequest, e.to_string())),
-            Err(Err(e)) => return Err((ErrorCode::NotReady, e.to_string())),
         }
+    }
+
+    /// Another round of taking an epoch, or the end of trying.
+    fn again(&mut self) -> Vec<Effect> {
+        self.take_rounds += 1;
+        if self.take_rounds > TAKE_ROUNDS_MAX {
+            let message = format!("lost the log's epoch to other takers {TAKE_ROUNDS_MAX} times");
+            return self.refuse_waiting(ErrorCode::Conflict, message);
+        }
+        vec![self.check_sequencer()]
+    }
+
+    /// The outcome of the last `Run`, or why there is none (the deadline passed).
+    pub fn on_outcome(&mut self, outcome: Result<Outcome, String>) -> Vec<Effect> {
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(why) => return self.refuse_waiting(ErrorCode::NotReady, why),
+        };
+        match std::mem::replace(&mut self.state, State::Idle) {
+            State::Sealing {
+                layout,
+                mut takeover,
+            } => match takeover.on_outcome(&outcome) {
+                Ok(Step::Run(tx)) => {
+                    self.state = State::Sealing { layout, takeover };
+                    vec![Effect::Run(tx)]
+                }
+                Ok(Step::Done(t)) => {
+                    let (seq, r) = Sequencer::start(
+                        t.epoch,
+                        t.tail,
+                        layout.backpointers,
+                        self.lease,
+                        t.history,
+                    );
+                    let mut effects = vec![Effect::Reserve {
+                        tx: minitxs::reserve(&layout, &r),
+                        epoch: r.epoch,
+                        to: r.to,
+                    }];
+                    self.state = State::Serving {
+                        layout,
+                        epoch: t.epoch,
+                        seq,
+                    };
+                    for (frame, min_epoch, asks) in std::mem::take(&mut self.waiting) {
+                        self.serve(frame, min_epoch, asks, &mut effects);
+                    }
+                    effects
+                }
+                Err(TakeoverError::NotALog(0)) => {
+                    let epoch = takeover.epoch();
+                    let create = minitxs::create(&layout);
+                    self.state = State::Creating { layout, epoch };
+                    vec![Effect::Run(create)]
+                }
+                Err(TakeoverError::Superseded(_)) => self.again(),
+                Err(e) => self.refuse_waiting(ErrorCode::BadRequest, e.to_string()),
+            },
+            State::Creating { layout, epoch } => {
+                let (takeover, seal) = Takeover::start(&layout, epoch);
+                self.state = State::Sealing { layout, takeover };
+                vec![Effect::Run(seal)]
+            }
+            other => {
+                self.state = other;
+                vec![]
+            }
+        }
+    }
+
+    /// Whether the `Reserve` of `epoch` up to `to` committed (false: the log's epoch moved
+    /// on). One of an epoch no longer served is ignored.
+    pub fn on_reserved(&mut self, epoch: u64, to: u64, committed: bool) -> Vec<Effect> {
+        let State::Serving {
+            seq, epoch: now, ..
+        } = &mut self.state
+        else {
+            return vec![];
+        };
+        if *now != epoch {
+            return vec![];
+        }
+        let acts = if committed {
+            seq.on_reserved(to)
+        } else {
+            seq.on_sealed()
+        };
+        let mut effects = Vec::new();
+        self.apply(acts, &mut effects);
+        effects
+    }
+
+    fn apply(&mut self, acts: Actions<(FrameId, u32)>, effects: &mut Vec<Effect>) {
+        if let (Some(r), State::Serving { layout, .. }) = (acts.reserve, &self.state) {
+            effects.push(Effect::Reserve {
+                tx: minitxs::reserve(layout, &r),
+                epoch: r.epoch,
+                to: r.to,
+            });
+        }
+        for ((frame, i), answer) in acts.answers {
+            let Some(u) = self.unanswered.get_mut(&frame) else {
+                continue;
+            };
+            u.answers[i as usize] = Some(answer);
+            u.left -= 1;
+            if u.left == 0 {
+                let u = self.unanswered.remove(&frame).expect("present");
+                let answers = u
+                    .answers
+                    .into_iter()
+                    .map(|a| a.expect("answered"))
+                    .collect();
+                effects.push(Effect::Answer(frame, answers));
+            }
+        }
+    }
+
+    fn refuse_waiting(&mut self, code: ErrorCode, message: String) -> Vec<Effect> {
+        self.state = State::Idle;
+        (self.waiting.drain(..))
+            .map(|(frame, ..)| Effect::Refuse(frame, code, message.clone()))
+            .collect()
     }
 }
 
-/// Runs a takeover at `epoch`, writing the log's headers first if its creator died before
-/// it could (a region whose magic is still zero).
-async fn seal_and_scan(
-    cluster: &Cluster,
-    layout: &LogLayout,
-    epoch: u64,
-    until: Instant,
-) -> Result<TakenOver, Result<TakeoverError, LogError>> {
-    loop {
-        let (mut takeover, tx) = Takeover::start(layout, epoch);
-        let mut step = Step::Run(tx);
-        let result = loop {
-            match step {
-                Step::Run(tx) => {
-                    let outcome = run(cluster, &tx, until).await.map_err(Err)?;
-                    match takeover.on_outcome(&outcome) {
-                        Ok(next) => step = next,
-                        Err(e) => break Err(e),
-                    }
-                }
-                Step::Done(t) => break Ok(t),
-            }
-        };
-        match result {
-            Err(TakeoverError::NotALog(0)) => {
-                run(cluster, &minitxs::create(layout), until)
-                    .await
-                    .map_err(Err)?;
-            }
-            other => return other.map_err(Ok),
-        }
+/// Feeds a frame's asks to the sequencer, numbering each by its frame and place.
+fn on_asks(
+    seq: &mut Sequencer<(FrameId, u32)>,
+    unanswered: &mut FxHashMap<FrameId, Unanswered>,
+    frame: FrameId,
+    asks: Vec<Ask>,
+) -> Actions<(FrameId, u32)> {
+    unanswered.insert(
+        frame,
+        Unanswered {
+            answers: vec![None; asks.len()],
+            left: asks.len(),
+        },
+    );
+    seq.on_asks((asks.into_iter().enumerate()).map(|(i, a)| ((frame, i as u32), a)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replaced_sequencer_refuses_and_takes_no_epoch() {
+        let mut s = LogService::new("events".into(), "127.0.0.1:1".into(), 16);
+        let (frame, effects) = s.on_frame(0, vec![Ask::Tail { streams: vec![] }]);
+        assert!(matches!(
+            effects[..],
+            [Effect::AskManager(Request::Sequencer)]
+        ));
+        let (second, effects) = s.on_frame(0, vec![Ask::Tail { streams: vec![] }]);
+        assert!(effects.is_empty(), "one takeover at a time");
+        let effects = s.on_manager(Ok(Response::Sequencer(Some("127.0.0.1:2".into()))));
+        let refused: Vec<FrameId> = effects
+            .iter()
+            .map(|e| match e {
+                Effect::Refuse(f, ErrorCode::Conflict, _) => *f,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(refused, vec![frame, second]);
+        assert_eq!(s.epoch(), None);
+    }
+
+    #[test]
+    fn an_empty_frame_is_answered_at_once() {
+        let mut s = LogService::new("events".into(), "127.0.0.1:1".into(), 16);
+        let (frame, effects) = s.on_frame(0, vec![]);
+        assert!(matches!(&effects[..], [Effect::Answer(f, a)] if *f == frame && a.is_empty()));
     }
 }

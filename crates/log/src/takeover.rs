@@ -153,6 +153,11 @@ impl Takeover {
         (t, minitxs::seal(layout, epoch))
     }
 
+    /// The epoch this takeover seals at.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     pub fn on_outcome(&mut self, outcome: &Outcome) -> Result<Step<TakenOver>, TakeoverError> {
         match &mut self.phase {
             Phase::Seal => {

@@ -3,7 +3,7 @@
 use super::args::{shutdown_signal, ClusterArg};
 use clap::Args;
 use tutti_log::sequencer::LEASE_DEFAULT;
-use tutti_log::service::{serve, ServiceOptions};
+use tutti_log::server::{serve, ServiceOptions};
 use tutti_wire::Dialer;
 
 #[derive(Args)]

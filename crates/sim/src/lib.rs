@@ -10,9 +10,13 @@
 //! between the state machines, and the workload checks the result against its model.
 
 mod client;
+mod coordinators;
+pub mod log;
+mod log_client;
 mod manager;
 mod msg;
 mod node;
+mod sequencer;
 pub mod world;
 
 pub use tutti_workload::Violation;
@@ -201,6 +205,7 @@ fn snapshot(world: &World, dir: &Directory, bank: &Bank) -> Vec<Vec<u8>> {
 }
 
 /// The command that replays a seed.
-pub fn reproduce_command(seed: u64) -> String {
-    format!("cargo run --release -p tutti -- sim --seeds 1 --from {seed}")
+pub fn reproduce_command(seed: u64, log: bool) -> String {
+    let workload = if log { " --workload log" } else { "" };
+    format!("cargo run --release -p tutti -- sim --seeds 1 --from {seed}{workload}")
 }

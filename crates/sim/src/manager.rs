@@ -30,8 +30,22 @@ pub(crate) struct SimManager {
 
 impl SimManager {
     pub(crate) fn new(dir: Rc<Directory>, epoch_interval_us: u64) -> SimManager {
+        SimManager::with_state(
+            dir,
+            epoch_interval_us,
+            ManagerState::new(Persisted::fresh(), 1),
+        )
+    }
+
+    /// A manager that knows the nodes already (`tutti up` registers them before anything
+    /// else happens): regions are allocated from their spaces.
+    pub(crate) fn with_state(
+        dir: Rc<Directory>,
+        epoch_interval_us: u64,
+        state: ManagerState,
+    ) -> SimManager {
         SimManager {
-            state: ManagerState::new(Persisted::fresh(), 1),
+            state,
             dir,
             epoch_interval_us,
             recoveries: BTreeMap::new(),
@@ -90,6 +104,12 @@ impl Process for SimManager {
                         msg::send_one_way(ctx, self.dir.node(q), decision);
                     }
                     self.state.recovery_done(recovery.batch());
+                }
+            }
+            // Regions and the sequencer's address, for the layers above the core.
+            Msg::Req { id, req } => {
+                if let Some((resp, _written)) = self.state.region_request(req) {
+                    ctx.send(from, Msg::Resp { id, resp });
                 }
             }
             _ => {}

@@ -10,12 +10,30 @@ pub(crate) struct SimArgs {
     /// The first seed.
     #[arg(long, default_value_t = 0)]
     from: u64,
+    /// What to simulate: `bank` (minitransactions: transfers and audits under recovery) or
+    /// `log` (the shared log: appenders and stream readers, the sequencer crashing).
+    #[arg(long, value_enum, default_value_t = SimWorkload::Bank)]
+    workload: SimWorkload,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq, Debug)]
+pub(crate) enum SimWorkload {
+    Bank,
+    Log,
+}
+
+impl SimWorkload {
+    fn run(self, seed: u64) -> tutti_sim::Report {
+        match self {
+            SimWorkload::Bank => tutti_sim::run(seed, &tutti_sim::SimConfig::default()),
+            SimWorkload::Log => tutti_sim::log::run(seed, &tutti_sim::log::LogSimConfig::default()),
+        }
+    }
 }
 
 pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
-    let cfg = tutti_sim::SimConfig::default();
     let started = std::time::Instant::now();
     let bar = indicatif::ProgressBar::new(a.seeds);
     bar.set_style(
@@ -41,7 +59,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
                     return;
                 }
                 let seed = a.from + i;
-                let report = tutti_sim::run(seed, &cfg);
+                let report = a.workload.run(seed);
                 for (total, n) in totals.iter().zip([
                     report.committed,
                     report.unknown,
@@ -67,7 +85,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     });
     bar.finish();
     if a.seeds == 1 {
-        let (first, second) = (tutti_sim::run(a.from, &cfg), tutti_sim::run(a.from, &cfg));
+        let (first, second) = (a.workload.run(a.from), a.workload.run(a.from));
         let same = (first.trace_hash, first.events) == (second.trace_hash, second.events);
         println!(
             "seed {}: {} events, trace {:016x}, replayed identically: {same}",
@@ -78,16 +96,20 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
     println!(
-        "{} seeds from {} in {:.1} s: {} failing; {committed} minitransactions committed, {unknown} with unknown outcome, {node_crashes} memory node crashes, {coordinator_crashes} coordinator crashes",
+        "{} seeds from {} in {:.1} s: {} failing; {committed} {} committed, {unknown} with unknown outcome, {node_crashes} crashes of faulty processes, {coordinator_crashes} coordinator crashes",
         a.seeds,
         a.from,
         started.elapsed().as_secs_f64(),
-        failures.len()
+        failures.len(),
+        match a.workload {
+            SimWorkload::Bank => "minitransactions",
+            SimWorkload::Log => "appends",
+        }
     );
     for (seed, text) in &failures {
         println!(
             "seed {seed}: {text}\n  reproduce: {}",
-            tutti_sim::reproduce_command(*seed)
+            tutti_sim::reproduce_command(*seed, a.workload == SimWorkload::Log)
         );
     }
     if failures.is_empty() {

@@ -1,0 +1,212 @@
+//! A simulated run of the shared log: memory nodes and the manager as they are, the
+//! sequencer (crashing and restarting) and log clients (appenders on random streams, one
+//! reader per stream), then the checks: every acknowledged append is at its position, no two
+//! appends share one, and each reader's stream held exactly the stream's appends, in log
+//! order, once each.
+
+use crate::log_client::{LogHistory, Role, SimLogClient, STREAMS};
+use crate::manager::SimManager;
+use crate::msg::Directory;
+use crate::node::SimNode;
+use crate::sequencer::SimSequencer;
+use crate::world::{Addr, Faults, World};
+use crate::Report;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+use tutti_log::{Content, Entry, LogLayout};
+use tutti_manager::{ManagerState, Persisted};
+use tutti_wire::{Request, Response};
+use tutti_workload::Violation;
+
+const LOG: &str = "sim-log";
+const SPACE_BYTES: u64 = 64 << 10;
+const SLOT_BYTES: u32 = 256;
+const SLOTS_PER_NODE: u64 = 96;
+
+#[derive(Clone, Debug)]
+pub struct LogSimConfig {
+    pub nodes: u16,
+    pub appenders: usize,
+    pub appends_per_appender: usize,
+    pub backpointers: u8,
+    /// Positions per reservation: small, so that reservations are frequent.
+    pub lease: u64,
+    pub hole_timeout_us: u64,
+    pub faults: Faults,
+}
+
+impl Default for LogSimConfig {
+    fn default() -> Self {
+        LogSimConfig {
+            nodes: 3,
+            appenders: 3,
+            appends_per_appender: 12,
+            backpointers: 2,
+            lease: 8,
+            hole_timeout_us: 20_000,
+            faults: crate::SimConfig::default().faults,
+        }
+    }
+}
+
+/// The manager with the nodes registered and the log's region allocated, and the log's
+/// layout; the region's headers go into the images.
+fn set_up(cfg: &LogSimConfig) -> (ManagerState, LogLayout, Vec<Vec<u8>>) {
+    let mut state = ManagerState::new(Persisted::fresh(), 1);
+    for id in 1..=cfg.nodes {
+        let _ = state.register(0, id, format!("sim-node-{id}"), SPACE_BYTES, true, false);
+    }
+    let mut layout = LogLayout {
+        nodes: vec![],
+        slot_bytes: SLOT_BYTES,
+        slots_per_node: SLOTS_PER_NODE,
+        backpointers: cfg.backpointers,
+    };
+    let create = Request::CreateRegion {
+        name: LOG.into(),
+        kind: tutti_log::REGION_KIND.into(),
+        nodes: (1..=cfg.nodes).collect(),
+        bytes_per_node: layout.region_bytes(),
+        params: layout.layout_word(),
+    };
+    let Some((Response::Region(region), _)) = state.region_request(create) else {
+        panic!("the simulated log's region is allocated");
+    };
+    layout.nodes = region.nodes;
+    let mut images = vec![vec![0u8; SPACE_BYTES as usize]; usize::from(cfg.nodes)];
+    for (node, item) in tutti_log::minitxs::create(&layout).items() {
+        if let tutti_wire::Item::Write { addr, bytes } = item {
+            let at = *addr as usize;
+            images[usize::from(*node) - 1][at..at + bytes.len()].copy_from_slice(bytes);
+        }
+    }
+    (state, layout, images)
+}
+
+pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
+    let mut world = World::new(seed, cfg.faults.clone());
+    let dir = Rc::new(Directory {
+        nodes: (0..u32::from(cfg.nodes)).map(Addr).collect(),
+        manager: Addr(u32::from(cfg.nodes)),
+    });
+    let (state, layout, images) = set_up(cfg);
+    let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
+    for (id, image) in (1..=cfg.nodes).zip(images) {
+        let node = SimNode::new(id, image, dir.clone(), no_check.clone());
+        assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
+    }
+    let manager = SimManager::with_state(dir.clone(), 400_000, state);
+    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
+    let sequencer = SimSequencer::new(LOG, cfg.lease, dir.clone());
+    let sequencer = world.spawn(Box::new(sequencer), true);
+    let history = Rc::new(RefCell::new(LogHistory {
+        appenders: cfg.appenders,
+        ..LogHistory::default()
+    }));
+    let roles = (0..cfg.appenders)
+        .map(|_| Role::Appender {
+            appends: cfg.appends_per_appender,
+        })
+        .chain(STREAMS.iter().map(|&stream| Role::Reader { stream }));
+    for (i, role) in roles.enumerate() {
+        let client = SimLogClient::new(
+            i as u64,
+            role,
+            LOG,
+            layout.clone(),
+            Duration::from_micros(cfg.hole_timeout_us),
+            dir.clone(),
+            sequencer,
+            history.clone(),
+        );
+        world.spawn(Box::new(client), true);
+    }
+    for i in 0..world.next_addr().0 {
+        world.start(Addr(i));
+    }
+    world.run();
+    let mut violations = world.violations().to_vec();
+    let h = history.borrow();
+    if world.settled() {
+        let slot = |p: u64| -> Option<Entry> {
+            let s = layout.slot(p);
+            let space = world.process::<SimNode>(dir.node(s.node)).space()?;
+            let bytes = space.read(s.addr, u64::from(layout.slot_bytes));
+            Entry::decode(p, bytes, layout.backpointers, layout.slot_bytes).ok()?
+        };
+        violations.extend(check(&h, slot));
+    } else {
+        let detail = format!(
+            "not settled {} µs after faults stopped: {}",
+            world.now_us().saturating_sub(cfg.faults.faults_until_us),
+            world.unsettled().join("; ")
+        );
+        violations.push(Violation::new("liveness", detail));
+    }
+    Report {
+        seed,
+        trace_hash: world.trace_hash(),
+        events: world.events(),
+        end_us: world.now_us(),
+        committed: h.acked.len() as u64,
+        aborted_compare: 0,
+        unknown: h.maybe.len() as u64,
+        node_crashes: world.counter("crashes"),
+        coordinator_crashes: 0,
+        batched_decisions: world.counter("batched_decisions"),
+        commits_with_lsns: world.counter("commits_with_lsns"),
+        violations,
+    }
+}
+
+/// The checks of a settled run, given what each position's slot holds at the end.
+fn check(h: &LogHistory, slot: impl Fn(u64) -> Option<Entry>) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let mut at: BTreeMap<u64, &Vec<u8>> = BTreeMap::new();
+    for (p, streams, payload) in &h.acked {
+        if at.insert(*p, payload).is_some() {
+            let why = format!("two acknowledged appends at position {p}");
+            violations.push(Violation::new("write-once", why));
+        }
+        let held = slot(*p).and_then(|e| match e.content {
+            Content::Data { streams, payload } => Some((
+                streams.into_iter().map(|s| s.stream).collect::<Vec<_>>(),
+                payload,
+            )),
+            Content::Junk => None,
+        });
+        if held.as_ref() != Some(&(streams.clone(), payload.clone())) {
+            let why = format!("the append acknowledged at {p} is not there: {held:?}");
+            violations.push(Violation::new("lost append", why));
+        }
+    }
+    for (reader, (stream, delivered)) in &h.delivered {
+        let positions: Vec<u64> = delivered.iter().map(|(p, _)| *p).collect();
+        if positions.windows(2).any(|w| w[0] >= w[1]) {
+            let why = format!("reader {reader} of stream {stream}: {positions:?} not in log order");
+            violations.push(Violation::new("stream order", why));
+        }
+        let expected: BTreeMap<u64, &Vec<u8>> = (h.acked.iter())
+            .filter(|(_, streams, _)| streams.contains(stream))
+            .map(|(p, _, payload)| (*p, payload))
+            .collect();
+        let got: BTreeMap<u64, &Vec<u8>> = delivered.iter().map(|(p, d)| (*p, d)).collect();
+        for (p, payload) in &expected {
+            if got.get(p) != Some(payload) {
+                let why = format!("reader {reader} of stream {stream} missed the append at {p}");
+                violations.push(Violation::new("stream", why));
+            }
+        }
+        for (p, payload) in &got {
+            let maybe = (h.maybe.iter()).any(|(s, m)| s.contains(stream) && m == *payload);
+            if expected.get(p) != Some(payload) && !maybe {
+                let why =
+                    format!("reader {reader} of stream {stream} read {p}, never appended to it");
+                violations.push(Violation::new("stream", why));
+            }
+        }
+    }
+    violations
+}

@@ -1,0 +1,445 @@
+//! A simulated client of the shared log: an appender (appends to random streams) or a
+//! reader (one stream, `readnext` in a loop), running the log's real sans-I/O steps
+//! (`Append`, `ReadAt` with the hole timeout, `Sync`) over the simulated network, against
+//! the simulated sequencer and memory nodes. What it saw goes to the shared `LogHistory`,
+//! which checks it once the run settles.
+
+use crate::coordinators::{CoordinatorTimer, Coordinators, Finished, Handle};
+use crate::msg::{self, Directory, Msg};
+use crate::world::{Addr, Ctx, Message, Process, Timer};
+use rand::Rng;
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+use tutti_client::Minitx;
+use tutti_log::{
+    Append, AppendStep, Found, Hole, LogLayout, ReadAt, ReadStep, StreamId, Sync, SyncStep,
+};
+use tutti_wire::{Answer, Ask, Request, Response};
+
+/// A lost ask to the sequencer is sent again after this long.
+const ASK_TIMEOUT_US: u64 = 40_000;
+/// A reader's pause between two syncs.
+const SYNC_PAUSE_US: u64 = 5_000;
+/// The streams appenders pick from.
+pub(crate) const STREAMS: [StreamId; 3] = [1, 2, 3];
+
+/// A stream and the entries (position, payload) a reader read from it.
+pub(crate) type Delivered = (StreamId, Vec<(u64, Vec<u8>)>);
+
+/// What every client saw, for the checks at the end.
+#[derive(Default)]
+pub(crate) struct LogHistory {
+    /// Acknowledged appends: position, streams, payload.
+    pub(crate) acked: Vec<(u64, Vec<StreamId>, Vec<u8>)>,
+    /// Appends whose outcome is unknown (their client crashed): streams, payload.
+    pub(crate) maybe: Vec<(Vec<StreamId>, Vec<u8>)>,
+    /// What each reader's `readnext` returned since its last restart: (stream, entries).
+    pub(crate) delivered: BTreeMap<u64, Delivered>,
+    pub(crate) appenders_done: usize,
+    pub(crate) appenders: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Target {
+    Append,
+    Sync,
+    Read(u64),
+}
+
+#[derive(Debug)]
+enum ClientTimer {
+    AskTimeout(u64),
+    HoleWait(u64),
+    NextSync,
+}
+
+enum Task {
+    Append {
+        append: Append,
+        streams: Vec<StreamId>,
+        payload: Vec<u8>,
+    },
+    Sync {
+        sync: Sync,
+        reads: BTreeMap<u64, ReadAt>,
+        found: Vec<(u64, Found)>,
+        last_round: bool,
+    },
+}
+
+pub(crate) enum Role {
+    Appender { appends: usize },
+    Reader { stream: StreamId },
+}
+
+pub(crate) struct SimLogClient {
+    id: u64,
+    role: Role,
+    log: String,
+    layout: LogLayout,
+    hole_timeout: Duration,
+    sequencer: Addr,
+    history: Rc<RefCell<LogHistory>>,
+    coordinators: Coordinators,
+    task: Option<Task>,
+    started: usize,
+    /// A reader's next position to sync from; it is done after a sync that began once every
+    /// appender was.
+    floor: u64,
+    done: bool,
+    asks: BTreeMap<u64, (Target, Ask, u64)>,
+    minitxs: BTreeMap<Handle, (Target, Minitx, bool)>,
+}
+
+impl SimLogClient {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: u64,
+        role: Role,
+        log: &str,
+        layout: LogLayout,
+        hole_timeout: Duration,
+        dir: Rc<Directory>,
+        sequencer: Addr,
+        history: Rc<RefCell<LogHistory>>,
+    ) -> SimLogClient {
+        SimLogClient {
+            id,
+            role,
+            log: log.into(),
+            layout,
+            hole_timeout,
+            sequencer,
+            history,
+            coordinators: Coordinators::new(dir, id + 1),
+            task: None,
+            started: 0,
+            floor: 0,
+            done: false,
+            asks: BTreeMap::new(),
+            minitxs: BTreeMap::new(),
+        }
+    }
+
+    fn next_task(&mut self, ctx: &mut Ctx<'_>) {
+        match self.role {
+            Role::Appender { appends } => {
+                if self.started == appends {
+                    self.done = true;
+                    self.history.borrow_mut().appenders_done += 1;
+                    return;
+                }
+                self.started += 1;
+                let n = ctx.rng().gen_range(1..=2);
+                let mut streams: Vec<StreamId> = Vec::new();
+                while streams.len() < n {
+                    let s = STREAMS[ctx.rng().gen_range(0..STREAMS.len())];
+                    if !streams.contains(&s) {
+                        streams.push(s);
+                    }
+                }
+                let mut payload = self.id.to_le_bytes().to_vec();
+                payload.extend_from_slice(&(self.started as u64).to_le_bytes());
+                let writer = ctx.rng().gen::<u64>() | 1;
+                let (append, step) = Append::new(&self.layout, &streams, payload.clone(), writer)
+                    .expect("the simulated entries fit");
+                self.task = Some(Task::Append {
+                    append,
+                    streams,
+                    payload,
+                });
+                self.append_step(ctx, step);
+            }
+            Role::Reader { stream } => {
+                let h = self.history.borrow();
+                let last_round = h.appenders_done == h.appenders;
+                drop(h);
+                let (sync, step) = Sync::new(stream, self.layout.backpointers, self.floor);
+                self.task = Some(Task::Sync {
+                    sync,
+                    reads: BTreeMap::new(),
+                    found: Vec::new(),
+                    last_round,
+                });
+                self.sync_step(ctx, step);
+            }
+        }
+    }
+
+    fn ask(&mut self, ctx: &mut Ctx<'_>, target: Target, ask: Ask, min_epoch: u64) {
+        let id = ctx.new_id();
+        let req = Request::Sequence {
+            log: self.log.clone(),
+            min_epoch,
+            asks: vec![ask.clone()],
+        };
+        ctx.send(self.sequencer, Msg::Req { id, req });
+        ctx.set_timer(ASK_TIMEOUT_US, ClientTimer::AskTimeout(id));
+        self.asks.insert(id, (target, ask, min_epoch));
+    }
+
+    fn run(&mut self, ctx: &mut Ctx<'_>, target: Target, tx: Minitx, fill: bool) {
+        let (handle, done) = self.coordinators.start(ctx, tx.clone());
+        self.minitxs.insert(handle, (target, tx, fill));
+        if let Some(done) = done {
+            self.finished(ctx, done);
+        }
+    }
+
+    fn append_step(&mut self, ctx: &mut Ctx<'_>, step: AppendStep) {
+        let Some(Task::Append { append, .. }) = &self.task else {
+            return;
+        };
+        match step {
+            AppendStep::Ask(ask) => {
+                let min_epoch = append.min_epoch();
+                self.ask(ctx, Target::Append, ask, min_epoch)
+            }
+            AppendStep::Write(tx) => self.run(ctx, Target::Append, tx, false),
+            AppendStep::Done(position) => {
+                let Some(Task::Append {
+                    streams, payload, ..
+                }) = self.task.take()
+                else {
+                    unreachable!("appending")
+                };
+                self.history
+                    .borrow_mut()
+                    .acked
+                    .push((position, streams, payload));
+                self.next_task(ctx);
+            }
+        }
+    }
+
+    fn sync_step(&mut self, ctx: &mut Ctx<'_>, step: SyncStep) {
+        let Some(Task::Sync { sync, reads, .. }) = &mut self.task else {
+            return;
+        };
+        match step {
+            SyncStep::Ask(ask) => {
+                let min_epoch = sync.min_epoch();
+                self.ask(ctx, Target::Sync, ask, min_epoch)
+            }
+            SyncStep::Read(positions) => {
+                let hole = Hole::FillAfter(self.hole_timeout);
+                let mut steps = Vec::new();
+                for p in positions {
+                    let (read, step) = ReadAt::new(&self.layout, p, hole);
+                    reads.insert(p, read);
+                    steps.push((p, step));
+                }
+                for (p, step) in steps {
+                    self.read_step(ctx, p, step);
+                }
+            }
+            SyncStep::Done { tail, entries } => {
+                let Some(Task::Sync { last_round, .. }) = self.task.take() else {
+                    unreachable!("syncing")
+                };
+                let Role::Reader { stream } = self.role else {
+                    unreachable!("a reader syncs")
+                };
+                self.floor = self.floor.max(tail);
+                let mut h = self.history.borrow_mut();
+                let delivered = &mut h.delivered.entry(self.id).or_insert((stream, vec![])).1;
+                delivered.extend(entries);
+                drop(h);
+                if last_round {
+                    self.done = true;
+                } else {
+                    ctx.set_timer(SYNC_PAUSE_US, ClientTimer::NextSync);
+                }
+            }
+        }
+    }
+
+    fn read_step(&mut self, ctx: &mut Ctx<'_>, p: u64, step: ReadStep) {
+        let Some(Task::Sync {
+            sync, reads, found, ..
+        }) = &mut self.task
+        else {
+            return;
+        };
+        match step {
+            ReadStep::Read(tx) => self.run(ctx, Target::Read(p), tx, false),
+            ReadStep::Fill(tx) => self.run(ctx, Target::Read(p), tx, true),
+            ReadStep::Ask(ask) => {
+                let min_epoch = reads[&p].min_epoch();
+                self.ask(ctx, Target::Read(p), ask, min_epoch)
+            }
+            ReadStep::Wait(pause) => {
+                ctx.set_timer(pause.as_micros() as u64, ClientTimer::HoleWait(p));
+            }
+            ReadStep::Done(f) => {
+                reads.remove(&p);
+                found.push((p, f));
+                if reads.is_empty() {
+                    found.sort_by_key(|(p, _)| *p);
+                    let step = sync.on_found(std::mem::take(found));
+                    self.sync_step(ctx, step);
+                }
+            }
+        }
+    }
+
+    fn on_answer(&mut self, ctx: &mut Ctx<'_>, target: Target, answer: Answer) {
+        let layout = self.layout.clone();
+        match (target, &mut self.task) {
+            (Target::Append, Some(Task::Append { append, .. })) => {
+                let step = append.on_answer(&layout, answer).expect("a valid answer");
+                self.append_step(ctx, step);
+            }
+            (Target::Sync, Some(Task::Sync { sync, .. })) => {
+                let step = sync.on_answer(answer).expect("a tail");
+                self.sync_step(ctx, step);
+            }
+            (Target::Read(p), Some(Task::Sync { reads, .. })) => {
+                let Some(read) = reads.get_mut(&p) else {
+                    return;
+                };
+                match read.on_answer(&layout, answer) {
+                    Ok(step) => self.read_step(ctx, p, step),
+                    // Past the tail: the entry this backpointer names cannot be there; a
+                    // stale sequencer's tail. Ask again.
+                    Err(_) => {
+                        let ask = Ask::Tail { streams: vec![] };
+                        let min_epoch = read.min_epoch();
+                        self.ask(ctx, target, ask, min_epoch);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Ctx<'_>, (handle, result): Finished) {
+        let Some((target, tx, fill)) = self.minitxs.remove(&handle) else {
+            return;
+        };
+        let Ok(outcome) = result else {
+            // No outcome: every log minitransaction may run again.
+            return self.run(ctx, target, tx, fill);
+        };
+        let layout = self.layout.clone();
+        match (target, &mut self.task) {
+            (Target::Append, Some(Task::Append { append, .. })) => {
+                let step = append
+                    .on_outcome(&outcome)
+                    .expect("no log full in the simulation");
+                self.append_step(ctx, step);
+            }
+            (Target::Read(p), Some(Task::Sync { reads, .. })) => {
+                let Some(read) = reads.get_mut(&p) else {
+                    return;
+                };
+                let step = if fill {
+                    read.on_fill(&layout, &outcome)
+                } else {
+                    read.on_read(&layout, &outcome)
+                };
+                let step = step.expect("no corrupt slot");
+                self.read_step(ctx, p, step);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Process for SimLogClient {
+    fn on_message(&mut self, ctx: &mut Ctx<'_>, _from: Addr, msg: Box<dyn Message>) {
+        let Msg::Resp { id, resp } = msg::open(msg) else {
+            return;
+        };
+        let resp = match self.coordinators.on_response(ctx, id, resp) {
+            Ok(Some(done)) => return self.finished(ctx, done),
+            Ok(None) => return,
+            Err(resp) => resp,
+        };
+        let Some((target, ask, min_epoch)) = self.asks.remove(&id) else {
+            return;
+        };
+        match resp {
+            Response::Sequenced(mut answers) if answers.len() == 1 => {
+                let answer = answers.pop().expect("one");
+                self.on_answer(ctx, target, answer);
+            }
+            // Refused (the sequencer is taking the log over or restarting): ask again.
+            _ => self.ask(ctx, target, ask, min_epoch),
+        }
+    }
+
+    fn on_timer(&mut self, ctx: &mut Ctx<'_>, timer: Box<dyn Timer>) {
+        let timer: Box<dyn Any> = timer;
+        let timer = match timer.downcast::<CoordinatorTimer>() {
+            Ok(t) => {
+                if let Some(done) = self.coordinators.on_timer(ctx, *t) {
+                    self.finished(ctx, done);
+                }
+                return;
+            }
+            Err(other) => other,
+        };
+        match *timer.downcast::<ClientTimer>().expect("a log client timer") {
+            ClientTimer::AskTimeout(id) => {
+                if let Some((target, ask, min_epoch)) = self.asks.remove(&id) {
+                    self.ask(ctx, target, ask, min_epoch);
+                }
+            }
+            ClientTimer::HoleWait(p) => {
+                let layout = self.layout.clone();
+                if let Some(Task::Sync { reads, .. }) = &mut self.task {
+                    if let Some(read) = reads.get_mut(&p) {
+                        let step = read.on_waited(&layout);
+                        self.read_step(ctx, p, step);
+                    }
+                }
+            }
+            ClientTimer::NextSync => self.next_task(ctx),
+        }
+    }
+
+    fn on_crash(&mut self, ctx: &mut Ctx<'_>, _power_loss: bool) {
+        self.coordinators.crash(ctx);
+        self.asks.clear();
+        self.minitxs.clear();
+        match self.task.take() {
+            Some(Task::Append {
+                streams, payload, ..
+            }) => self.history.borrow_mut().maybe.push((streams, payload)),
+            Some(Task::Sync { .. }) | None => {}
+        }
+        if let Role::Reader { .. } = self.role {
+            // A new reader: from the start of the log again.
+            self.floor = 0;
+            self.history.borrow_mut().delivered.remove(&self.id);
+        }
+    }
+
+    fn on_restart(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.done {
+            self.next_task(ctx);
+        }
+    }
+
+    fn settled(&self) -> bool {
+        self.done
+    }
+
+    fn describe(&self) -> String {
+        let what = match self.role {
+            Role::Appender { appends } => {
+                format!("appender, {} of {appends} started", self.started)
+            }
+            Role::Reader { stream } => format!("reader of stream {stream} at {}", self.floor),
+        };
+        format!(
+            "log client {}: {what}, {} asks out",
+            self.id,
+            self.asks.len()
+        )
+    }
+}

@@ -1,0 +1,253 @@
+//! The simulated log sequencer: the real `LogService` (takeover, sequencer, reservations)
+//! of one log, over the simulated network, with the manager and the memory nodes as they
+//! are. It crashes like any faulty process and loses everything; a restart records its
+//! address with the manager again and takes the log over on the first request.
+
+use crate::coordinators::{CoordinatorTimer, Coordinators, Finished, Handle};
+use crate::msg::{self, Directory, Msg};
+use crate::world::{Addr, Ctx, Message, Process, Timer};
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use tutti_client::Minitx;
+use tutti_log::service::{Effect, FrameId, LogService};
+use tutti_wire::{ErrorCode, Request, Response};
+
+/// The address this sequencer records with the manager.
+pub(crate) const ADDR: &str = "sim-sequencer";
+/// How long a manager request may go unanswered (a lost message) before it counts as failed.
+const MANAGER_TIMEOUT_US: u64 = 50_000;
+
+#[derive(Debug)]
+enum SequencerTimer {
+    /// Record the address again if the last `SetSequencer` went unanswered.
+    Register,
+    ManagerTimeout(u64),
+}
+
+/// What a minitransaction in flight is for.
+enum Running {
+    Step,
+    Reserve { tx: Minitx, epoch: u64, to: u64 },
+}
+
+pub(crate) struct SimSequencer {
+    log: String,
+    lease: u64,
+    manager: Addr,
+    coordinators: Coordinators,
+    service: LogService,
+    registered: bool,
+    register_id: u64,
+    /// The manager request in flight (its message id).
+    asking: Option<u64>,
+    running: BTreeMap<Handle, Running>,
+    frames: BTreeMap<FrameId, (Addr, u64)>,
+}
+
+impl SimSequencer {
+    pub(crate) fn new(log: &str, lease: u64, dir: Rc<Directory>) -> SimSequencer {
+        SimSequencer {
+            log: log.into(),
+            lease,
+            manager: dir.manager,
+            coordinators: Coordinators::new(dir, 1 << 62),
+            service: LogService::new(log.into(), ADDR.into(), lease),
+            registered: false,
+            register_id: 0,
+            asking: None,
+            running: BTreeMap::new(),
+            frames: BTreeMap::new(),
+        }
+    }
+
+    fn register(&mut self, ctx: &mut Ctx<'_>) {
+        self.register_id = ctx.new_id();
+        let req = Request::SetSequencer { addr: ADDR.into() };
+        ctx.send(
+            self.manager,
+            Msg::Req {
+                id: self.register_id,
+                req,
+            },
+        );
+        ctx.set_timer(MANAGER_TIMEOUT_US, SequencerTimer::Register);
+    }
+
+    fn carry_out(&mut self, ctx: &mut Ctx<'_>, effects: Vec<Effect>) {
+        let mut effects = std::collections::VecDeque::from(effects);
+        while let Some(effect) = effects.pop_front() {
+            match effect {
+                Effect::AskManager(req) => {
+                    let id = ctx.new_id();
+                    self.asking = Some(id);
+                    ctx.send(self.manager, Msg::Req { id, req });
+                    ctx.set_timer(MANAGER_TIMEOUT_US, SequencerTimer::ManagerTimeout(id));
+                }
+                Effect::Run(tx) => self.start(ctx, tx, Running::Step, &mut effects),
+                Effect::Reserve { tx, epoch, to } => {
+                    let running = Running::Reserve {
+                        tx: tx.clone(),
+                        epoch,
+                        to,
+                    };
+                    self.start(ctx, tx, running, &mut effects);
+                }
+                Effect::Answer(frame, answers) => {
+                    if let Some((to, id)) = self.frames.remove(&frame) {
+                        ctx.send(
+                            to,
+                            Msg::Resp {
+                                id,
+                                resp: Response::Sequenced(answers),
+                            },
+                        );
+                    }
+                }
+                Effect::Refuse(frame, code, message) => {
+                    if let Some((to, id)) = self.frames.remove(&frame) {
+                        let resp = Response::Error { code, message };
+                        ctx.send(to, Msg::Resp { id, resp });
+                    }
+                }
+            }
+        }
+    }
+
+    fn start(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        tx: Minitx,
+        running: Running,
+        effects: &mut std::collections::VecDeque<Effect>,
+    ) {
+        let (handle, done) = self.coordinators.start(ctx, tx);
+        self.running.insert(handle, running);
+        if let Some(done) = done {
+            effects.extend(self.finished(ctx, done));
+        }
+    }
+
+    /// A minitransaction finished: a takeover step goes back to the service; a reservation
+    /// without an outcome runs again.
+    fn finished(&mut self, ctx: &mut Ctx<'_>, (handle, result): Finished) -> Vec<Effect> {
+        match self.running.remove(&handle) {
+            Some(Running::Step) => self.service.on_outcome(result.map_err(|e| e.to_string())),
+            Some(Running::Reserve { tx, epoch, to }) => match result {
+                Ok(outcome) => self.service.on_reserved(epoch, to, outcome.committed),
+                Err(_) => {
+                    let mut effects = std::collections::VecDeque::new();
+                    self.start(
+                        ctx,
+                        tx.clone(),
+                        Running::Reserve { tx, epoch, to },
+                        &mut effects,
+                    );
+                    effects.into()
+                }
+            },
+            None => vec![],
+        }
+    }
+}
+
+impl Process for SimSequencer {
+    fn on_message(&mut self, ctx: &mut Ctx<'_>, from: Addr, msg: Box<dyn Message>) {
+        match msg::open(msg) {
+            Msg::Req {
+                id,
+                req:
+                    Request::Sequence {
+                        log,
+                        min_epoch,
+                        asks,
+                    },
+            } => {
+                if !self.registered || log != self.log {
+                    let resp = Response::Error {
+                        code: ErrorCode::NotReady,
+                        message: "not serving this log yet".into(),
+                    };
+                    ctx.send(from, Msg::Resp { id, resp });
+                    return;
+                }
+                let (frame, effects) = self.service.on_frame(min_epoch, asks);
+                self.frames.insert(frame, (from, id));
+                self.carry_out(ctx, effects);
+            }
+            Msg::Req { .. } => {}
+            Msg::Resp { id, resp } => {
+                if id == self.register_id {
+                    self.registered = matches!(resp, Response::Sequencer(_));
+                    return;
+                }
+                if self.asking == Some(id) {
+                    self.asking = None;
+                    let reply = match resp {
+                        Response::Error { code, message } => Err((code, message)),
+                        other => Ok(other),
+                    };
+                    let effects = self.service.on_manager(reply);
+                    return self.carry_out(ctx, effects);
+                }
+                if let Ok(Some(done)) = self.coordinators.on_response(ctx, id, resp) {
+                    let effects = self.finished(ctx, done);
+                    self.carry_out(ctx, effects);
+                }
+            }
+        }
+    }
+
+    fn on_timer(&mut self, ctx: &mut Ctx<'_>, timer: Box<dyn Timer>) {
+        let timer: Box<dyn Any> = timer;
+        let timer = match timer.downcast::<CoordinatorTimer>() {
+            Ok(t) => {
+                if let Some(done) = self.coordinators.on_timer(ctx, *t) {
+                    let effects = self.finished(ctx, done);
+                    self.carry_out(ctx, effects);
+                }
+                return;
+            }
+            Err(other) => other,
+        };
+        match *timer
+            .downcast::<SequencerTimer>()
+            .expect("a sequencer timer")
+        {
+            SequencerTimer::Register => {
+                if !self.registered {
+                    self.register(ctx);
+                }
+            }
+            SequencerTimer::ManagerTimeout(id) => {
+                if self.asking == Some(id) {
+                    self.asking = None;
+                    let lost = Err((ErrorCode::NotReady, "the manager did not answer".into()));
+                    let effects = self.service.on_manager(lost);
+                    self.carry_out(ctx, effects);
+                }
+            }
+        }
+    }
+
+    fn on_crash(&mut self, ctx: &mut Ctx<'_>, _power_loss: bool) {
+        self.coordinators.crash(ctx);
+        self.service = LogService::new(self.log.clone(), ADDR.into(), self.lease);
+        self.registered = false;
+        self.asking = None;
+        self.running.clear();
+        self.frames.clear();
+    }
+
+    fn on_restart(&mut self, ctx: &mut Ctx<'_>) {
+        self.register(ctx);
+    }
+
+    fn settled(&self) -> bool {
+        true
+    }
+
+    fn describe(&self) -> String {
+        format!("sequencer at epoch {:?}", self.service.epoch())
+    }
+}

@@ -4,7 +4,6 @@
 //! reservations).
 
 use crate::client::run;
-use crate::error::LogError;
 use crate::service::{Effect, FrameId, LogService};
 use rustc_hash::FxHashMap;
 use std::future::Future;
@@ -45,7 +44,7 @@ pub async fn serve(
     cluster: Cluster,
     opts: ServiceOptions,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), LogError> {
+) {
     let set = Request::SetSequencer {
         addr: opts.addr.clone(),
     };
@@ -94,7 +93,6 @@ pub async fn serve(
         _ = tutti_wire::serve(listener, frame_bytes_max, handle) => {}
         _ = shutdown => {}
     }
-    Ok(())
 }
 
 /// One log's task: the driver of its `LogService`. Takeover steps and manager requests are

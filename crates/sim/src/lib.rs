@@ -140,21 +140,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         let client = SimClient::new(c as u64, client_cfg.clone(), bank.clone(), dir.clone());
         world.spawn(Box::new(client), false);
     }
-    for i in 0..world.next_addr().0 {
-        world.start(Addr(i));
-    }
-    world.run();
-    let mut violations = world.violations().to_vec();
+    let mut violations = run_to_the_end(&mut world, &cfg.faults);
     let bank = bank.borrow();
     if world.settled() {
         violations.extend(bank.check(&snapshot(&world, &dir, &bank)));
-    } else {
-        let detail = format!(
-            "not settled {} µs after faults stopped: {}",
-            world.now_us().saturating_sub(cfg.faults.faults_until_us),
-            world.unsettled().join("; ")
-        );
-        violations.push(Violation::new("liveness", detail));
     }
     let (committed, aborted_compare, unknown) = bank.outcomes();
     Report {
@@ -171,6 +160,25 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }
+}
+
+/// Starts every process, runs the world until it settles or the liveness bound passes, and
+/// returns the violations found on the way, with a liveness one if it did not settle.
+fn run_to_the_end(world: &mut World, faults: &Faults) -> Vec<Violation> {
+    for i in 0..world.next_addr().0 {
+        world.start(Addr(i));
+    }
+    world.run();
+    let mut violations = world.violations().to_vec();
+    if !world.settled() {
+        let detail = format!(
+            "not settled {} µs after faults stopped: {}",
+            world.now_us().saturating_sub(faults.faults_until_us),
+            world.unsettled().join("; ")
+        );
+        violations.push(Violation::new("liveness", detail));
+    }
+    violations
 }
 
 /// Each node's image before anything ran: the workload's set-up written in.

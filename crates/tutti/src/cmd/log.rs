@@ -7,7 +7,7 @@ use super::items::{hex, to_hex};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::time::Duration;
-use tutti_log::{Found, Hole, Log, LogOptions, LogShape, StreamId};
+use tutti_log::{Found, Hole, Log, LogLayout, LogOptions, LogShape, StreamId};
 use tutti_wire::{Dialer, NodeId};
 
 #[derive(Args)]
@@ -110,18 +110,7 @@ pub(crate) async fn run(a: LogArgs, dialer: &Dialer) -> Result<(), String> {
             let log = Log::create(&cluster, &name, &shape, opts)
                 .await
                 .map_err(e)?;
-            let l = log.layout();
-            println!(
-                "{}",
-                json!({
-                    "name": name,
-                    "nodes": l.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-                    "slot_bytes": l.slot_bytes,
-                    "slots_per_node": l.slots_per_node,
-                    "capacity_entries": l.period(),
-                    "backpointers": l.backpointers,
-                })
-            );
+            println!("{}", shape_json(&name, log.layout()));
         }
         LogCommand::Append {
             name,
@@ -189,25 +178,27 @@ pub(crate) async fn run(a: LogArgs, dialer: &Dialer) -> Result<(), String> {
         LogCommand::Stat { name } => {
             let log = Log::open(&cluster, &name, opts).await.map_err(e)?;
             let stat = log.stat().await.map_err(e)?;
-            let l = &stat.layout;
             let max = |f: fn(&tutti_log::minitxs::Words) -> u64| stat.words.iter().map(f).max();
-            println!(
-                "{}",
-                json!({
-                    "name": name,
-                    "nodes": l.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-                    "slot_bytes": l.slot_bytes,
-                    "slots_per_node": l.slots_per_node,
-                    "capacity_entries": l.period(),
-                    "backpointers": l.backpointers,
-                    "epoch": stat.tail.epoch,
-                    "trim": max(|w| w.trim),
-                    "tail": stat.tail.tail,
-                    "reserved_to": max(|w| w.reserved_to),
-                })
-            );
+            let mut out = shape_json(&name, &stat.layout);
+            out["epoch"] = json!(stat.tail.epoch);
+            out["trim"] = json!(max(|w| w.trim));
+            out["tail"] = json!(stat.tail.tail);
+            out["reserved_to"] = json!(max(|w| w.reserved_to));
+            println!("{out}");
         }
     }
     // Appends, fills and trims leave decisions queued: send them before exiting.
     cluster.flush().await.map_err(|e| e.to_string())
+}
+
+/// A log's name and shape, as `create` and `stat` print them.
+fn shape_json(name: &str, l: &LogLayout) -> serde_json::Value {
+    json!({
+        "name": name,
+        "nodes": l.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "slot_bytes": l.slot_bytes,
+        "slots_per_node": l.slots_per_node,
+        "capacity_entries": l.period(),
+        "backpointers": l.backpointers,
+    })
 }

@@ -31,7 +31,6 @@ pub(crate) async fn run(a: SequencerArgs, dialer: Dialer) -> Result<(), String> 
         addr: a.listen,
         lease: a.lease,
     };
-    serve(listener, cluster, opts, shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    serve(listener, cluster, opts, shutdown_signal()).await;
+    Ok(())
 }

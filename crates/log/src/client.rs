@@ -271,8 +271,9 @@ impl Log {
         }
     }
 
-    /// The slow check: the tail from the memory nodes alone (the highest written position
-    /// below the sequencer's durable reservation, plus one).
+    /// The slow check: the end of the written log from the memory nodes alone (the highest
+    /// written position below the sequencer's durable reservation, plus one). The fast
+    /// check's tail is at or above it.
     pub async fn check_slow(&self) -> Result<u64, LogError> {
         let until = self.until();
         let cluster = &self.inner.cluster;

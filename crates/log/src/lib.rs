@@ -20,6 +20,24 @@ pub mod service;
 pub mod stream;
 pub mod takeover;
 
+/// Deliberate protocol bugs that show the simulator's checkers catch what they stand for
+/// (crates/sim/tests/planted.rs). Planted only with the `planted-bugs` feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// A restarted sequencer takes no epoch and seals nothing: it resumes in the log's epoch
+    /// from the counter it last made durable (reserved_from), below what it handed out.
+    ResumeWithoutSeal,
+    /// A reader whose hole timeout passed takes the hole for junk without filling it.
+    SkipHoleWithoutFill,
+    /// The seal reaches the log's first node before the takeover scans, the others after.
+    PartialSeal,
+    /// A new epoch starts after the last entry written, handing out again the positions
+    /// above it that were handed out and not yet written.
+    RegrantUnwritten,
+}
+
+tutti_wire::planted_bugs!(Bug);
+
 pub use append::{Append, AppendStep};
 pub use client::{Log, LogOptions, LogShape, Stat, Stream, Tail, REGION_KIND};
 pub use entry::{Content, Entry, EntryError, StreamHeader, StreamId};

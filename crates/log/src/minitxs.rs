@@ -98,9 +98,14 @@ pub fn read(layout: &LogLayout, position: u64, len: u32) -> Minitx {
         .read(slot.node, slot.addr, len.min(layout.slot_bytes))
 }
 
-/// What `read` found: the node's trim point and the slot's bytes.
-pub fn read_result(outcome: &Outcome) -> (u64, &[u8]) {
-    (u64_of(&outcome.reads[0][8..16]), &outcome.reads[1])
+/// What `read` found: the node's epoch and trim point, and the slot's bytes.
+pub fn read_result(outcome: &Outcome) -> (u64, u64, &[u8]) {
+    let words = &outcome.reads[0];
+    (
+        u64_of(&words[0..8]),
+        u64_of(&words[8..16]),
+        &outcome.reads[1],
+    )
 }
 
 /// The log's control words as every node holds them.
@@ -114,7 +119,8 @@ pub struct Words {
 }
 
 impl Words {
-    fn parse(bytes: &[u8]) -> Words {
+    /// The words from a node's region header (its first `word::LAYOUT` bytes).
+    pub fn parse(bytes: &[u8]) -> Words {
         Words {
             magic: u64_of(&bytes[0..]),
             epoch: u64_of(&bytes[8..]),

@@ -110,7 +110,9 @@ impl ReadAt {
     }
 
     pub fn on_read(&mut self, layout: &LogLayout, outcome: &Outcome) -> Result<ReadStep, LogError> {
-        let (trim, bytes) = minitxs::read_result(outcome);
+        let (epoch, trim, bytes) = minitxs::read_result(outcome);
+        // A sequencer below the node's epoch was sealed: the tail it would tell is stale.
+        self.min_epoch = self.min_epoch.max(epoch);
         let p = self.position;
         if p < trim {
             return Ok(ReadStep::Done(Found::Trimmed { trim }));
@@ -123,6 +125,11 @@ impl ReadAt {
             Ok(None) => Ok(match (self.hole, self.epoch) {
                 (Hole::Report, Some(_)) => ReadStep::Done(Found::Empty),
                 (Hole::FillAfter(timeout), Some(_)) if !self.waited => ReadStep::Wait(timeout),
+                (Hole::FillAfter(_), Some(_))
+                    if crate::planted(crate::Bug::SkipHoleWithoutFill) =>
+                {
+                    ReadStep::Done(Found::Junk)
+                }
                 (_, Some(epoch)) => self.fill(layout, epoch),
                 (_, None) => ReadStep::Ask(Ask::Tail { streams: vec![] }),
             }),

@@ -8,6 +8,7 @@
 use crate::entry::{holds, peek_streams, StreamId, STREAMS_PER_ENTRY_MAX};
 use crate::layout::LogLayout;
 use crate::minitxs::{self, Words};
+use crate::{planted, Bug};
 use tutti_client::{Minitx, Outcome};
 
 /// Slot headers read per minitransaction of a scan.
@@ -117,27 +118,29 @@ impl SlowCheck {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TakenOver {
     pub epoch: u64,
+    /// The first position of the new epoch: the old reservation's end, so that no position
+    /// an earlier sequencer may have handed out (or told a reader was below its tail) is
+    /// handed out again.
     pub tail: u64,
-    /// Streams of every data entry from the tail down to the trim point, newest first.
+    /// Streams of every data entry below the tail down to the trim point, newest first.
     pub history: Vec<(u64, Vec<StreamId>)>,
 }
 
 #[derive(Debug)]
 enum Phase {
     Seal,
-    Tail(SlowCheck),
-    Scan { tail: u64, floor: u64, high: u64 },
+    Scan { floor: u64, high: u64 },
 }
 
 /// A takeover at `epoch` (taken from the manager with `TakeRegion`): seal every node at it,
-/// find the tail with the slow check, then scan back to the trim point for the streams.
+/// then scan back from the old reservation's end to the trim point for the streams.
 #[derive(Debug)]
 pub struct Takeover {
     layout: LogLayout,
     epoch: u64,
     phase: Phase,
-    /// The trim point the seal read: the backward scan stops there.
-    trim: u64,
+    /// Where the new epoch starts: the reservation's end the seal read.
+    tail: u64,
     history: Vec<(u64, Vec<StreamId>)>,
 }
 
@@ -147,10 +150,21 @@ impl Takeover {
             layout: layout.clone(),
             epoch,
             phase: Phase::Seal,
-            trim: 0,
+            tail: 0,
             history: Vec::new(),
         };
-        (t, minitxs::seal(layout, epoch))
+        let seal = if planted(Bug::ResumeWithoutSeal) {
+            minitxs::words(layout)
+        } else if planted(Bug::PartialSeal) {
+            let first = LogLayout {
+                nodes: layout.nodes[..1].to_vec(),
+                ..layout.clone()
+            };
+            minitxs::seal(&first, epoch)
+        } else {
+            minitxs::seal(layout, epoch)
+        };
+        (t, seal)
     }
 
     /// The epoch this takeover seals at.
@@ -165,17 +179,27 @@ impl Takeover {
                 if !outcome.committed {
                     return Err(TakeoverError::Superseded(words.epoch));
                 }
-                self.trim = words.trim;
-                let (check, step) = SlowCheck::from_words(&self.layout, words);
-                self.phase = Phase::Tail(check);
-                Ok(self.after_tail(step))
+                // No position at or above reserved_to was ever handed out, so every written
+                // entry is below it. The positions between the last written one and it were
+                // perhaps handed out and never written: they stay holes, filled by whoever
+                // reads them. Handing them out again would put new entries below a tail a
+                // reader was already told, where its next sync (which reads only what
+                // backpointers name) never looks.
+                self.tail = words.reserved_to;
+                if planted(Bug::ResumeWithoutSeal) {
+                    (self.epoch, self.tail) = (words.epoch, words.reserved_from);
+                }
+                let floor = words
+                    .trim
+                    .max(self.tail.saturating_sub(self.layout.period()));
+                self.phase = Phase::Scan {
+                    floor,
+                    high: self.tail,
+                };
+                Ok(self.scan_from(floor, self.tail))
             }
-            Phase::Tail(check) => {
-                let step = check.on_outcome(outcome)?;
-                Ok(self.after_tail(step))
-            }
-            Phase::Scan { tail, floor, high } => {
-                let (tail, floor) = (*tail, *floor);
+            Phase::Scan { floor, high } => {
+                let floor = *floor;
                 let positions = scan_chunk(floor, *high);
                 let k = self.layout.backpointers;
                 for (p, bytes) in positions.into_iter().zip(&outcome.reads) {
@@ -189,40 +213,34 @@ impl Takeover {
                 }
                 *high = chunk_low(floor, *high);
                 let high = *high;
-                Ok(self.scan_from(tail, floor, high))
+                Ok(self.scan_from(floor, high))
             }
         }
     }
 
-    fn after_tail(&mut self, step: Step<u64>) -> Step<TakenOver> {
-        match step {
-            Step::Run(tx) => Step::Run(tx),
-            Step::Done(tail) => {
-                let floor = self.trim.max(tail.saturating_sub(self.layout.period()));
-                self.phase = Phase::Scan {
-                    tail,
-                    floor,
-                    high: tail,
-                };
-                self.scan_from(tail, floor, tail)
+    fn scan_from(&mut self, floor: u64, high: u64) -> Step<TakenOver> {
+        if high > floor {
+            let positions = scan_chunk(floor, high);
+            return Step::Run(minitxs::headers(
+                &self.layout,
+                &positions,
+                STREAMS_PER_ENTRY_MAX,
+            ));
+        }
+        if planted(Bug::RegrantUnwritten) {
+            if let Some((last, _)) = self.history.first() {
+                self.tail = last + 1;
             }
         }
+        self.done()
     }
 
-    fn scan_from(&mut self, tail: u64, floor: u64, high: u64) -> Step<TakenOver> {
-        if high <= floor {
-            return Step::Done(TakenOver {
-                epoch: self.epoch,
-                tail,
-                history: std::mem::take(&mut self.history),
-            });
-        }
-        let positions = scan_chunk(floor, high);
-        Step::Run(minitxs::headers(
-            &self.layout,
-            &positions,
-            STREAMS_PER_ENTRY_MAX,
-        ))
+    fn done(&mut self) -> Step<TakenOver> {
+        Step::Done(TakenOver {
+            epoch: self.epoch,
+            tail: self.tail,
+            history: std::mem::take(&mut self.history),
+        })
     }
 }
 

@@ -15,6 +15,8 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
+use tutti_log::layout::word;
+use tutti_log::minitxs::Words;
 use tutti_log::{Content, Entry, LogLayout};
 use tutti_manager::{ManagerState, Persisted};
 use tutti_wire::{Request, Response};
@@ -125,6 +127,8 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
     }
     let mut violations = crate::run_to_the_end(&mut world, &cfg.faults);
     let h = history.borrow();
+    violations.extend(h.broken.iter().cloned());
+    violations.extend(check_words(&world, &dir, &layout));
     if world.settled() {
         let slot = |p: u64| -> Option<Entry> {
             let s = layout.slot(p);
@@ -148,6 +152,28 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }
+}
+
+/// The log's control words change on all its nodes at once (a seal, a reservation, a
+/// trim is one minitransaction over them all), so at the end every node that is up holds
+/// the same: a node left at an older epoch would still take writes the seal fenced.
+fn check_words(world: &World, dir: &Directory, layout: &LogLayout) -> Vec<Violation> {
+    let words: Vec<(u16, Words)> = (layout.nodes.iter())
+        .filter_map(|&(node, base)| {
+            let space = world.process::<SimNode>(dir.node(node)).space()?;
+            Some((node, Words::parse(space.read(base, word::LAYOUT))))
+        })
+        .collect();
+    let Some((first, agreed)) = words.first() else {
+        return vec![];
+    };
+    (words.iter())
+        .filter(|(_, w)| w != agreed)
+        .map(|(node, w)| {
+            let why = format!("node {node} holds {w:?}, node {first} {agreed:?}");
+            Violation::new("control words", why)
+        })
+        .collect()
 }
 
 /// The checks of a settled run, given what each position's slot holds at the end.

@@ -18,6 +18,7 @@ use tutti_log::{
     Append, AppendStep, Found, Hole, LogLayout, ReadAt, ReadStep, StreamId, Sync, SyncStep,
 };
 use tutti_wire::{Answer, Ask, Request, Response};
+use tutti_workload::Violation;
 
 /// A lost ask to the sequencer is sent again after this long.
 const ASK_TIMEOUT_US: u64 = 40_000;
@@ -40,6 +41,8 @@ pub(crate) struct LogHistory {
     pub(crate) delivered: BTreeMap<u64, Delivered>,
     pub(crate) appenders_done: usize,
     pub(crate) appenders: usize,
+    /// What a client found wrong as it ran.
+    pub(crate) broken: Vec<Violation>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -303,12 +306,15 @@ impl SimLogClient {
                 };
                 match read.on_answer(&layout, answer) {
                     Ok(step) => self.read_step(ctx, p, step),
-                    // Past the tail: the entry this backpointer names cannot be there; a
-                    // stale sequencer's tail. Ask again.
-                    Err(_) => {
-                        let ask = Ask::Tail { streams: vec![] };
-                        let min_epoch = read.min_epoch();
-                        self.ask(ctx, target, ask, min_epoch);
+                    // A sync reads only positions below a tail it was told, or named by an
+                    // entry's backpointers: the tail never moves back below them.
+                    Err(e) => {
+                        let why = format!("client {} reading {p} for a sync: {e}", self.id);
+                        let mut h = self.history.borrow_mut();
+                        h.broken.push(Violation::new("read past the tail", why));
+                        drop(h);
+                        self.task = None;
+                        self.done = true;
                     }
                 }
             }

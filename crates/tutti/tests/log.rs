@@ -41,7 +41,7 @@ async fn read(c: &Cluster, l: &LogLayout, position: u64) -> (u64, Option<Entry>)
         .exec_and_commit(&minitxs::read(l, position, minitxs::READ_PREFIX_BYTES))
         .await
         .expect("an outcome");
-    let (trim, bytes) = minitxs::read_result(&outcome);
+    let (_, trim, bytes) = minitxs::read_result(&outcome);
     let entry = Entry::decode(position, bytes, l.backpointers, l.slot_bytes).expect("decodes");
     (trim, entry)
 }
@@ -177,7 +177,7 @@ async fn drive<T>(
 }
 
 #[test]
-fn a_takeover_finds_the_tail_and_each_streams_last_positions_on_the_nodes() {
+fn a_takeover_starts_above_every_position_handed_out_with_each_streams_last_positions() {
     let rt = common::runtime();
     let _guard = rt.enter();
     let c = common::start("log-takeover", 3, "ram", &[], &[]);
@@ -190,6 +190,7 @@ fn a_takeover_finds_the_tail_and_each_streams_last_positions_on_the_nodes() {
         let (mut first, r) = Sequencer::<u64>::start(1, 0, 2, 1000, []);
         assert!(committed(&cluster, &minitxs::reserve(l, &r)).await);
         first.on_reserved(r.to);
+        let mut reserved = r.to;
         let mut written = 0u64;
         for i in 0..3000u64 {
             let streams = match i % 3 {
@@ -206,6 +207,7 @@ fn a_takeover_finds_the_tail_and_each_streams_last_positions_on_the_nodes() {
             if let Some(r) = acts.reserve {
                 assert!(committed(&cluster, &minitxs::reserve(l, &r)).await);
                 first.on_reserved(r.to);
+                reserved = r.to;
             }
             let Some((
                 _,
@@ -256,7 +258,11 @@ fn a_takeover_finds_the_tail_and_each_streams_last_positions_on_the_nodes() {
         let taken = drive(&cluster, tx, |o| takeover.on_outcome(o))
             .await
             .expect("taken over");
-        assert_eq!(taken.tail, written + 1);
+        assert!(reserved > written + 1, "the first sequencer reserved ahead");
+        assert_eq!(
+            taken.tail, reserved,
+            "the new epoch starts above every position the old one may have handed out"
+        );
         let oldest = taken.history.last().expect("some history").0;
         assert!(
             oldest >= 100,
@@ -283,7 +289,7 @@ fn a_takeover_finds_the_tail_and_each_streams_last_positions_on_the_nodes() {
         assert_eq!(
             acts.answers[0].1,
             Answer::Granted {
-                position: written + 1,
+                position: reserved,
                 epoch: 2,
                 backpointers: vec![last_two(|i| i % 3 < 2), last_two(|i| i % 3 == 1)]
             }

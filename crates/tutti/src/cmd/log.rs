@@ -60,10 +60,11 @@ enum LogCommand {
         #[arg(long)]
         no_fill: bool,
     },
-    /// The next position to be handed out (the sequencer's fast check; --slow reads it
-    /// from the memory nodes).
+    /// The next position to be handed out (the sequencer's fast check).
     Tail {
         name: String,
+        /// Instead, one past the last entry written, from the memory nodes alone (CORFU's
+        /// slow check): below the fast check by what is handed out and not yet written.
         #[arg(long)]
         slow: bool,
     },

@@ -5,6 +5,7 @@
 //! redo logs are collected again. The crash tests and `tutti chaos` both run on this.
 
 use crate::local::{LocalCluster, LocalError};
+use crate::log_workload::{LogCheck, LogClients};
 use crate::proxy::{Process, Proxy};
 use crate::registers::{OpCounts, RegisterOp};
 use crate::supervisor::Supervisor;
@@ -13,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use tutti_client::Cluster;
+use tutti_log::{Log, LogError, LogOptions, LogShape};
 use tutti_workload::Bank;
 
 /// Memory node flags for fault runs: recovery within a second, small segments and frequent
@@ -182,8 +184,9 @@ pub async fn wait_idle(cluster: &Cluster, within: Duration) -> Result<(), String
     }
 }
 
-/// Everything that must hold once the cluster is healed and the clients are stopped.
-pub async fn verify(local: &LocalCluster, clients: &Clients) -> Result<Cluster, Vec<String>> {
+/// The cluster once faults are over: every node serving, none with an uncertain tid or a
+/// lock held.
+async fn healed(local: &LocalCluster) -> Result<Cluster, Vec<String>> {
     let cluster = local
         .wait_ready(Duration::from_secs(60))
         .await
@@ -191,6 +194,12 @@ pub async fn verify(local: &LocalCluster, clients: &Clients) -> Result<Cluster, 
     wait_idle(&cluster, Duration::from_secs(20))
         .await
         .map_err(|e| vec![e])?;
+    Ok(cluster)
+}
+
+/// Everything that must hold once the cluster is healed and the clients are stopped.
+pub async fn verify(local: &LocalCluster, clients: &Clients) -> Result<Cluster, Vec<String>> {
+    let cluster = healed(local).await?;
     let mut bank = bank(clients.count);
     for id in 0..clients.count {
         let i = id as usize;
@@ -358,14 +367,27 @@ pub struct Terminator {
     pub every: (Duration, Duration),
 }
 
+/// What the clients of a chaos run do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChaosWorkload {
+    /// Bank transfers and registers over minitransactions (`tutti workload` processes).
+    Bank,
+    /// The shared log: appenders, one reader per stream, a trimmer (`log_workload`).
+    Log,
+}
+
 #[derive(Clone, Debug)]
 pub struct ChaosConfig {
     pub duration: Duration,
+    pub workload: ChaosWorkload,
+    /// Client processes: bank clients, or the log's appenders.
     pub clients: u64,
     pub mix: Mix,
     pub nodes: Terminator,
     pub clients_killer: Terminator,
     pub manager: Terminator,
+    /// Kills of the logs' sequencer (log workload only).
+    pub sequencer: Terminator,
     /// Time between partitions of a random pair of processes, and how long each lasts.
     /// `None`: processes talk directly, without the proxy.
     pub partitions: Option<(Terminator, Terminator)>,
@@ -386,8 +408,14 @@ pub struct ChaosReport {
     pub node_kills: u64,
     pub client_kills: u64,
     pub manager_kills: u64,
+    pub sequencer_kills: u64,
     pub partitions: u64,
     pub transfers_seen_committed: u64,
+    /// Trims of the log, and the last trim point.
+    pub trims: u64,
+    pub trimmed_to: u64,
+    /// The log workload's final check.
+    pub log: Option<LogCheck>,
     pub reads: OpCounts,
     pub writes: OpCounts,
     pub cases: OpCounts,
@@ -438,6 +466,13 @@ impl ChaosReport {
                 self.manager_kills.to_string(),
             ),
         ];
+        if cfg.workload == ChaosWorkload::Log {
+            rows.push((
+                "kill -9 the sequencer, restart it".into(),
+                interval(&cfg.sequencer),
+                self.sequencer_kills.to_string(),
+            ));
+        }
         if let Some((every, lasting)) = &cfg.partitions {
             rows.push((
                 "partition two processes (blackhole)".into(),
@@ -450,11 +485,45 @@ impl ChaosReport {
                 self.partitions.to_string(),
             ));
         }
-        rows.push((
-            "bank transfer, seen committed".into(),
-            weight(cfg.mix.transfer),
-            self.transfers_seen_committed.to_string(),
-        ));
+        if cfg.workload == ChaosWorkload::Log {
+            let check = self.log.as_ref();
+            let count = |f: fn(&LogCheck) -> u64| check.map_or("-".into(), |c| f(c).to_string());
+            rows.extend([
+                (
+                    "log append, acknowledged".to_string(),
+                    format!(
+                        "{} appenders × {}, streams {:?}",
+                        cfg.clients,
+                        crate::log_workload::APPEND_TASKS,
+                        crate::log_workload::STREAMS
+                    ),
+                    count(|c| c.acked),
+                ),
+                (
+                    "log append, outcome unknown".into(),
+                    "killed or failed".into(),
+                    count(|c| c.unknown),
+                ),
+                (
+                    "stream entries read".into(),
+                    "one reader per stream, and a final read".into(),
+                    count(|c| c.entries_read),
+                ),
+                (
+                    "trim below every reader".into(),
+                    "every 2 s".into(),
+                    format!("{} (to {})", self.trims, self.trimmed_to),
+                ),
+            ]);
+        }
+        let bank = cfg.workload == ChaosWorkload::Bank;
+        if bank {
+            rows.push((
+                "bank transfer, seen committed".into(),
+                weight(cfg.mix.transfer),
+                self.transfers_seen_committed.to_string(),
+            ));
+        }
         for (name, w, c) in [
             (
                 "register read (+ read of another key)",
@@ -472,7 +541,7 @@ impl ChaosReport {
                 &self.cases,
             ),
         ] {
-            if w > 0 {
+            if bank && w > 0 {
                 rows.push((name.into(), weight(w), ops(c)));
             }
         }
@@ -499,6 +568,81 @@ fn draw(rng: &mut impl Rng, t: &Terminator) -> Duration {
     Duration::from_millis(rng.gen_range(lo..=hi.max(lo)))
 }
 
+/// The client processes of a run, with what each workload needs besides.
+enum Workload {
+    Bank(Clients),
+    Log {
+        clients: LogClients,
+        /// The harness's own handle on the log, for trims.
+        log: Log,
+        next_trim: Duration,
+    },
+}
+
+impl Workload {
+    /// Kills a random client process and starts it again.
+    fn kill_one(&mut self, rng: &mut impl Rng) -> Result<(), LocalError> {
+        let restarted = match self {
+            Workload::Bank(clients) => {
+                let id = rng.gen_range(0..clients.count);
+                clients.kill(id);
+                clients.start(id)
+            }
+            Workload::Log { clients, .. } => {
+                let names = clients.names();
+                let name = &names[rng.gen_range(0..names.len())];
+                clients.kill(name);
+                clients.start(name)
+            }
+        };
+        restarted.map_err(|e| LocalError::Config(format!("restart a client: {e}")))
+    }
+
+    fn kill_all(&mut self) {
+        match self {
+            Workload::Bank(clients) => clients.kill_all(),
+            Workload::Log { clients, .. } => clients.kill_all(),
+        }
+    }
+
+    /// Trims the log below every reader, every 2 s (log workload).
+    fn trim(&mut self, rt: &tokio::runtime::Runtime, now: Duration, report: &mut ChaosReport) {
+        let Workload::Log {
+            clients,
+            log,
+            next_trim,
+        } = self
+        else {
+            return;
+        };
+        if now < *next_trim {
+            return;
+        }
+        *next_trim = now + Duration::from_secs(2);
+        let Some(to) = clients.readers_synced() else {
+            return;
+        };
+        if to <= report.trimmed_to {
+            return;
+        }
+        let trimmed = rt.block_on(tokio::time::timeout(Duration::from_secs(3), log.trim(to)));
+        if let Ok(Ok(())) = trimmed {
+            report.trims += 1;
+            report.trimmed_to = to;
+        }
+    }
+
+    fn progress(&self) -> String {
+        match self {
+            Workload::Bank(clients) => format!(
+                "{} transfers",
+                clients.progress() + clients.seen.iter().sum::<u64>()
+            ),
+            Workload::Log { clients, .. } => format!("{} appends", clients.acked()),
+        }
+    }
+}
+
 /// Runs the terminators and the partitioner against a fresh 4-node `log` cluster in `dir`,
 /// heals, and verifies.
 pub fn run(
@@ -522,29 +666,71 @@ pub fn run(
         manager_flags: vec![],
     };
     let mut local = LocalCluster::open(exe, dir, layout, true)?;
-    let mut clients = Clients::new(exe, &local.file.manager, dir, cfg.clients);
-    clients.mix = cfg.mix;
-    let proxy = match cfg.partitions {
-        Some(_) => Some(rt.block_on(start_proxy(&mut local, &mut clients))?),
-        None => None,
+    let manager = local.file.manager.clone();
+    let mut bank_clients = Clients::new(exe, &manager, dir, cfg.clients);
+    bank_clients.mix = cfg.mix;
+    let mut log_clients = LogClients::new(exe, &manager, dir, cfg.clients);
+    let proxy = match (cfg.partitions, cfg.workload) {
+        (None, _) => None,
+        (Some(_), ChaosWorkload::Bank) => {
+            let names = (0..cfg.clients).map(|i| format!("client-{i}")).collect();
+            let proxy = rt.block_on(start_proxy(&mut local, names, false))?;
+            bank_clients.flags = (0..cfg.clients)
+                .map(|i| proxy.route_flags(&format!("client-{i}")))
+                .collect();
+            Some(proxy)
+        }
+        (Some(_), ChaosWorkload::Log) => {
+            let names = log_clients.names();
+            let proxy = rt.block_on(start_proxy(&mut local, names.clone(), true))?;
+            log_clients.flags = names
+                .into_iter()
+                .map(|n| {
+                    let flags = proxy.route_flags(&n);
+                    (n, flags)
+                })
+                .collect();
+            Some(proxy)
+        }
     };
     local.start_all()?;
-    rt.block_on(async {
-        let cluster = local.wait_ready(Duration::from_secs(60)).await?;
-        crate::workload::setup(&cluster, &bank(cfg.clients))
-            .await
-            .map_err(|e| LocalError::Config(format!("bank init: {e}")))
-    })?;
-    clients
-        .start_all()
-        .map_err(|e| LocalError::Config(format!("start clients: {e}")))?;
+    let cluster = rt.block_on(local.wait_ready(Duration::from_secs(60)))?;
+    let mut workload = match cfg.workload {
+        ChaosWorkload::Bank => {
+            rt.block_on(crate::workload::setup(&cluster, &bank(cfg.clients)))
+                .map_err(|e| LocalError::Config(format!("bank init: {e}")))?;
+            bank_clients
+                .start_all()
+                .map_err(|e| LocalError::Config(format!("start clients: {e}")))?;
+            Workload::Bank(bank_clients)
+        }
+        ChaosWorkload::Log => {
+            let log = rt
+                .block_on(create_log(&cluster))
+                .map_err(|e| LocalError::Config(format!("create the log: {e}")))?;
+            log_clients
+                .start_all()
+                .map_err(|e| LocalError::Config(format!("start clients: {e}")))?;
+            Workload::Log {
+                clients: log_clients,
+                log,
+                next_trim: Duration::ZERO,
+            }
+        }
+    };
     let mut report = ChaosReport::default();
     let mut faults = Faults::new(cfg);
     let start = Instant::now();
+    let mut next_progress = Duration::ZERO;
     while start.elapsed() < cfg.duration {
         std::thread::sleep(Duration::from_millis(50));
         let now = start.elapsed();
-        faults.inject(now, &mut local, &mut clients, proxy.as_ref(), &mut report)?;
+        faults.inject(now, &mut local, &mut workload, proxy.as_ref(), &mut report)?;
+        workload.trim(&rt, now, &mut report);
+        if now < next_progress {
+            continue;
+        }
+        next_progress = now + Duration::from_secs(1);
         if let Ok(Ok(cluster)) = rt.block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(2),
@@ -555,22 +741,29 @@ pub fn run(
             report.log_peak_bytes = report.log_peak_bytes.max(rt.block_on(log_bytes(&cluster)));
         }
         progress(&format!(
-            "{:>4.0} s: {} node, {} client, {} manager kills, {} partitions, {} transfers",
+            "{:>4.0} s: {} node, {} client, {} manager, {} sequencer kills, {} partitions, {}",
             now.as_secs_f64(),
             report.node_kills,
             report.client_kills,
             report.manager_kills,
+            report.sequencer_kills,
             report.partitions,
-            clients.progress() + clients.seen.iter().sum::<u64>()
+            workload.progress(),
         ));
     }
     if let Some(proxy) = &proxy {
         proxy.heal_all();
     }
-    clients.kill_all();
-    report.transfers_seen_committed = clients.seen.iter().sum();
+    workload.kill_all();
     rt.block_on(async {
-        match verify(&local, &clients).await {
+        let verified = match &workload {
+            Workload::Bank(clients) => {
+                report.transfers_seen_committed = clients.seen.iter().sum();
+                verify(&local, clients).await
+            }
+            Workload::Log { clients, .. } => verify_log(&local, clients, &mut report).await,
+        };
+        match verified {
             Ok(cluster) => match wait_log_collected(&cluster, Duration::from_secs(45)).await {
                 Ok(bytes) => report.log_after_bytes = bytes,
                 Err(e) => report.violations.push(e),
@@ -580,16 +773,57 @@ pub fn run(
     });
     local.stop_all();
     drop(proxy);
-    if cfg.mix.has_registers() {
+    if cfg.workload == ChaosWorkload::Bank && cfg.mix.has_registers() {
         progress("checking the register history with Porcupine…");
         check_registers(dir, cfg, &mut report);
     }
     Ok(report)
 }
 
-/// Starts the partitioning proxy between every pair of processes (manager, nodes,
-/// clients) and routes each process through it.
-async fn start_proxy(local: &mut LocalCluster, clients: &mut Clients) -> Result<Proxy, LocalError> {
+/// The chaos run's log: striped over the 4 nodes in 512-byte slots, 16 MiB of each (32,768
+/// slots), so that a minute of appends wraps around it behind the trims.
+async fn create_log(cluster: &Cluster) -> Result<Log, LogError> {
+    let shape = LogShape {
+        slot_bytes: 512,
+        ..LogShape::new(vec![1, 2, 3, 4], 16 << 20)
+    };
+    Log::create(
+        cluster,
+        crate::log_workload::LOG,
+        &shape,
+        LogOptions::default(),
+    )
+    .await
+}
+
+/// Once healed and the log's clients stopped: the cluster idle, then the log's final check.
+async fn verify_log(
+    local: &LocalCluster,
+    clients: &LogClients,
+    report: &mut ChaosReport,
+) -> Result<Cluster, Vec<String>> {
+    let cluster = healed(local).await?;
+    let opts = LogOptions {
+        deadline: Duration::from_secs(60),
+        ..LogOptions::default()
+    };
+    let log = Log::open(&cluster, crate::log_workload::LOG, opts)
+        .await
+        .map_err(|e| vec![format!("open the log: {e}")])?;
+    report.log = Some(crate::log_workload::check(&log, clients.history()).await?);
+    // The final check's fills and reads leave decisions queued.
+    cluster.flush().await.map_err(|e| vec![e.to_string()])?;
+    Ok(cluster)
+}
+
+/// Starts the partitioning proxy between every pair of processes (manager, nodes, the
+/// sequencer if `sequencer`, the clients) and routes each server through it; the clients'
+/// routes are `proxy.route_flags(client)`.
+async fn start_proxy(
+    local: &mut LocalCluster,
+    clients: Vec<Process>,
+    sequencer: bool,
+) -> Result<Proxy, LocalError> {
     let servers: Vec<(Process, String)> =
         std::iter::once(("manager".into(), local.file.manager.clone()))
             .chain(
@@ -599,12 +833,12 @@ async fn start_proxy(local: &mut LocalCluster, clients: &mut Clients) -> Result<
                     .iter()
                     .map(|n| (format!("node-{}", n.id), n.addr.clone())),
             )
+            .chain(sequencer.then(|| ("sequencer".into(), local.file.sequencer.clone())))
             .collect();
-    let client_names: Vec<Process> = (0..clients.count).map(|i| format!("client-{i}")).collect();
     let sources: Vec<Process> = servers
         .iter()
         .map(|(name, _)| name.clone())
-        .chain(client_names.iter().cloned())
+        .chain(clients)
         .collect();
     let proxy = Proxy::start(&sources, &servers)
         .await
@@ -614,7 +848,6 @@ async fn start_proxy(local: &mut LocalCluster, clients: &mut Clients) -> Result<
             .process_flags
             .insert(name.clone(), proxy.route_flags(name));
     }
-    clients.flags = client_names.iter().map(|c| proxy.route_flags(c)).collect();
     Ok(proxy)
 }
 
@@ -626,6 +859,7 @@ struct Faults<'a> {
     next_node: Duration,
     next_client: Duration,
     next_manager: Duration,
+    next_sequencer: Duration,
     next_partition: Duration,
     cut: Vec<((Process, Process), Duration)>,
 }
@@ -637,6 +871,10 @@ impl<'a> Faults<'a> {
             next_node: draw(&mut rng, &cfg.nodes),
             next_client: draw(&mut rng, &cfg.clients_killer),
             next_manager: draw(&mut rng, &cfg.manager),
+            next_sequencer: match cfg.workload {
+                ChaosWorkload::Log => draw(&mut rng, &cfg.sequencer),
+                ChaosWorkload::Bank => Duration::MAX,
+            },
             next_partition: cfg
                 .partitions
                 .map_or(Duration::MAX, |(every, _)| draw(&mut rng, &every)),
@@ -652,7 +890,7 @@ impl<'a> Faults<'a> {
         &mut self,
         now: Duration,
         local: &mut LocalCluster,
-        clients: &mut Clients,
+        workload: &mut Workload,
         proxy: Option<&Proxy>,
         report: &mut ChaosReport,
     ) -> Result<(), LocalError> {
@@ -666,11 +904,7 @@ impl<'a> Faults<'a> {
             self.next_node = now + draw(rng, &cfg.nodes);
         }
         if now >= self.next_client {
-            let id = rng.gen_range(0..cfg.clients);
-            clients.kill(id);
-            clients
-                .start(id)
-                .map_err(|e| LocalError::Config(format!("restart client: {e}")))?;
+            workload.kill_one(rng)?;
             report.client_kills += 1;
             self.next_client = now + draw(rng, &cfg.clients_killer);
         }
@@ -680,6 +914,13 @@ impl<'a> Faults<'a> {
             local.start_manager()?;
             report.manager_kills += 1;
             self.next_manager = now + draw(rng, &cfg.manager);
+        }
+        if now >= self.next_sequencer {
+            local.kill_sequencer();
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..500)));
+            local.start_sequencer()?;
+            report.sequencer_kills += 1;
+            self.next_sequencer = now + draw(rng, &cfg.sequencer);
         }
         if let (Some(proxy), Some((every, lasting))) = (proxy, &cfg.partitions) {
             self.cut.retain(|((a, b), until)| {

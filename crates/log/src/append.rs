@@ -121,6 +121,7 @@ impl Append {
             Answer::TooManyStreams(n) => {
                 Err(crate::entry::EntryError::TooManyStreams(n as usize).into())
             }
+            Answer::Full { position, trim } => Err(LogError::Full { position, trim }),
             Answer::Tail { .. } => Err(LogError::Cluster(
                 "the sequencer answered a request for a position with the tail".into(),
             )),

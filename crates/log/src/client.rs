@@ -371,6 +371,17 @@ impl Stream {
         self.id
     }
 
+    /// Every entry of the stream below this position has been returned by `readnext`, or
+    /// is `ready` to be: the tail of the last sync.
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// Entries the last sync found that `readnext` has not returned yet.
+    pub fn ready(&self) -> usize {
+        self.ready.len()
+    }
+
     /// Learns the stream's entries up to the tail (Tango's sync), reading back along the
     /// backpointers in parallel; returns the tail.
     pub async fn sync(&mut self) -> Result<u64, LogError> {

@@ -161,14 +161,22 @@ pub fn seal(layout: &LogLayout, epoch: u64) -> Minitx {
     })
 }
 
-/// Makes a sequencer's reservation durable on every node, if the log is still in its epoch.
+/// Makes a sequencer's reservation durable on every node, if the log is still in its epoch;
+/// reads every node's trim point (`reserve_result`), which clients move.
 pub fn reserve(layout: &LogLayout, r: &Reservation) -> Minitx {
     let mut words = r.from.to_le_bytes().to_vec();
     words.extend_from_slice(&r.to.to_le_bytes());
     on_every_node(layout, |tx, node, base| {
         tx.compare_u64(node, base + word::EPOCH, CmpOp::Eq, r.epoch)
+            .read(node, base + word::TRIM, 8)
             .write(node, base + word::RESERVED_FROM, words.clone())
     })
+}
+
+/// The log's trim point as `reserve` read it (the highest of the nodes'; they agree unless a
+/// trim is half applied).
+pub fn reserve_result(outcome: &Outcome) -> u64 {
+    outcome.reads.iter().map(|b| u64_of(b)).max().unwrap_or(0)
 }
 
 /// Moves every node's trim point up to `prefix`; a failed compare means some node's is

@@ -6,7 +6,10 @@
 //! A sequencer serves one epoch of one log. It never hands out a position at or above the
 //! reservation durable on the log's memory nodes (`word::RESERVED_TO`), so that a successor
 //! that sealed the log knows where its predecessor may have stopped without asking it. It
-//! reserves ahead, half a lease before it runs out, so that requests rarely wait.
+//! reserves ahead, half a lease before it runs out, so that requests rarely wait. Nor does
+//! it hand out a position whose slot still holds an untrimmed entry (one period back): such
+//! a position could never be written nor filled, and a reader meeting it would wait for the
+//! trim forever; the request is answered `Full`, after a reservation re-read the trim point.
 
 use crate::entry::{StreamId, STREAMS_PER_ENTRY_MAX};
 use rustc_hash::FxHashMap;
@@ -60,16 +63,21 @@ pub struct Sequencer<T> {
     /// Requests for positions waiting for a reservation, in arrival order.
     waiting: VecDeque<(T, Vec<StreamId>)>,
     sealed: bool,
+    /// The log's trim point as last read, and its period (positions per lap of the slots):
+    /// positions from `trim + period` on have no free slot yet.
+    trim: u64,
+    period: u64,
 }
 
 impl<T> Sequencer<T> {
-    /// The sequencer of `epoch`, after its driver sealed the log at `epoch` and found the
-    /// tail with the slow check. `history` gives the streams of the entries below the tail,
-    /// newest first (the backward scan; it may stop once every stream has `k`). Nothing is
-    /// handed out before the first reservation (returned) is durable.
+    /// The sequencer of `epoch` for a log of `period` positions per lap, after its driver
+    /// sealed the log at `epoch` and found where the epoch starts (`tail`) and the trim
+    /// point. `history` gives the streams of the entries below the tail, newest first (the
+    /// backward scan; it may stop once every stream has `k`). Nothing is handed out before
+    /// the first reservation (returned) is durable.
     pub fn start(
         epoch: u64,
-        tail: u64,
+        (tail, trim, period): (u64, u64, u64),
         k: u8,
         lease: u64,
         history: impl IntoIterator<Item = (u64, Vec<StreamId>)>,
@@ -95,6 +103,8 @@ impl<T> Sequencer<T> {
             streams,
             waiting: VecDeque::new(),
             sealed: false,
+            trim,
+            period,
         };
         let r = s.reserve().expect("nothing is in flight yet");
         (s, r)
@@ -130,7 +140,7 @@ impl<T> Sequencer<T> {
                     ));
                 }
                 Ask::Next { streams } => {
-                    if self.waiting.is_empty() && self.next < self.reserved_to {
+                    if self.waiting.is_empty() && self.grantable() {
                         let answer = self.grant(&streams);
                         acts.answers.push((token, answer));
                     } else {
@@ -143,21 +153,44 @@ impl<T> Sequencer<T> {
         acts
     }
 
-    /// The reservation up to `to` is durable: grant what waited for it.
-    pub fn on_reserved(&mut self, to: u64) -> Actions<T> {
+    /// The reservation up to `to` is durable, and the log's trim point was `trim`: grant
+    /// what waited for it; what still finds the log full is told so.
+    pub fn on_reserved(&mut self, to: u64, trim: u64) -> Actions<T> {
         debug_assert_eq!(self.reserving, Some(to));
         self.reserving = None;
         self.reserved_to = self.reserved_to.max(to);
+        self.trim = self.trim.max(trim);
         let mut acts = Actions::default();
-        while self.next < self.reserved_to {
+        while self.grantable() {
             let Some((token, streams)) = self.waiting.pop_front() else {
                 break;
             };
             let answer = self.grant(&streams);
             acts.answers.push((token, answer));
         }
+        if self.next >= self.room() {
+            let full = Answer::Full {
+                position: self.next,
+                trim: self.trim,
+            };
+            (acts.answers).extend(
+                self.waiting
+                    .drain(..)
+                    .map(|(token, _)| (token, full.clone())),
+            );
+        }
         acts.reserve = self.reserve_if_low();
         acts
+    }
+
+    /// The first position with no free slot: its slot holds an entry at or above the trim
+    /// point.
+    fn room(&self) -> u64 {
+        self.trim.saturating_add(self.period)
+    }
+
+    fn grantable(&self) -> bool {
+        self.next < self.reserved_to && self.next < self.room()
     }
 
     /// The reservation was refused: the log's epoch moved past ours. Everything waiting,
@@ -256,7 +289,7 @@ mod tests {
 
     #[test]
     fn nothing_is_granted_before_the_first_reservation_is_durable() {
-        let (mut s, r) = Sequencer::start(2, 10, 4, 8, []);
+        let (mut s, r) = Sequencer::start(2, (10, 0, u64::MAX), 4, 8, []);
         assert_eq!(
             r,
             Reservation {
@@ -268,7 +301,7 @@ mod tests {
         let acts = s.on_asks([(1, next(&[])), (2, next(&[]))]);
         assert!(acts.answers.is_empty());
         assert!(acts.reserve.is_none(), "one reservation at a time");
-        let acts = s.on_reserved(18);
+        let acts = s.on_reserved(18, 0);
         let positions: Vec<_> = acts
             .answers
             .iter()
@@ -280,8 +313,8 @@ mod tests {
 
     #[test]
     fn backpointers_are_each_streams_last_k_newest_first() {
-        let (mut s, r) = Sequencer::start(1, 0, 2, 100, []);
-        s.on_reserved(r.to);
+        let (mut s, r) = Sequencer::start(1, (0, 0, u64::MAX), 2, 100, []);
+        s.on_reserved(r.to, 0);
         let mut got = Vec::new();
         for (i, streams) in [vec![7], vec![8], vec![7, 8], vec![7]]
             .into_iter()
@@ -318,17 +351,17 @@ mod tests {
     #[test]
     fn a_successor_rebuilds_streams_from_the_backward_scan() {
         let history = [(9, vec![1]), (7, vec![1, 2]), (5, vec![1]), (2, vec![1])];
-        let (mut s, r) = Sequencer::start(3, 10, 2, 100, history);
-        s.on_reserved(r.to);
+        let (mut s, r) = Sequencer::start(3, (10, 0, u64::MAX), 2, 100, history);
+        s.on_reserved(r.to, 0);
         let acts = s.on_asks([(0, next(&[1, 2]))]);
         assert_eq!(granted(&acts.answers[0].1), (10, vec![vec![9, 7], vec![7]]));
     }
 
     #[test]
     fn it_reserves_ahead_and_never_grants_past_the_reservation() {
-        let (mut s, r) = Sequencer::start(1, 0, 4, 4, []);
+        let (mut s, r) = Sequencer::start(1, (0, 0, u64::MAX), 4, 4, []);
         let mut durable = r.to;
-        s.on_reserved(durable);
+        s.on_reserved(durable, 0);
         let mut in_flight = None;
         let mut granted_positions = Vec::new();
         for i in 0..40u64 {
@@ -345,7 +378,7 @@ mod tests {
             if i % 3 == 2 {
                 if let Some(to) = in_flight.take() {
                     durable = to;
-                    let acts = s.on_reserved(to);
+                    let acts = s.on_reserved(to, 0);
                     for (_, a) in &acts.answers {
                         granted_positions.push(granted(a).0);
                     }
@@ -358,8 +391,36 @@ mod tests {
     }
 
     #[test]
+    fn a_full_log_hands_out_nothing_until_a_reservation_reads_a_later_trim() {
+        // 10 positions per lap, trimmed below 3: position 12's slot held 2, trimmed; 13's
+        // holds 3.
+        let (mut s, r) = Sequencer::start(1, (11, 3, 10), 4, 100, []);
+        s.on_reserved(r.to, 3);
+        let acts = s.on_asks([(1, next(&[])), (2, next(&[])), (3, next(&[]))]);
+        let positions: Vec<u64> = acts.answers.iter().map(|(_, a)| granted(a).0).collect();
+        assert_eq!(positions, [11, 12], "13 has no free slot");
+        let r = acts.reserve.expect("a reservation re-reads the trim point");
+        let acts = s.on_reserved(r.to, 3);
+        assert_eq!(
+            acts.answers,
+            vec![(
+                3,
+                Answer::Full {
+                    position: 13,
+                    trim: 3
+                }
+            )]
+        );
+        let acts = s.on_asks([(4, next(&[]))]);
+        assert!(acts.answers.is_empty());
+        let r = acts.reserve.expect("another look");
+        let acts = s.on_reserved(r.to, 5);
+        assert_eq!(granted(&acts.answers[0].1).0, 13, "trimmed below 5");
+    }
+
+    #[test]
     fn a_sealed_sequencer_answers_sealed() {
-        let (mut s, _) = Sequencer::start(4, 0, 4, 4, []);
+        let (mut s, _) = Sequencer::start(4, (0, 0, u64::MAX), 4, 4, []);
         s.on_asks([(1, next(&[]))]);
         let acts = s.on_sealed();
         assert_eq!(acts.answers, vec![(1, Answer::Sealed { epoch: 4 })]);

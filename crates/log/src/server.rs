@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tutti_client::{Cluster, Minitx};
+use tutti_client::{Cluster, Minitx, Outcome};
 use tutti_wire::{Ask, Backoff, ErrorCode, Replies, Request, Response, RpcError};
 
 /// Frames queued for one log while it is taken over, at most; past that the connection
@@ -116,12 +116,12 @@ async fn serve_log(
                 takeover_until = Instant::now() + TAKEOVER_DEADLINE;
                 effects
             }
-            (epoch, to, committed) = async { reserving.as_mut().expect("guarded").await }, if reserving.is_some() => {
+            (epoch, to, outcome) = async { reserving.as_mut().expect("guarded").await }, if reserving.is_some() => {
                 reserving = None;
-                if !committed {
+                if !outcome.committed {
                     tracing::warn!(log = %name, epoch, "sealed by a successor");
                 }
-                service.on_reserved(epoch, to, committed)
+                service.on_reserved(epoch, to, &outcome)
             }
         };
         let mut effects = std::collections::VecDeque::from(effects);
@@ -165,17 +165,17 @@ async fn serve_log(
     }
 }
 
-/// The reservation in flight: its epoch and end, and whether it became durable.
-type Reserving = std::pin::Pin<Box<dyn Future<Output = (u64, u64, bool)> + Send>>;
+/// The reservation in flight: its epoch and end, and its outcome.
+type Reserving = std::pin::Pin<Box<dyn Future<Output = (u64, u64, Outcome)> + Send>>;
 
 /// Runs a reservation until it has an outcome: retried while the nodes do not answer (the
 /// minitransaction may run twice).
-async fn reserve(cluster: Cluster, tx: Minitx, epoch: u64, to: u64) -> (u64, u64, bool) {
+async fn reserve(cluster: Cluster, tx: Minitx, epoch: u64, to: u64) -> (u64, u64, Outcome) {
     let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
     loop {
         let until = Instant::now() + Duration::from_secs(10);
         match run(&cluster, &tx, until).await {
-            Ok(outcome) => return (epoch, to, outcome.committed),
+            Ok(outcome) => return (epoch, to, outcome),
             Err(e) => {
                 tracing::warn!(epoch, to, "reservation: {e}; retrying");
                 backoff.pause().await;

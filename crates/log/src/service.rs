@@ -29,7 +29,7 @@ pub enum Effect {
     /// Run this takeover step; hand its outcome to `on_outcome`. One at a time.
     Run(Minitx),
     /// Make a reservation (of `epoch`, up to `to`) durable: run `tx` until it has an outcome
-    /// (it may run twice) and hand `committed` to `on_reserved`. One at a time.
+    /// (it may run twice) and hand it to `on_reserved`. One at a time.
     Reserve { tx: Minitx, epoch: u64, to: u64 },
     /// Reply to the frame with one answer per ask.
     Answer(FrameId, Vec<Answer>),
@@ -223,7 +223,7 @@ impl LogService {
                 Ok(Step::Done(t)) => {
                     let (seq, r) = Sequencer::start(
                         t.epoch,
-                        t.tail,
+                        (t.tail, t.trim, layout.period()),
                         layout.backpointers,
                         self.lease,
                         t.history,
@@ -264,9 +264,9 @@ impl LogService {
         }
     }
 
-    /// Whether the `Reserve` of `epoch` up to `to` committed (false: the log's epoch moved
-    /// on). One of an epoch no longer served is ignored.
-    pub fn on_reserved(&mut self, epoch: u64, to: u64, committed: bool) -> Vec<Effect> {
+    /// The outcome of the `Reserve` of `epoch` up to `to` (not committed: the log's epoch
+    /// moved on). One of an epoch no longer served is ignored.
+    pub fn on_reserved(&mut self, epoch: u64, to: u64, outcome: &Outcome) -> Vec<Effect> {
         let State::Serving {
             seq, epoch: now, ..
         } = &mut self.state
@@ -276,8 +276,8 @@ impl LogService {
         if *now != epoch {
             return vec![];
         }
-        let acts = if committed {
-            seq.on_reserved(to)
+        let acts = if outcome.committed {
+            seq.on_reserved(to, minitxs::reserve_result(outcome))
         } else {
             seq.on_sealed()
         };

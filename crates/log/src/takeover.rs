@@ -122,6 +122,8 @@ pub struct TakenOver {
     /// an earlier sequencer may have handed out (or told a reader was below its tail) is
     /// handed out again.
     pub tail: u64,
+    /// The trim point the seal read.
+    pub trim: u64,
     /// Streams of every data entry below the tail down to the trim point, newest first.
     pub history: Vec<(u64, Vec<StreamId>)>,
 }
@@ -141,6 +143,7 @@ pub struct Takeover {
     phase: Phase,
     /// Where the new epoch starts: the reservation's end the seal read.
     tail: u64,
+    trim: u64,
     history: Vec<(u64, Vec<StreamId>)>,
 }
 
@@ -151,6 +154,7 @@ impl Takeover {
             epoch,
             phase: Phase::Seal,
             tail: 0,
+            trim: 0,
             history: Vec::new(),
         };
         let seal = if planted(Bug::ResumeWithoutSeal) {
@@ -186,6 +190,7 @@ impl Takeover {
                 // reader was already told, where its next sync (which reads only what
                 // backpointers name) never looks.
                 self.tail = words.reserved_to;
+                self.trim = words.trim;
                 if planted(Bug::ResumeWithoutSeal) {
                     (self.epoch, self.tail) = (words.epoch, words.reserved_from);
                 }
@@ -239,6 +244,7 @@ impl Takeover {
         Step::Done(TakenOver {
             epoch: self.epoch,
             tail: self.tail,
+            trim: self.trim,
             history: std::mem::take(&mut self.history),
         })
     }

@@ -12,7 +12,6 @@ use crate::sequencer::SimSequencer;
 use crate::world::{Addr, Faults, World};
 use crate::Report;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 use tutti_log::layout::word;
@@ -20,6 +19,7 @@ use tutti_log::minitxs::Words;
 use tutti_log::{Content, Entry, LogLayout};
 use tutti_manager::{ManagerState, Persisted};
 use tutti_wire::{Request, Response};
+use tutti_workload::log::Held;
 use tutti_workload::Violation;
 
 const LOG: &str = "sim-log";
@@ -126,26 +126,40 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         world.spawn(Box::new(client), true);
     }
     let mut violations = crate::run_to_the_end(&mut world, &cfg.faults);
-    let h = history.borrow();
+    let mut h = history.borrow_mut();
     violations.extend(h.broken.iter().cloned());
     violations.extend(check_words(&world, &dir, &layout));
     if world.settled() {
-        let slot = |p: u64| -> Option<Entry> {
+        let held = |p: u64| -> Held {
             let s = layout.slot(p);
-            let space = world.process::<SimNode>(dir.node(s.node)).space()?;
+            let Some(space) = world.process::<SimNode>(dir.node(s.node)).space() else {
+                return Held::Empty;
+            };
             let bytes = space.read(s.addr, u64::from(layout.slot_bytes));
-            Entry::decode(p, bytes, layout.backpointers, layout.slot_bytes).ok()?
+            match Entry::decode(p, bytes, layout.backpointers, layout.slot_bytes) {
+                Ok(Some(Entry {
+                    content: Content::Data { streams, payload },
+                    ..
+                })) => Held::Data {
+                    streams: streams.into_iter().map(|s| s.stream).collect(),
+                    payload,
+                },
+                Ok(Some(_)) => Held::Junk,
+                Ok(None) | Err(_) => Held::Empty,
+            }
         };
-        violations.extend(check(&h, slot));
+        h.log.readings = h.reading.values().cloned().collect();
+        violations.extend(h.log.check_appends(held));
+        violations.extend(h.log.check_readings());
     }
     Report {
         seed,
         trace_hash: world.trace_hash(),
         events: world.events(),
         end_us: world.now_us(),
-        committed: h.acked.len() as u64,
+        committed: h.log.acked.len() as u64,
         aborted_compare: 0,
-        unknown: h.maybe.len() as u64,
+        unknown: h.log.unknown.len() as u64,
         node_crashes: world.counter("crashes"),
         coordinator_crashes: 0,
         batched_decisions: world.counter("batched_decisions"),
@@ -174,54 +188,4 @@ fn check_words(world: &World, dir: &Directory, layout: &LogLayout) -> Vec<Violat
             Violation::new("control words", why)
         })
         .collect()
-}
-
-/// The checks of a settled run, given what each position's slot holds at the end.
-fn check(h: &LogHistory, slot: impl Fn(u64) -> Option<Entry>) -> Vec<Violation> {
-    let mut violations = Vec::new();
-    let mut at: BTreeMap<u64, &Vec<u8>> = BTreeMap::new();
-    for (p, streams, payload) in &h.acked {
-        if at.insert(*p, payload).is_some() {
-            let why = format!("two acknowledged appends at position {p}");
-            violations.push(Violation::new("write-once", why));
-        }
-        let held = slot(*p).and_then(|e| match e.content {
-            Content::Data { streams, payload } => Some((
-                streams.into_iter().map(|s| s.stream).collect::<Vec<_>>(),
-                payload,
-            )),
-            Content::Junk => None,
-        });
-        if held.as_ref() != Some(&(streams.clone(), payload.clone())) {
-            let why = format!("the append acknowledged at {p} is not there: {held:?}");
-            violations.push(Violation::new("lost append", why));
-        }
-    }
-    for (reader, (stream, delivered)) in &h.delivered {
-        let positions: Vec<u64> = delivered.iter().map(|(p, _)| *p).collect();
-        if positions.windows(2).any(|w| w[0] >= w[1]) {
-            let why = format!("reader {reader} of stream {stream}: {positions:?} not in log order");
-            violations.push(Violation::new("stream order", why));
-        }
-        let expected: BTreeMap<u64, &Vec<u8>> = (h.acked.iter())
-            .filter(|(_, streams, _)| streams.contains(stream))
-            .map(|(p, _, payload)| (*p, payload))
-            .collect();
-        let got: BTreeMap<u64, &Vec<u8>> = delivered.iter().map(|(p, d)| (*p, d)).collect();
-        for (p, payload) in &expected {
-            if got.get(p) != Some(payload) {
-                let why = format!("reader {reader} of stream {stream} missed the append at {p}");
-                violations.push(Violation::new("stream", why));
-            }
-        }
-        for (p, payload) in &got {
-            let maybe = (h.maybe.iter()).any(|(s, m)| s.contains(stream) && m == *payload);
-            if expected.get(p) != Some(payload) && !maybe {
-                let why =
-                    format!("reader {reader} of stream {stream} read {p}, never appended to it");
-                violations.push(Violation::new("stream", why));
-            }
-        }
-    }
-    violations
 }

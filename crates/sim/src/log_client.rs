@@ -15,9 +15,11 @@ use std::rc::Rc;
 use std::time::Duration;
 use tutti_client::Minitx;
 use tutti_log::{
-    Append, AppendStep, Found, Hole, LogLayout, ReadAt, ReadStep, StreamId, Sync, SyncStep,
+    Append, AppendStep, Found, Hole, LogError, LogLayout, ReadAt, ReadStep, StreamId, Sync,
+    SyncStep,
 };
 use tutti_wire::{Answer, Ask, Request, Response};
+use tutti_workload::log::{Acked, Reading};
 use tutti_workload::Violation;
 
 /// A lost ask to the sequencer is sent again after this long.
@@ -27,18 +29,13 @@ const SYNC_PAUSE_US: u64 = 5_000;
 /// The streams appenders pick from.
 pub(crate) const STREAMS: [StreamId; 3] = [1, 2, 3];
 
-/// A stream and the entries (position, payload) a reader read from it.
-pub(crate) type Delivered = (StreamId, Vec<(u64, Vec<u8>)>);
-
 /// What every client saw, for the checks at the end.
 #[derive(Default)]
 pub(crate) struct LogHistory {
-    /// Acknowledged appends: position, streams, payload.
-    pub(crate) acked: Vec<(u64, Vec<StreamId>, Vec<u8>)>,
-    /// Appends whose outcome is unknown (their client crashed): streams, payload.
-    pub(crate) maybe: Vec<(Vec<StreamId>, Vec<u8>)>,
-    /// What each reader's `readnext` returned since its last restart: (stream, entries).
-    pub(crate) delivered: BTreeMap<u64, Delivered>,
+    /// Acknowledged appends, and those whose client crashed before it knew.
+    pub(crate) log: tutti_workload::log::LogHistory,
+    /// What each reader's `readnext` returned since its last restart.
+    pub(crate) reading: BTreeMap<u64, Reading>,
     pub(crate) appenders_done: usize,
     pub(crate) appenders: usize,
     /// What a client found wrong as it ran.
@@ -209,12 +206,26 @@ impl SimLogClient {
                 else {
                     unreachable!("appending")
                 };
-                self.history
-                    .borrow_mut()
-                    .acked
-                    .push((position, streams, payload));
+                self.history.borrow_mut().log.acked.push(Acked {
+                    position,
+                    streams,
+                    payload,
+                });
                 self.next_task(ctx);
             }
+        }
+    }
+
+    /// The append's next step; a full log ends it, appended nowhere (so a reader that
+    /// finds its payload breaks the checks).
+    fn appended(&mut self, ctx: &mut Ctx<'_>, step: Result<AppendStep, LogError>) {
+        match step {
+            Ok(step) => self.append_step(ctx, step),
+            Err(LogError::Full { .. }) => {
+                self.task = None;
+                self.next_task(ctx);
+            }
+            Err(e) => panic!("log client {}: {e}", self.id),
         }
     }
 
@@ -248,8 +259,15 @@ impl SimLogClient {
                 };
                 self.floor = self.floor.max(tail);
                 let mut h = self.history.borrow_mut();
-                let delivered = &mut h.delivered.entry(self.id).or_insert((stream, vec![])).1;
-                delivered.extend(entries);
+                let reading = h.reading.entry(self.id).or_insert_with(|| Reading {
+                    reader: self.id.to_string(),
+                    stream,
+                    from: 0,
+                    to: 0,
+                    entries: vec![],
+                });
+                reading.entries.extend(entries);
+                reading.to = self.floor;
                 drop(h);
                 if last_round {
                     self.done = true;
@@ -293,8 +311,8 @@ impl SimLogClient {
         let layout = self.layout.clone();
         match (target, &mut self.task) {
             (Target::Append, Some(Task::Append { append, .. })) => {
-                let step = append.on_answer(&layout, answer).expect("a valid answer");
-                self.append_step(ctx, step);
+                let step = append.on_answer(&layout, answer);
+                self.appended(ctx, step);
             }
             (Target::Sync, Some(Task::Sync { sync, .. })) => {
                 let step = sync.on_answer(answer).expect("a tail");
@@ -333,10 +351,8 @@ impl SimLogClient {
         let layout = self.layout.clone();
         match (target, &mut self.task) {
             (Target::Append, Some(Task::Append { append, .. })) => {
-                let step = append
-                    .on_outcome(&outcome)
-                    .expect("no log full in the simulation");
-                self.append_step(ctx, step);
+                let step = append.on_outcome(&outcome);
+                self.appended(ctx, step);
             }
             (Target::Read(p), Some(Task::Sync { reads, .. })) => {
                 let Some(read) = reads.get_mut(&p) else {
@@ -415,13 +431,18 @@ impl Process for SimLogClient {
         match self.task.take() {
             Some(Task::Append {
                 streams, payload, ..
-            }) => self.history.borrow_mut().maybe.push((streams, payload)),
+            }) => self
+                .history
+                .borrow_mut()
+                .log
+                .unknown
+                .push((streams, payload)),
             Some(Task::Sync { .. }) | None => {}
         }
         if let Role::Reader { .. } = self.role {
             // A new reader: from the start of the log again.
             self.floor = 0;
-            self.history.borrow_mut().delivered.remove(&self.id);
+            self.history.borrow_mut().reading.remove(&self.id);
         }
     }
 

@@ -134,7 +134,7 @@ impl SimSequencer {
         match self.running.remove(&handle) {
             Some(Running::Step) => self.service.on_outcome(result.map_err(|e| e.to_string())),
             Some(Running::Reserve { tx, epoch, to }) => match result {
-                Ok(outcome) => self.service.on_reserved(epoch, to, outcome.committed),
+                Ok(outcome) => self.service.on_reserved(epoch, to, &outcome),
                 Err(_) => {
                     let mut effects = std::collections::VecDeque::new();
                     self.start(

@@ -83,6 +83,9 @@ enum Command {
     /// Workloads used by the crash tests.
     #[command(hide = true)]
     Workload(cmd::workload::WorkloadArgs),
+    /// The shared log's client processes under `tutti chaos`.
+    #[command(hide = true)]
+    LogWorkload(cmd::log_workload::LogWorkloadArgs),
 }
 
 /// Transparent huge pages off for this process and the nodes and managers it starts (the
@@ -176,6 +179,10 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         Command::Workload(a) => {
             init_tracing("error");
             cmd::workload::run(a, &dialer).await
+        }
+        Command::LogWorkload(a) => {
+            init_tracing("error");
+            cmd::log_workload::run(a, &dialer).await
         }
     };
     match result {

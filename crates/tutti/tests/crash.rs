@@ -7,18 +7,11 @@
 
 mod common;
 
-use rand::Rng;
 use std::time::Duration;
 use tutti_client::Cluster;
-use tutti_harness::chaos::{self, ChaosConfig, Clients, Terminator};
+use tutti_harness::chaos::{self, ChaosConfig, ChaosWorkload, Clients};
 
 const CLIENTS: u64 = 6;
-
-fn secs(lo: f64, hi: f64) -> Terminator {
-    Terminator {
-        every: (Duration::from_secs_f64(lo), Duration::from_secs_f64(hi)),
-    }
-}
 
 /// A 4-node `log` cluster with the bank initialised, and the client processes (not started).
 fn bank_cluster(rt: &tokio::runtime::Runtime, name: &str) -> (common::TestCluster, Clients) {
@@ -47,30 +40,21 @@ fn verify(rt: &tokio::runtime::Runtime, c: &common::TestCluster, clients: &Clien
 #[test]
 fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
     let dir = common::scratch("chaos");
-    let seed: u64 = std::env::var("TUTTI_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::thread_rng().gen());
-    eprintln!("TUTTI_CRASH_SEED={seed}");
+    let seed = common::chaos_seed();
     let cfg = ChaosConfig {
         duration: Duration::from_secs(60),
+        workload: ChaosWorkload::Bank,
         clients: CLIENTS,
         mix: "transfer=2,read=1,write=1,cas=1".parse().unwrap(),
-        nodes: secs(0.5, 3.0),
-        clients_killer: secs(0.5, 3.0),
-        manager: secs(8.0, 16.0),
-        partitions: Some((secs(2.0, 6.0), secs(0.5, 4.0))),
+        nodes: common::secs(0.5, 3.0),
+        clients_killer: common::secs(0.5, 3.0),
+        manager: common::secs(8.0, 16.0),
+        sequencer: common::secs(2.0, 6.0),
+        partitions: Some((common::secs(2.0, 6.0), common::secs(0.5, 4.0))),
         linearizability_checker: chaos::default_checker(),
         seed,
     };
-    let report = chaos::run(&common::exe(), &dir, &cfg, |_| {}).unwrap();
-    eprint!("{}", report.table(&cfg));
-    assert!(
-        report.violations.is_empty(),
-        "violations (logs in {}): {:#?}",
-        dir.display(),
-        report.violations
-    );
+    let report = common::chaos(&dir, &cfg);
     assert!(
         report.node_kills >= 10
             && report.client_kills >= 10

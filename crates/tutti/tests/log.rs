@@ -187,9 +187,9 @@ fn a_takeover_starts_above_every_position_handed_out_with_each_streams_last_posi
         let l = &layout;
 
         // The first sequencer, in epoch 1: 3,000 positions over streams 1 and 2, with holes.
-        let (mut first, r) = Sequencer::<u64>::start(1, 0, 2, 1000, []);
+        let (mut first, r) = Sequencer::<u64>::start(1, (0, 0, l.period()), 2, 1000, []);
         assert!(committed(&cluster, &minitxs::reserve(l, &r)).await);
-        first.on_reserved(r.to);
+        first.on_reserved(r.to, 0);
         let mut reserved = r.to;
         let mut written = 0u64;
         for i in 0..3000u64 {
@@ -206,7 +206,7 @@ fn a_takeover_starts_above_every_position_handed_out_with_each_streams_last_posi
             )]);
             if let Some(r) = acts.reserve {
                 assert!(committed(&cluster, &minitxs::reserve(l, &r)).await);
-                first.on_reserved(r.to);
+                first.on_reserved(r.to, 0);
                 reserved = r.to;
             }
             let Some((
@@ -259,6 +259,7 @@ fn a_takeover_starts_above_every_position_handed_out_with_each_streams_last_posi
             .await
             .expect("taken over");
         assert!(reserved > written + 1, "the first sequencer reserved ahead");
+        assert_eq!(taken.trim, 100, "the successor knows the trim point");
         assert_eq!(
             taken.tail, reserved,
             "the new epoch starts above every position the old one may have handed out"
@@ -268,9 +269,15 @@ fn a_takeover_starts_above_every_position_handed_out_with_each_streams_last_posi
             oldest >= 100,
             "nothing below the trim point is scanned: {oldest}"
         );
-        let (mut second, r) = Sequencer::<u64>::start(2, taken.tail, 2, 1000, taken.history);
+        let (mut second, r) = Sequencer::<u64>::start(
+            2,
+            (taken.tail, taken.trim, l.period()),
+            2,
+            1000,
+            taken.history,
+        );
         assert!(committed(&cluster, &minitxs::reserve(l, &r)).await);
-        second.on_reserved(r.to);
+        second.on_reserved(r.to, taken.trim);
         let acts = second.on_asks([(
             0,
             Ask::Next {

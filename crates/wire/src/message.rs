@@ -278,6 +278,9 @@ pub enum Answer {
     TooManyStreams(u32),
     /// This sequencer's epoch, `epoch`, is over: the log was sealed by a successor.
     Sealed { epoch: u64 },
+    /// The log is full: `position`, the next one, would take the slot of an entry at or
+    /// above the trim point, `trim`. Nothing was handed out; trim the log.
+    Full { position: u64, trim: u64 },
 }
 
 /// Load counters of one minitransaction class over one window.

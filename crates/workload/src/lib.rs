@@ -5,6 +5,7 @@
 //! here does I/O: a driver executes the minitransactions and hands back their outcomes.
 
 pub mod bank;
+pub mod log;
 
 pub use bank::{Bank, BankOp, TransferKind};
 
@@ -17,7 +18,8 @@ use tutti_wire::NodeId;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
     /// Which property: `atomicity`, `durability`, `serializability`, `isolation`,
-    /// `liveness` or `protocol`.
+    /// `liveness` or `protocol`; for the log, `write-once`, `lost append`, `stream` or
+    /// `stream order`.
     pub kind: &'static str,
     pub detail: String,
 }

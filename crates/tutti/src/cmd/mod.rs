@@ -6,6 +6,7 @@ pub(crate) mod bench;
 pub(crate) mod chaos;
 mod items;
 pub(crate) mod log;
+pub(crate) mod log_workload;
 pub(crate) mod manager;
 pub(crate) mod memnode;
 pub(crate) mod sequencer;

@@ -98,3 +98,36 @@ pub async fn assert_idle(cluster: &Cluster, within: Duration) {
         panic!("{busy}");
     }
 }
+
+/// The chaos schedule's seed: `TUTTI_CRASH_SEED` to replay one, else random (printed).
+pub fn chaos_seed() -> u64 {
+    let seed = std::env::var("TUTTI_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("TUTTI_CRASH_SEED={seed}");
+    seed
+}
+
+/// A terminator striking every `lo`–`hi` seconds.
+pub fn secs(lo: f64, hi: f64) -> tutti_harness::chaos::Terminator {
+    tutti_harness::chaos::Terminator {
+        every: (Duration::from_secs_f64(lo), Duration::from_secs_f64(hi)),
+    }
+}
+
+/// Runs `cfg` in `dir` and prints its table; every invariant must hold.
+pub fn chaos(
+    dir: &Path,
+    cfg: &tutti_harness::chaos::ChaosConfig,
+) -> tutti_harness::chaos::ChaosReport {
+    let report = tutti_harness::chaos::run(&exe(), dir, cfg, |_| {}).expect("a chaos run");
+    eprint!("{}", report.table(cfg));
+    assert!(
+        report.violations.is_empty(),
+        "violations (logs in {}): {:#?}",
+        dir.display(),
+        report.violations
+    );
+    report
+}

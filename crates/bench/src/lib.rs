@@ -4,6 +4,7 @@
 
 pub mod driver;
 pub mod limits;
+pub mod log;
 pub mod memory;
 pub mod minitx;
 pub mod peers;

@@ -35,7 +35,12 @@ impl Drop for Daemon {
 
 impl Daemon {
     /// Starts `cmd` as `name`, its output in `dir.log`.
-    fn spawn(name: &str, dir: PathBuf, port: u16, cmd: Command) -> Result<Daemon, String> {
+    pub(crate) fn spawn(
+        name: &str,
+        dir: PathBuf,
+        port: u16,
+        cmd: Command,
+    ) -> Result<Daemon, String> {
         let mut process = Supervisor::new();
         process
             .start(name, cmd, &dir.with_extension("log"))
@@ -49,7 +54,7 @@ impl Daemon {
     }
 
     /// Waits until `ready` succeeds, or the daemon exits, or 60 s pass.
-    async fn wait<T, F: Future<Output = Result<T, String>>>(
+    pub(crate) async fn wait<T, F: Future<Output = Result<T, String>>>(
         &mut self,
         ready: impl Fn() -> F,
     ) -> Result<T, String> {
@@ -74,11 +79,11 @@ impl Daemon {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     tutti_harness::local::free_port().map_err(|e| e.to_string())
 }
 
-fn scratch(root: &Path, name: &str) -> Result<PathBuf, String> {
+pub(crate) fn scratch(root: &Path, name: &str) -> Result<PathBuf, String> {
     let dir = root.join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -95,6 +100,20 @@ pub fn ensure_installed(program: &str, package: &str) -> Result<PathBuf, String>
                 .find(|p| p.is_file())
         })
     };
+    ensure(find, program, package)
+}
+
+/// `file`, installing the Debian `package` that has it if it is missing.
+pub fn ensure_file(file: &Path, package: &str) -> Result<PathBuf, String> {
+    let find = || file.is_file().then(|| file.to_path_buf());
+    ensure(find, &file.display().to_string(), package)
+}
+
+fn ensure(
+    find: impl Fn() -> Option<PathBuf>,
+    program: &str,
+    package: &str,
+) -> Result<PathBuf, String> {
     if let Some(p) = find() {
         return Ok(p);
     }
@@ -129,7 +148,7 @@ return 1";
 
 #[derive(Clone)]
 pub struct RedisSession {
-    con: redis::aio::MultiplexedConnection,
+    pub(crate) con: redis::aio::MultiplexedConnection,
     script: Arc<redis::Script>,
 }
 
@@ -435,8 +454,12 @@ pub struct EtcdSession {
     url: String,
 }
 
-fn b64(s: &str) -> String {
-    base64::engine::general_purpose::STANDARD.encode(s)
+pub(crate) fn b64(s: &str) -> String {
+    b64_bytes(s.as_bytes())
+}
+
+pub(crate) fn b64_bytes(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// A single-member etcd (it always fsyncs its WAL), driven through its JSON gateway with
@@ -490,7 +513,7 @@ pub async fn etcd(root: &Path, items: u32) -> Result<(Daemon, EtcdSession), Stri
 }
 
 impl EtcdSession {
-    async fn txn(&self, body: serde_json::Value) -> Result<serde_json::Value, String> {
+    pub(crate) async fn txn(&self, body: serde_json::Value) -> Result<serde_json::Value, String> {
         let resp = self
             .http
             .post(&self.url)

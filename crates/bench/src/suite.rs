@@ -484,7 +484,8 @@ pub fn plot(out: &Path) -> Result<(), String> {
     }
 }
 
-/// Writes one JSON file per experiment under `out/results/` and `out/RESULTS.md`.
+/// Writes one JSON file per experiment under `out/results/` and `out/RESULTS.md` (keeping
+/// the shared log's section of an earlier `tutti bench log`).
 pub fn write(cfg: &SuiteConfig, points: &[Point], command: &str) -> Result<(), String> {
     let results = cfg.out.join("results");
     std::fs::create_dir_all(&results).map_err(|e| format!("{}: {e}", results.display()))?;
@@ -497,8 +498,13 @@ pub fn write(cfg: &SuiteConfig, points: &[Point], command: &str) -> Result<(), S
         let json = serde_json::to_string_pretty(ps).expect("points serialise");
         std::fs::write(&path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let md = results_md(cfg, points, command);
+    let mut md = results_md(cfg, points, command);
     let path = cfg.out.join("RESULTS.md");
+    // The log's section comes from its own run (`tutti bench log`): kept as it is.
+    let before = std::fs::read_to_string(&path).unwrap_or_default();
+    if let Some(section) = crate::log::section_of(&before) {
+        md = crate::log::splice(&md, section);
+    }
     std::fs::write(&path, md).map_err(|e| format!("{}: {e}", path.display()))
 }
 

@@ -17,6 +17,13 @@ pub(crate) enum BenchCommand {
     /// each started here on loopback (installed with apt-get if missing). Writes
     /// results/*.json, RESULTS.md and a PNG per figure (matplotlib) under --out.
     All(BenchAllArgs),
+    /// The shared log on a 4-node `log` cluster: appends (128 B and 4 KiB entries,
+    /// outstanding swept) against Redis Streams XADD (appendfsync always), etcd puts and
+    /// ZooKeeper 3.8 sequential znodes (forceSync=yes), each started here; reads; the
+    /// sequencer alone; a new reader's sync of a 100,000-entry stream; a log node's resident
+    /// set over minutes of appends and trims. Writes results/log.json and the log's section
+    /// of RESULTS.md under --out.
+    Log(BenchLogArgs),
     /// The physical limits alone, as `all` measures them: the 64-byte loopback round trip
     /// (1 and 16 connections) and 4 KiB writes each followed by fdatasync (appending, on a
     /// preallocated file, and four preallocated streams at once), with p99.9 and max. Run it
@@ -32,6 +39,34 @@ pub(crate) struct BenchLimitsArgs {
     /// A directory on the disk to measure (default: a scratch directory under $TMPDIR).
     #[arg(long)]
     dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchLogArgs {
+    /// A short pass: outstanding 1,16,64 for 1 s each, a 10,000-entry sync, one minute of
+    /// memory.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    outstanding: Vec<usize>,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Entry sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "128,4096")]
+    sizes: Vec<usize>,
+    /// Entries of the stream the sync reads.
+    #[arg(long, default_value_t = 100_000)]
+    sync_entries: u64,
+    /// Minutes over which a log node's resident set is read (0: not measured).
+    #[arg(long, default_value_t = 10)]
+    memory_minutes: u64,
+    /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
+    #[arg(long, default_value_os_t = tutti_harness::source_tree().join("bench"))]
+    out: PathBuf,
+    /// Measure tutti only.
+    #[arg(long)]
+    no_peers: bool,
 }
 
 #[derive(Args)]
@@ -98,6 +133,7 @@ pub(crate) async fn run(which: BenchCommand) -> Result<(), String> {
     match which {
         BenchCommand::Minitx(a) => measure::minitx(a).await,
         BenchCommand::All(a) => measure::all(a).await,
+        BenchCommand::Log(a) => measure::log(a).await,
         BenchCommand::Limits(a) => measure::limits(a).await,
     }
 }
@@ -113,7 +149,7 @@ pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
 
 #[cfg(feature = "bench")]
 mod measure {
-    use super::{BenchAllArgs, BenchLimitsArgs, BenchMinitxArgs, Layout2};
+    use super::{BenchAllArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs, Layout2};
     use std::path::Path;
     use std::time::Duration;
     use tutti_bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
@@ -194,6 +230,58 @@ mod measure {
             points.len(),
             cfg.out.join("results").display(),
             cfg.out.join("RESULTS.md").display()
+        );
+        Ok(())
+    }
+
+    pub(super) async fn log(a: BenchLogArgs) -> Result<(), String> {
+        use tutti_bench::log::LogBenchConfig;
+        let scratch = scratch_dir("tutti-bench-log-", None)?;
+        let cfg = LogBenchConfig {
+            exe: std::env::current_exe().map_err(|e| e.to_string())?,
+            scratch: scratch.path().to_path_buf(),
+            outstanding: if a.quick {
+                vec![1, 16, 64]
+            } else {
+                a.outstanding
+            },
+            seconds: if a.quick { 1.0 } else { a.seconds },
+            sizes: a.sizes,
+            sync_entries: if a.quick { 10_000 } else { a.sync_entries },
+            memory_minutes: if a.quick { 1 } else { a.memory_minutes },
+            no_peers: a.no_peers,
+        };
+        let mut print = |p: &Point| {
+            eprintln!(
+                "bench: {} {} {} {} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs{}",
+                p.experiment,
+                p.system,
+                p.mode,
+                p.operation.as_deref().unwrap_or(""),
+                p.outstanding,
+                p.throughput_per_s,
+                p.p50_us,
+                p.p99_us,
+                p.rss_bytes
+                    .map_or(String::new(), |r| format!(" rss {} MiB", r >> 20))
+            )
+        };
+        let result = tutti_bench::log::run(&cfg, &mut print).await;
+        drop(scratch);
+        let points = result?;
+        let command = std::env::args()
+            .skip(1)
+            .fold("tutti".to_string(), |acc, a| acc + " " + &a);
+        tutti_bench::log::write(&a.out, &cfg, &points, &command)?;
+        println!(
+            "{}",
+            serde_json::to_string(&points).expect("points serialise")
+        );
+        eprintln!(
+            "bench: {} points; wrote {} and the log section of {}",
+            points.len(),
+            a.out.join("results/log.json").display(),
+            a.out.join("RESULTS.md").display()
         );
         Ok(())
     }

@@ -35,6 +35,9 @@ pub struct LogSimConfig {
     pub backpointers: u8,
     /// Positions per reservation: small, so that reservations are frequent.
     pub lease: u64,
+    /// Sequencer processes: each restart of one replaces the one named before, and clients
+    /// ask any of them.
+    pub sequencers: u64,
     pub hole_timeout_us: u64,
     pub faults: Faults,
 }
@@ -47,6 +50,7 @@ impl Default for LogSimConfig {
             appends_per_appender: 12,
             backpointers: 2,
             lease: 8,
+            sequencers: 2,
             hole_timeout_us: 20_000,
             faults: crate::SimConfig::default().faults,
         }
@@ -101,8 +105,12 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
     }
     let manager = SimManager::with_state(dir.clone(), 400_000, state);
     assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
-    let sequencer = SimSequencer::new(LOG, cfg.lease, dir.clone());
-    let sequencer = world.spawn(Box::new(sequencer), true);
+    let sequencers: Vec<Addr> = (0..cfg.sequencers.max(1))
+        .map(|i| {
+            let sequencer = SimSequencer::new(i, LOG, cfg.lease, dir.clone());
+            world.spawn(Box::new(sequencer), true)
+        })
+        .collect();
     let history = Rc::new(RefCell::new(LogHistory {
         appenders: cfg.appenders,
         ..LogHistory::default()
@@ -120,7 +128,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
             layout.clone(),
             Duration::from_micros(cfg.hole_timeout_us),
             dir.clone(),
-            sequencer,
+            sequencers.clone(),
             history.clone(),
         );
         world.spawn(Box::new(client), true);

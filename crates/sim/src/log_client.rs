@@ -81,7 +81,9 @@ pub(crate) struct SimLogClient {
     log: String,
     layout: LogLayout,
     hole_timeout: Duration,
-    sequencer: Addr,
+    /// Every sequencer: each ask goes to one at random, as from a client whose idea of the
+    /// current one may be stale.
+    sequencers: Vec<Addr>,
     history: Rc<RefCell<LogHistory>>,
     coordinators: Coordinators,
     task: Option<Task>,
@@ -103,7 +105,7 @@ impl SimLogClient {
         layout: LogLayout,
         hole_timeout: Duration,
         dir: Rc<Directory>,
-        sequencer: Addr,
+        sequencers: Vec<Addr>,
         history: Rc<RefCell<LogHistory>>,
     ) -> SimLogClient {
         SimLogClient {
@@ -112,7 +114,7 @@ impl SimLogClient {
             log: log.into(),
             layout,
             hole_timeout,
-            sequencer,
+            sequencers,
             history,
             coordinators: Coordinators::new(dir, id + 1),
             task: None,
@@ -176,7 +178,8 @@ impl SimLogClient {
             min_epoch,
             asks: vec![ask.clone()],
         };
-        ctx.send(self.sequencer, Msg::Req { id, req });
+        let sequencer = self.sequencers[ctx.rng().gen_range(0..self.sequencers.len())];
+        ctx.send(sequencer, Msg::Req { id, req });
         ctx.set_timer(ASK_TIMEOUT_US, ClientTimer::AskTimeout(id));
         self.asks.insert(id, (target, ask, min_epoch));
     }

@@ -1,7 +1,9 @@
 //! The simulated log sequencer: the real `LogService` (takeover, sequencer, reservations)
 //! of one log, over the simulated network, with the manager and the memory nodes as they
 //! are. It crashes like any faulty process and loses everything; a restart records its
-//! address with the manager again and takes the log over on the first request.
+//! address with the manager again and takes the log over on the first request. Several run
+//! at once: each restart replaces whichever the manager named before, and the replaced one
+//! serves on until it learns so, as a real one that was cut off would.
 
 use crate::coordinators::{CoordinatorTimer, Coordinators, Finished, Handle};
 use crate::msg::{self, Directory, Msg};
@@ -13,8 +15,6 @@ use tutti_client::Minitx;
 use tutti_log::service::{Effect, FrameId, LogService};
 use tutti_wire::{ErrorCode, Request, Response};
 
-/// The address this sequencer records with the manager.
-pub(crate) const ADDR: &str = "sim-sequencer";
 /// How long a manager request may go unanswered (a lost message) before it counts as failed.
 const MANAGER_TIMEOUT_US: u64 = 50_000;
 
@@ -32,6 +32,8 @@ enum Running {
 }
 
 pub(crate) struct SimSequencer {
+    /// The address it records with the manager.
+    addr: String,
     log: String,
     lease: u64,
     manager: Addr,
@@ -46,13 +48,16 @@ pub(crate) struct SimSequencer {
 }
 
 impl SimSequencer {
-    pub(crate) fn new(log: &str, lease: u64, dir: Rc<Directory>) -> SimSequencer {
+    /// Sequencer number `i` (from 0) of `log`.
+    pub(crate) fn new(i: u64, log: &str, lease: u64, dir: Rc<Directory>) -> SimSequencer {
+        let addr = format!("sim-sequencer-{i}");
         SimSequencer {
             log: log.into(),
             lease,
             manager: dir.manager,
-            coordinators: Coordinators::new(dir, 1 << 62),
-            service: LogService::new(log.into(), ADDR.into(), lease),
+            coordinators: Coordinators::new(dir, (1 << 62) + (i << 48)),
+            service: LogService::new(log.into(), addr.clone(), lease),
+            addr,
             registered: false,
             register_id: 0,
             asking: None,
@@ -63,7 +68,9 @@ impl SimSequencer {
 
     fn register(&mut self, ctx: &mut Ctx<'_>) {
         self.register_id = ctx.new_id();
-        let req = Request::SetSequencer { addr: ADDR.into() };
+        let req = Request::SetSequencer {
+            addr: self.addr.clone(),
+        };
         ctx.send(
             self.manager,
             Msg::Req {
@@ -232,7 +239,7 @@ impl Process for SimSequencer {
 
     fn on_crash(&mut self, ctx: &mut Ctx<'_>, _power_loss: bool) {
         self.coordinators.crash(ctx);
-        self.service = LogService::new(self.log.clone(), ADDR.into(), self.lease);
+        self.service = LogService::new(self.log.clone(), self.addr.clone(), self.lease);
         self.registered = false;
         self.asking = None;
         self.running.clear();
@@ -248,6 +255,6 @@ impl Process for SimSequencer {
     }
 
     fn describe(&self) -> String {
-        format!("sequencer at epoch {:?}", self.service.epoch())
+        format!("{} at epoch {:?}", self.addr, self.service.epoch())
     }
 }

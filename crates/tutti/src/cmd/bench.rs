@@ -67,6 +67,11 @@ pub(crate) struct BenchLogArgs {
     /// Measure tutti only.
     #[arg(long)]
     no_peers: bool,
+    /// Measure nothing: write the log's section of RESULTS.md again from the points in
+    /// results/log.json (after a change to how they are shown). The command line recorded is
+    /// the one given here, so give the measuring run's options.
+    #[arg(long)]
+    from_results: bool,
 }
 
 #[derive(Args)]
@@ -266,12 +271,17 @@ mod measure {
                     .map_or(String::new(), |r| format!(" rss {} MiB", r >> 20))
             )
         };
+        let command = std::env::args()
+            .skip(1)
+            .filter(|a| a != "--from-results")
+            .fold("tutti".to_string(), |acc, a| acc + " " + &a);
+        if a.from_results {
+            let points = tutti_bench::log::read_results(&a.out)?;
+            return tutti_bench::log::write(&a.out, &cfg, &points, &command);
+        }
         let result = tutti_bench::log::run(&cfg, &mut print).await;
         drop(scratch);
         let points = result?;
-        let command = std::env::args()
-            .skip(1)
-            .fold("tutti".to_string(), |acc, a| acc + " " + &a);
         tutti_bench::log::write(&a.out, &cfg, &points, &command)?;
         println!(
             "{}",

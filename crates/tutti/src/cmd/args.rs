@@ -134,8 +134,10 @@ pub(crate) async fn shutdown_signal() {
 pub(crate) fn init_tracing(default: &str) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("TUTTI_LOG").unwrap_or_else(|_| default.into());
+    // Colours only on a terminal: `tutti up` sends each process's output to a log file.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

@@ -57,8 +57,9 @@ pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
         cluster.dir.join("cluster.json").display(),
         cluster.dir.join("logs").display()
     );
+    // Two minitransactions: one's reads see the state before its own writes.
     println!(
-        "tutti: try  tutti txn --cluster {} write:1:0:68656c6c6f read:1:0:5",
+        "tutti: try  tutti txn --cluster {0} write:1:0:68656c6c6f  then  tutti txn --cluster {0} read:1:0:5",
         cluster.file.manager
     );
     println!("tutti: Ctrl-C stops the cluster");

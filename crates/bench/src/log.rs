@@ -337,12 +337,12 @@ async fn sequencer(
 /// A stream of `sync_entries` 128-byte entries, each followed by one in another stream,
 /// read by a new reader's sync from the start: entries per second.
 async fn sync(cfg: &LogBenchConfig, cluster: &Cluster) -> Result<Point, String> {
+    // Room for every entry of both kinds (and a lease to spare) in 512-byte slots over the
+    // 4 nodes, plus a MiB per node for the region's header: the log never wraps.
+    let per_node = (cfg.sync_entries * 2 + 8192) * 512 / 4 + (1 << 20);
     let shape = LogShape {
         slot_bytes: 512,
-        ..LogShape::new(
-            vec![1, 2, 3, 4],
-            (cfg.sync_entries * 2 + 8192) * 512 / 4 + (1 << 20),
-        )
+        ..LogShape::new(vec![1, 2, 3, 4], per_node)
     };
     let log = Log::create(cluster, "sync", &shape, LogOptions::default())
         .await

@@ -94,7 +94,10 @@ impl LogHistory {
 
     fn check_reading(&self, r: &Reading) -> Vec<Violation> {
         let mut violations = Vec::new();
-        let who = format!("reader {} of stream {}", r.reader, r.stream);
+        let who = format!(
+            "reader {} of stream {} (synced {}..{})",
+            r.reader, r.stream, r.from, r.to
+        );
         let positions: Vec<u64> = r.entries.iter().map(|(p, _)| *p).collect();
         if positions.windows(2).any(|w| w[0] >= w[1]) {
             let why = format!("{who}: {positions:?} not in log order");

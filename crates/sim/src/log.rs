@@ -38,6 +38,8 @@ pub struct LogSimConfig {
     /// Sequencer processes: each restart of one replaces the one named before, and clients
     /// ask any of them.
     pub sequencers: u64,
+    /// A client that trims the log below every reader, so that appends go round the slots.
+    pub trimmer: bool,
     pub hole_timeout_us: u64,
     pub faults: Faults,
 }
@@ -51,6 +53,7 @@ impl Default for LogSimConfig {
             backpointers: 2,
             lease: 8,
             sequencers: 2,
+            trimmer: true,
             hole_timeout_us: 20_000,
             faults: crate::SimConfig::default().faults,
         }
@@ -119,7 +122,8 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         .map(|_| Role::Appender {
             appends: cfg.appends_per_appender,
         })
-        .chain(STREAMS.iter().map(|&stream| Role::Reader { stream }));
+        .chain(STREAMS.iter().map(|&stream| Role::Reader { stream }))
+        .chain(cfg.trimmer.then_some(Role::Trimmer));
     for (i, role) in roles.enumerate() {
         let client = SimLogClient::new(
             i as u64,
@@ -138,7 +142,17 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
     violations.extend(h.broken.iter().cloned());
     violations.extend(check_words(&world, &dir, &layout));
     if world.settled() {
+        let trim = (layout.nodes.iter())
+            .filter_map(|&(node, base)| {
+                let space = world.process::<SimNode>(dir.node(node)).space()?;
+                Some(Words::parse(space.read(base, word::LAYOUT)).trim)
+            })
+            .max()
+            .unwrap_or_default();
         let held = |p: u64| -> Held {
+            if p < trim {
+                return Held::Trimmed;
+            }
             let s = layout.slot(p);
             let Some(space) = world.process::<SimNode>(dir.node(s.node)).space() else {
                 return Held::Empty;

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 use tutti_client::Minitx;
+use tutti_log::minitxs;
 use tutti_log::{
     Append, AppendStep, Found, Hole, LogError, LogLayout, ReadAt, ReadStep, StreamId, Sync,
     SyncStep,
@@ -47,13 +48,17 @@ enum Target {
     Append,
     Sync,
     Read(u64),
+    /// A reader's read of the control words, for where to start.
+    Words,
+    Trim,
 }
 
 #[derive(Debug)]
 enum ClientTimer {
     AskTimeout(u64),
     HoleWait(u64),
-    NextSync,
+    /// A reader's next sync, or the trimmer's next look.
+    Next,
 }
 
 enum Task {
@@ -68,11 +73,29 @@ enum Task {
         found: Vec<(u64, Found)>,
         last_round: bool,
     },
+    /// A reader learning the trim point, where it starts.
+    Start,
+    /// A reader's first sync is done: the trim point again, since a trim that was on its
+    /// way before this reader said where it was may have passed its start meanwhile (and
+    /// then its sync could not see what lay below). Later trims stay below its floor.
+    Confirm {
+        entries: BTreeMap<u64, Vec<u8>>,
+        last_round: bool,
+    },
+    Trim {
+        prefix: u64,
+    },
 }
 
 pub(crate) enum Role {
-    Appender { appends: usize },
-    Reader { stream: StreamId },
+    Appender {
+        appends: usize,
+    },
+    Reader {
+        stream: StreamId,
+    },
+    /// Trims the log below every reader (as `tutti chaos` does) until the appenders are done.
+    Trimmer,
 }
 
 pub(crate) struct SimLogClient {
@@ -91,6 +114,10 @@ pub(crate) struct SimLogClient {
     /// A reader's next position to sync from; it is done after a sync that began once every
     /// appender was.
     floor: u64,
+    /// Where this incarnation of a reader started (the trim point then), once it knows.
+    start: Option<u64>,
+    /// How far the trimmer has trimmed.
+    trimmed: u64,
     done: bool,
     asks: BTreeMap<u64, (Target, Ask, u64)>,
     minitxs: BTreeMap<Handle, (Target, Minitx, bool)>,
@@ -120,6 +147,8 @@ impl SimLogClient {
             task: None,
             started: 0,
             floor: 0,
+            start: None,
+            trimmed: 0,
             done: false,
             asks: BTreeMap::new(),
             minitxs: BTreeMap::new(),
@@ -154,6 +183,34 @@ impl SimLogClient {
                     payload,
                 });
                 self.append_step(ctx, step);
+            }
+            Role::Reader { .. } if self.start.is_none() => {
+                self.task = Some(Task::Start);
+                self.run(ctx, Target::Words, minitxs::words(&self.layout), false);
+            }
+            Role::Trimmer => {
+                let h = self.history.borrow();
+                if h.appenders_done == h.appenders {
+                    self.done = true;
+                    return;
+                }
+                // Below every reader's floor, once each has said where it is.
+                let below = (h.reading.len() == STREAMS.len())
+                    .then(|| h.reading.values().map(|r| r.to).min())
+                    .flatten();
+                drop(h);
+                match below {
+                    Some(prefix) if prefix > self.trimmed => {
+                        self.task = Some(Task::Trim { prefix });
+                        self.run(
+                            ctx,
+                            Target::Trim,
+                            minitxs::trim(&self.layout, prefix),
+                            false,
+                        );
+                    }
+                    _ => ctx.set_timer(SYNC_PAUSE_US, ClientTimer::Next),
+                }
             }
             Role::Reader { stream } => {
                 let h = self.history.borrow();
@@ -257,27 +314,41 @@ impl SimLogClient {
                 let Some(Task::Sync { last_round, .. }) = self.task.take() else {
                     unreachable!("syncing")
                 };
-                let Role::Reader { stream } = self.role else {
-                    unreachable!("a reader syncs")
-                };
                 self.floor = self.floor.max(tail);
-                let mut h = self.history.borrow_mut();
-                let reading = h.reading.entry(self.id).or_insert_with(|| Reading {
-                    reader: self.id.to_string(),
-                    stream,
-                    from: 0,
-                    to: 0,
-                    entries: vec![],
-                });
-                reading.entries.extend(entries);
-                reading.to = self.floor;
-                drop(h);
-                if last_round {
-                    self.done = true;
-                } else {
-                    ctx.set_timer(SYNC_PAUSE_US, ClientTimer::NextSync);
+                if !self.history.borrow().reading.contains_key(&self.id) {
+                    self.task = Some(Task::Confirm {
+                        entries,
+                        last_round,
+                    });
+                    return self.run(ctx, Target::Words, minitxs::words(&self.layout), false);
                 }
+                self.delivered(ctx, entries, last_round);
             }
+        }
+    }
+
+    /// A sync's entries go to the reader's reading, which this incarnation starts at its
+    /// start if it has none yet; then the next sync, unless this was the last.
+    fn delivered(&mut self, ctx: &mut Ctx<'_>, entries: BTreeMap<u64, Vec<u8>>, last_round: bool) {
+        let Role::Reader { stream } = self.role else {
+            unreachable!("a reader syncs")
+        };
+        let from = self.start.unwrap_or_default();
+        let mut h = self.history.borrow_mut();
+        let reading = h.reading.entry(self.id).or_insert_with(|| Reading {
+            reader: self.id.to_string(),
+            stream,
+            from,
+            to: from,
+            entries: vec![],
+        });
+        reading.entries.extend(entries);
+        reading.to = self.floor;
+        drop(h);
+        if last_round {
+            self.done = true;
+        } else {
+            ctx.set_timer(SYNC_PAUSE_US, ClientTimer::Next);
         }
     }
 
@@ -357,6 +428,31 @@ impl SimLogClient {
                 let step = append.on_outcome(&outcome);
                 self.appended(ctx, step);
             }
+            (Target::Words, Some(Task::Start)) => {
+                let trim = minitxs::words_result(&outcome).iter().map(|w| w.trim).max();
+                let start = trim.unwrap_or_default();
+                (self.start, self.floor, self.task) = (Some(start), start, None);
+                self.next_task(ctx);
+            }
+            (Target::Words, Some(Task::Confirm { .. })) => {
+                let Some(Task::Confirm {
+                    entries,
+                    last_round,
+                }) = self.task.take()
+                else {
+                    unreachable!("confirming")
+                };
+                let trim = minitxs::words_result(&outcome).iter().map(|w| w.trim).max();
+                let start = self.start.unwrap_or_default().max(trim.unwrap_or_default());
+                self.start = Some(start);
+                self.delivered(ctx, entries, last_round);
+            }
+            (Target::Trim, Some(Task::Trim { prefix })) => {
+                // Not committed: a node's trim point is there already (trims only grow).
+                self.trimmed = *prefix;
+                self.task = None;
+                ctx.set_timer(SYNC_PAUSE_US, ClientTimer::Next);
+            }
             (Target::Read(p), Some(Task::Sync { reads, .. })) => {
                 let Some(read) = reads.get_mut(&p) else {
                     return;
@@ -423,7 +519,7 @@ impl Process for SimLogClient {
                     }
                 }
             }
-            ClientTimer::NextSync => self.next_task(ctx),
+            ClientTimer::Next => self.next_task(ctx),
         }
     }
 
@@ -440,11 +536,12 @@ impl Process for SimLogClient {
                 .log
                 .unknown
                 .push((streams, payload)),
-            Some(Task::Sync { .. }) | None => {}
+            Some(Task::Sync { .. } | Task::Start | Task::Confirm { .. } | Task::Trim { .. })
+            | None => {}
         }
         if let Role::Reader { .. } = self.role {
-            // A new reader: from the start of the log again.
-            self.floor = 0;
+            // A new reader: from the trim point, which it reads first.
+            (self.floor, self.start) = (0, None);
             self.history.borrow_mut().reading.remove(&self.id);
         }
     }
@@ -465,6 +562,7 @@ impl Process for SimLogClient {
                 format!("appender, {} of {appends} started", self.started)
             }
             Role::Reader { stream } => format!("reader of stream {stream} at {}", self.floor),
+            Role::Trimmer => format!("trimmer at {}", self.trimmed),
         };
         format!(
             "log client {}: {what}, {} asks out",

@@ -103,6 +103,23 @@ pub async fn closed_loop<O: Op, F: Future<Output = Result<O, String>>>(
     Ok(p)
 }
 
+/// `closed_loop` at each count of `cfg.outstanding`, sessions from `open`, each point
+/// labelled by `label(outstanding)` and handed to `progress` as it is measured.
+async fn sweep<O: Op, F: Future<Output = Result<O, String>>>(
+    cfg: &LogBenchConfig,
+    label: impl Fn(usize) -> Point,
+    mut open: impl FnMut(usize) -> F,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let mut points = Vec::new();
+    for &n in &cfg.outstanding {
+        let p = closed_loop(label(n), n, cfg.duration(), &mut open).await?;
+        progress(&p);
+        points.push(p);
+    }
+    Ok(points)
+}
+
 fn label(experiment: &str, system: &str, mode: &str, outstanding: usize, op: &str) -> Point {
     let mut p = Point::new(experiment, system, mode, 4, 4, outstanding);
     p.operation = Some(op.into());
@@ -242,26 +259,23 @@ async fn tutti(
         )
         .await?;
         let trimmer = Trimmer::start(&log, log.layout().period() / 2);
-        for &n in &cfg.outstanding {
-            let p = closed_loop(
-                label("log-append", "tutti", "log", n, &size_name(size)),
-                n,
-                cfg.duration(),
-                |i| {
-                    let log = log.clone();
-                    async move {
-                        Ok(TuttiAppend {
-                            log,
-                            payload: vec![0xa5; size],
-                            stream: i as u32 % STREAMS,
-                        })
-                    }
-                },
-            )
-            .await?;
-            progress(&p);
-            points.push(p);
-        }
+        let op = size_name(size);
+        let appends = sweep(
+            cfg,
+            |n| label("log-append", "tutti", "log", n, &op),
+            |i| {
+                let log = log.clone();
+                async move {
+                    Ok(TuttiAppend {
+                        log,
+                        payload: vec![0xa5; size],
+                        stream: i as u32 % STREAMS,
+                    })
+                }
+            },
+            progress,
+        );
+        points.extend(appends.await?);
         drop(trimmer);
         logs.push((size, log));
     }
@@ -271,22 +285,18 @@ async fn tutti(
         let stat = log.stat().await.map_err(|e| e.to_string())?;
         let from = stat.words.iter().map(|w| w.trim).max().unwrap_or(0);
         let below = stat.tail.tail;
-        for &n in &cfg.outstanding {
-            if below <= from {
-                break;
-            }
-            let p = closed_loop(
-                label("log-read", "tutti", "log", n, &size_name(*size)),
-                n,
-                cfg.duration(),
+        if below > from {
+            let op = size_name(*size);
+            let reads = sweep(
+                cfg,
+                |n| label("log-read", "tutti", "log", n, &op),
                 |_| {
                     let log = log.clone();
                     async move { Ok(TuttiRead { log, below, from }) }
                 },
-            )
-            .await?;
-            progress(&p);
-            points.push(p);
+                progress,
+            );
+            points.extend(reads.await?);
         }
     }
     points.extend(sequencer(cfg, &c.cluster, progress).await?);
@@ -313,23 +323,19 @@ async fn sequencer(
     let _trimmer = Trimmer::start(&log, 0);
     let mut points = Vec::new();
     for (asks, name) in [(1, "1 per frame"), (ASKS_PER_FRAME, "1024 per frame")] {
-        for &n in &cfg.outstanding {
-            let p = closed_loop(
-                label("log-sequencer", "tutti", "-", n, name),
-                n,
-                cfg.duration(),
-                |_| async move {
-                    Ok(SequencerAsk {
-                        conn: sequencer_connection(cluster).await?,
-                        log: "positions".into(),
-                        asks,
-                    })
-                },
-            )
-            .await?;
-            progress(&p);
-            points.push(p);
-        }
+        let positions = sweep(
+            cfg,
+            |n| label("log-sequencer", "tutti", "-", n, name),
+            |_| async move {
+                Ok(SequencerAsk {
+                    conn: sequencer_connection(cluster).await?,
+                    log: "positions".into(),
+                    asks,
+                })
+            },
+            progress,
+        );
+        points.extend(positions.await?);
     }
     Ok(points)
 }
@@ -424,15 +430,7 @@ async fn memory(
             },
         )
         .await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let rss = cluster
-            .stats()
-            .await
-            .into_iter()
-            .find(|(id, _)| *id == 1)
-            .and_then(|(_, s)| s.ok())
-            .map(|s| s.rss_bytes)
-            .ok_or("no statistics from node 1")?;
+        let rss = super::memory::settled_stats(cluster, 1).await?.rss_bytes;
         let mut p = load;
         p.rss_bytes = Some(rss);
         p.limit_bytes = Some(
@@ -546,81 +544,69 @@ async fn peers(
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
     let mut points = Vec::new();
-    {
-        let (_daemon, sessions) = redis(&cfg.scratch, "always", 0).await?;
-        for &size in &cfg.sizes {
-            for &n in &cfg.outstanding {
-                let p = closed_loop(
-                    label("log-append", "redis", "always", n, &size_name(size)),
-                    n,
-                    cfg.duration(),
-                    |i| {
-                        let con = sessions[i % sessions.len()].con.clone();
-                        async move {
-                            Ok(RedisAppend {
-                                con,
-                                payload: vec![0xa5; size],
-                            })
-                        }
-                    },
-                )
-                .await?;
-                progress(&p);
-                points.push(p);
-            }
-        }
+    let (redis_server, sessions) = redis(&cfg.scratch, "always", 0).await?;
+    for &size in &cfg.sizes {
+        let op = size_name(size);
+        let appends = sweep(
+            cfg,
+            |n| label("log-append", "redis", "always", n, &op),
+            |i| {
+                let con = sessions[i % sessions.len()].con.clone();
+                async move {
+                    Ok(RedisAppend {
+                        con,
+                        payload: vec![0xa5; size],
+                    })
+                }
+            },
+            progress,
+        );
+        points.extend(appends.await?);
     }
-    {
-        let (_daemon, session) = etcd(&cfg.scratch, 0).await?;
-        for &size in &cfg.sizes {
-            for &n in &cfg.outstanding {
-                let p = closed_loop(
-                    label("log-append", "etcd", "fsync", n, &size_name(size)),
-                    n,
-                    cfg.duration(),
-                    |i| {
-                        let session = session.clone();
-                        let payload = super::peers::b64_bytes(&vec![0xa5; size]);
-                        async move {
-                            Ok(EtcdAppend {
-                                session,
-                                payload,
-                                key: (i as u64) << 40,
-                            })
-                        }
-                    },
-                )
-                .await?;
-                progress(&p);
-                points.push(p);
-            }
-        }
+    drop(redis_server);
+    let (etcd_server, session) = etcd(&cfg.scratch, 0).await?;
+    for &size in &cfg.sizes {
+        let op = size_name(size);
+        let payload = super::peers::b64_bytes(&vec![0xa5; size]);
+        let appends = sweep(
+            cfg,
+            |n| label("log-append", "etcd", "fsync", n, &op),
+            |i| {
+                let (session, payload) = (session.clone(), payload.clone());
+                async move {
+                    Ok(EtcdAppend {
+                        session,
+                        payload,
+                        key: (i as u64) << 40,
+                    })
+                }
+            },
+            progress,
+        );
+        points.extend(appends.await?);
     }
-    {
-        let (_daemon, addr) = zookeeper(&cfg.scratch).await?;
-        for &size in &cfg.sizes {
-            for &n in &cfg.outstanding {
-                let p = closed_loop(
-                    label("log-append", "zookeeper", "forceSync", n, &size_name(size)),
-                    n,
-                    cfg.duration(),
-                    |_| {
-                        let addr = addr.clone();
-                        async move {
-                            Ok(ZkAppend {
-                                client: zookeeper_client::Client::connect(&addr)
-                                    .await
-                                    .map_err(|e| e.to_string())?,
-                                payload: vec![0xa5; size],
-                            })
-                        }
-                    },
-                )
-                .await?;
-                progress(&p);
-                points.push(p);
-            }
-        }
+    drop(etcd_server);
+    // Stopped (dropped) at the end, as the two before it were before the next started.
+    let (_zookeeper_server, addr) = zookeeper(&cfg.scratch).await?;
+    for &size in &cfg.sizes {
+        let op = size_name(size);
+        let appends = sweep(
+            cfg,
+            |n| label("log-append", "zookeeper", "forceSync", n, &op),
+            |_| {
+                let addr = addr.clone();
+                async move {
+                    Ok(ZkAppend {
+                        client: zookeeper_client::Client::connect(&addr)
+                            .await
+                            .map_err(|e| e.to_string())?,
+                        payload: vec![0xa5; size],
+                    })
+                }
+            },
+            progress,
+        );
+        points.extend(appends.await?);
     }
     Ok(points)
 }

@@ -19,7 +19,7 @@ const WRITE_BYTES: u64 = 1 << 20;
 const HEARTBEATS_WAIT: Duration = Duration::from_secs(1);
 
 /// `node`'s statistics once it has read its resident set again since this call.
-async fn settled_stats(cluster: &Cluster, node: NodeId) -> Result<StatsReport, String> {
+pub(crate) async fn settled_stats(cluster: &Cluster, node: NodeId) -> Result<StatsReport, String> {
     tokio::time::sleep(HEARTBEATS_WAIT).await;
     let reports = cluster.stats().await;
     match reports.into_iter().find(|(id, _)| *id == node) {

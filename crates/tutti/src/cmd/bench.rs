@@ -175,6 +175,14 @@ mod measure {
         .map_err(|e| format!("creating a scratch directory: {e}"))
     }
 
+    /// How this run was invoked, as the results record it, without the argument `leave_out`.
+    fn command_line(leave_out: Option<&str>) -> String {
+        std::env::args()
+            .skip(1)
+            .filter(|a| Some(a.as_str()) != leave_out)
+            .fold("tutti".to_string(), |acc, a| acc + " " + &a)
+    }
+
     pub(super) async fn all(a: BenchAllArgs) -> Result<(), String> {
         use tutti_bench::suite::{self, SuiteConfig};
         let (outstanding, headline_runs, seconds) = if a.quick {
@@ -221,10 +229,7 @@ mod measure {
         bar.finish();
         drop(scratch);
         let points = result?;
-        let command = std::env::args()
-            .skip(1)
-            .fold("tutti".to_string(), |acc, a| acc + " " + &a);
-        suite::write(&cfg, &points, &command)?;
+        suite::write(&cfg, &points, &command_line(None))?;
         suite::plot(&cfg.out)?;
         println!(
             "{}",
@@ -271,10 +276,7 @@ mod measure {
                     .map_or(String::new(), |r| format!(" rss {} MiB", r >> 20))
             )
         };
-        let command = std::env::args()
-            .skip(1)
-            .filter(|a| a != "--from-results")
-            .fold("tutti".to_string(), |acc, a| acc + " " + &a);
+        let command = command_line(Some("--from-results"));
         if a.from_results {
             let points = tutti_bench::log::read_results(&a.out)?;
             return tutti_bench::log::write(&a.out, &cfg, &points, &command);

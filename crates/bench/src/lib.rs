@@ -71,6 +71,12 @@ pub struct Point {
     /// that write was not the slowest since its node started.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub log_sync_max_is_bound: bool,
+    /// tutti's shared log: the trims that committed during the point, and the slowest of
+    /// them (each trim is a minitransaction over every node of the log, racing the appends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trims: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim_max_us: Option<u64>,
 }
 
 impl Point {
@@ -108,6 +114,8 @@ impl Point {
             log_records: None,
             log_sync_max_us: None,
             log_sync_max_is_bound: false,
+            trims: None,
+            trim_max_us: None,
         }
     }
 

@@ -697,6 +697,9 @@ impl<R> Participant<R> {
                 self.log_tids
                     .insert(tid, LogTid::prepared(0, participants, Outcome::Unknown));
             }
+            if planted(Bug::ReleaseReadsAtEveryVote) {
+                self.locks.release_reads(tid);
+            }
             self.uncertain.insert(tid, entry);
         }
         acts.replies.push((reply_to, id, Response::Vote(ok)));
@@ -704,6 +707,15 @@ impl<R> Participant<R> {
 
     /// COMMIT-OK in `log` mode: the Prepare record is appended and the vote (or, for a
     /// single-node minitransaction, the commit and its reply) waits for its sync.
+    ///
+    /// A single-node minitransaction gives up its read locks here, keeping its write locks
+    /// until its record is synced (early lock release): it took every lock it will ever
+    /// take in this one step, so a later writer of what it read is serialised after it, and
+    /// that writer's record follows this one in the redo log, so it can never be durable
+    /// without this one. Without it, a word that every append compares (a log's epoch and
+    /// trim point) stayed read-locked across back-to-back group commits, and a seal or a
+    /// trim, which must write it, lost every try. A multi-node minitransaction keeps its
+    /// read locks until the decision: it may take locks on another node after this vote.
     fn vote_after_logging(
         &mut self,
         acts: &mut Actions<R>,
@@ -729,6 +741,9 @@ impl<R> Participant<R> {
             .insert(tid, LogTid::prepared(lsn, participants, Outcome::Unknown));
         self.by_lsn.insert(lsn, tid);
         self.uncertain.insert(tid, entry);
+        if single || planted(Bug::ReleaseReadsAtEveryVote) {
+            self.locks.release_reads(tid);
+        }
         if single {
             self.after(acts, lsn, Deferred::OnePhase(tid, reply_to, id, ok));
         } else if planted(Bug::CommitOkBeforeSync) {
@@ -1277,6 +1292,8 @@ pub enum Bug {
     /// A checkpoint's scan publishes `applied_below` before it has looked at every tid, so
     /// a heartbeat between two of its steps reports tids it has not applied.
     AppliedBelowBeforeScan,
+    /// Every COMMIT-OK vote gives up its read locks, a multi-node minitransaction's too.
+    ReleaseReadsAtEveryVote,
 }
 
 tutti_wire::planted_bugs!(Bug);
@@ -1487,6 +1504,39 @@ mod tests {
         assert_eq!(vote_of(&acts), Vote::CommitOk);
         assert_eq!(p.space().read(0, 8), &5u64.to_le_bytes());
         assert_eq!(p.stats(0).locks_held, 0);
+    }
+
+    #[test]
+    fn one_phase_gives_up_its_read_locks_before_the_sync_and_two_phase_keeps_them() {
+        let mut p = node(1, Mode::Log);
+        let compare = |addr| Item::Compare {
+            addr,
+            op: CmpOp::Eq,
+            bytes: vec![0; 8],
+        };
+        let one = prepare(&mut p, tid(1), vec![1], vec![compare(0), write(8, 5)]);
+        let two = prepare(&mut p, tid(2), vec![1, 2], vec![compare(16), write(24, 5)]);
+        let busy =
+            |p: &mut P, seq, addr| vote_of(&prepare(p, tid(seq), vec![1], vec![write(addr, 1)]));
+        assert_eq!(
+            busy(&mut p, 3, 8),
+            Vote::AbortLock,
+            "written: locked to the sync"
+        );
+        assert_eq!(
+            busy(&mut p, 4, 16),
+            Vote::AbortLock,
+            "read by a 2PC: locked"
+        );
+        // A writer of what the 1PC compared goes ahead, and its record follows the 1PC's.
+        let later = prepare(&mut p, tid(5), vec![1], vec![write(0, 7)]);
+        assert!(later.append[0].0 > one.append[0].0);
+        let acts = p.on_synced(0, later.append[0].0);
+        assert_eq!(acts.replies.len(), 3, "both 1PCs and the 2PC's vote");
+        assert_eq!(p.space().read(0, 8), &7u64.to_le_bytes());
+        assert_eq!(p.space().read(8, 8), &5u64.to_le_bytes());
+        assert_eq!(two.append.len(), 1);
+        assert_eq!(busy(&mut p, 6, 16), Vote::AbortLock, "until the decision");
     }
 
     #[test]

@@ -81,6 +81,24 @@ impl RangeLocks {
         }
     }
 
+    /// Gives up `tid`'s shared ranges and keeps its exclusive ones (a range both read and
+    /// written from the same start is exclusive and stays).
+    pub fn release_reads(&mut self, tid: Tid) {
+        let Some(starts) = self.by_tid.get_mut(&tid) else {
+            return;
+        };
+        starts.retain(|&start| match self.held.get(&(start, tid)) {
+            Some((_, LockKind::Read)) => {
+                self.held.remove(&(start, tid));
+                false
+            }
+            _ => true,
+        });
+        if starts.is_empty() {
+            self.by_tid.remove(&tid);
+        }
+    }
+
     pub fn holders(&self) -> usize {
         self.by_tid.len()
     }
@@ -127,6 +145,29 @@ mod tests {
         assert!(!locks.try_lock(tid(2), &[r(0, 1, LockKind::Read)]));
         locks.release(tid(1));
         assert!(locks.try_lock(tid(2), &[r(0, 1, LockKind::Read)]));
+    }
+
+    #[test]
+    fn releasing_reads_keeps_the_writes() {
+        let mut locks = RangeLocks::default();
+        let ranges = [
+            r(0, 8, LockKind::Read),
+            r(16, 24, LockKind::Write),
+            r(32, 40, LockKind::Read),
+            r(32, 36, LockKind::Write),
+        ];
+        assert!(locks.try_lock(tid(1), &ranges));
+        locks.release_reads(tid(1));
+        assert!(locks.try_lock(tid(2), &[r(0, 8, LockKind::Write)]));
+        assert!(!locks.try_lock(tid(3), &[r(16, 24, LockKind::Read)]));
+        assert!(!locks.try_lock(tid(3), &[r(38, 40, LockKind::Read)]));
+        locks.release_reads(tid(2));
+        assert_eq!(locks.holders(), 2);
+        locks.release(tid(1));
+        locks.release(tid(2));
+        assert_eq!(locks.holders(), 0);
+        locks.release_reads(tid(1));
+        assert!(locks.try_lock(tid(3), &[r(0, 40, LockKind::Write)]));
     }
 
     #[test]

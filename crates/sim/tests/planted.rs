@@ -74,6 +74,13 @@ fn publishing_applied_below_before_the_checkpoint_scan_ends_is_caught() {
     eprintln!("caught: {found:?}");
 }
 
+#[test]
+fn giving_up_read_locks_at_a_multi_node_vote_is_caught() {
+    let found = first_failing_seed(Bug::ReleaseReadsAtEveryVote);
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
 /// The first of `seeds` log simulations that `bug` breaks, with what broke.
 fn first_failing_log_seed(bug: tutti_log::Bug, seeds: u64) -> Option<(u64, Vec<String>)> {
     tutti_log::plant(Some(bug));

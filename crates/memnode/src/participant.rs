@@ -710,9 +710,9 @@ impl<R> Participant<R> {
     ///
     /// A single-node minitransaction gives up its read locks here, keeping its write locks
     /// until its record is synced (early lock release): it took every lock it will ever
-    /// take in this one step, so a later writer of what it read is serialised after it, and
-    /// that writer's record follows this one in the redo log, so it can never be durable
-    /// without this one. Without it, a word that every append compares (a log's epoch and
+    /// take in this one step, so a later writer of what it read is serialised after it; that
+    /// writer saw none of its writes (still locked), so if a crash loses this record and
+    /// keeps the writer's, the writer alone is still a serial history. Without it, a word that every append compares (a log's epoch and
     /// trim point) stayed read-locked across back-to-back group commits, and a seal or a
     /// trim, which must write it, lost every try. A multi-node minitransaction keeps its
     /// read locks until the decision: it may take locks on another node after this vote.

@@ -1,13 +1,13 @@
 //! One append (Tango's multiappend when the entry has several streams) as sans-I/O steps:
-//! ask the sequencer for a position, write the slot with the write-once minitransaction,
-//! and take a new position when the slot went to someone else (a reader's fill) or the log
-//! moved to a new epoch. The driver runs the steps; the simulator drives the same ones.
+//! ask the sequencer for a position, write the slot with the write-once minitransaction
+//! (batched with other appends' writes to the same node, `batch`), and take a new position
+//! when the slot went to someone else (a reader's fill) or the log moved to a new epoch. The
+//! driver runs the steps; the simulator drives the same ones.
 
 use crate::entry::{check_fits, Content, Entry, StreamHeader, StreamId};
 use crate::error::LogError;
 use crate::layout::LogLayout;
-use crate::minitxs::{self, Refusal};
-use tutti_client::{Minitx, Outcome};
+use crate::minitxs::{Refusal, SlotWrite, Written};
 use tutti_wire::{Answer, Ask};
 
 /// What the driver does next.
@@ -15,8 +15,9 @@ use tutti_wire::{Answer, Ask};
 pub enum AppendStep {
     /// Ask the log's sequencer (with `min_epoch` from `Append::min_epoch`).
     Ask(Ask),
-    /// Run this minitransaction. If its outcome is unknown, run it again: it is idempotent.
-    Write(Minitx),
+    /// Write the entry to its slot (through a `Batcher`); hand back what became of it. A
+    /// write whose outcome is unknown is written again: it is idempotent.
+    Write(SlotWrite),
     /// The entry is at this position.
     Done(u64),
 }
@@ -108,11 +109,7 @@ impl Append {
                         header.backpointers = bps;
                     }
                 }
-                Ok(AppendStep::Write(minitxs::write(
-                    layout,
-                    epoch,
-                    &self.entry,
-                )))
+                Ok(self.write(layout))
             }
             Answer::Sealed { epoch } => {
                 self.min_epoch = self.min_epoch.max(epoch + 1);
@@ -128,21 +125,29 @@ impl Append {
         }
     }
 
-    pub fn on_outcome(&mut self, outcome: &Outcome) -> Result<AppendStep, LogError> {
+    fn write(&self, layout: &LogLayout) -> AppendStep {
+        AppendStep::Write(SlotWrite::new(layout, self.entry.epoch, &self.entry))
+    }
+
+    /// What became of the write.
+    pub fn on_written(
+        &mut self,
+        layout: &LogLayout,
+        written: Written,
+    ) -> Result<AppendStep, LogError> {
         let position = self.entry.position;
-        if outcome.committed {
-            return Ok(AppendStep::Done(position));
-        }
-        match minitxs::write_refusal(position, self.entry.epoch, outcome) {
-            Refusal::Taken { writer } if writer == self.entry.writer => {
+        match written {
+            Written::Done => Ok(AppendStep::Done(position)),
+            Written::Again | Written::Unknown => Ok(self.write(layout)),
+            Written::Refused(Refusal::Taken { writer }) if writer == self.entry.writer => {
                 Ok(AppendStep::Done(position))
             }
-            Refusal::Taken { .. } | Refusal::Trimmed { .. } => Ok(self.ask()),
-            Refusal::Sealed { epoch } => {
+            Written::Refused(Refusal::Taken { .. } | Refusal::Trimmed { .. }) => Ok(self.ask()),
+            Written::Refused(Refusal::Sealed { epoch }) => {
                 self.min_epoch = self.min_epoch.max(epoch);
                 Ok(self.ask())
             }
-            Refusal::Full { trim } => Err(LogError::Full { position, trim }),
+            Written::Refused(Refusal::Full { trim }) => Err(LogError::Full { position, trim }),
         }
     }
 }

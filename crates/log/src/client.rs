@@ -1,13 +1,15 @@
 //! The log's client API (Tango §2, §5): `Log` appends, reads, fills, checks and trims by
 //! running the sans-I/O steps of `append`, `read` and `stream` against the cluster and the
 //! sequencer; `Stream` reads one stream in log order. Asks to the sequencer from concurrent
-//! callers leave in batches, one frame each. Every call gives up at its deadline.
+//! callers leave in batches, one frame each, and so do their writes to each memory node,
+//! one minitransaction each (`batch`). Every call gives up at its deadline.
 
 use crate::append::{Append, AppendStep};
+use crate::batch::{Batch, Batcher};
 use crate::entry::StreamId;
 use crate::error::LogError;
 use crate::layout::{LogLayout, BACKPOINTERS_DEFAULT, SLOT_BYTES_DEFAULT};
-use crate::minitxs::{self, Words};
+use crate::minitxs::{self, SlotWrite, Words, Written};
 use crate::read::{Found, Hole, ReadAt, ReadStep, HOLE_TIMEOUT_DEFAULT};
 use crate::stream::{Sync, SyncStep};
 use crate::takeover::{SlowCheck, Step};
@@ -105,6 +107,17 @@ struct Inner {
     layout: LogLayout,
     opts: LogOptions,
     asks: mpsc::Sender<Pending>,
+    writes: Mutex<Batcher<oneshot::Sender<WriteResult>>>,
+}
+
+/// What one append's write became.
+#[derive(Clone, Debug)]
+enum WriteResult {
+    Written(Written),
+    /// Its batch has no outcome, for this reason: the entry may or may not be there.
+    Unknown(String),
+    /// Its batch was refused as a whole, for this reason, which no retry mends.
+    Failed(String),
 }
 
 fn remote(e: RpcError) -> LogError {
@@ -168,6 +181,7 @@ impl Log {
                 layout,
                 opts,
                 asks,
+                writes: Mutex::default(),
             }),
         })
     }
@@ -192,25 +206,48 @@ impl Log {
         let layout = &self.inner.layout;
         let writer = rand::random::<u64>() | 1;
         let (mut append, mut step) = Append::new(layout, streams, payload, writer)?;
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
         loop {
             step = match step {
                 AppendStep::Ask(ask) => {
                     let answer = self.ask(ask, append.min_epoch(), until).await?;
                     append.on_answer(layout, answer)?
                 }
-                AppendStep::Write(tx) => match run(&self.inner.cluster, &tx, until).await {
-                    Ok(outcome) => append.on_outcome(&outcome)?,
-                    Err(LogError::Deadline { last, .. }) => {
-                        return Err(LogError::OutcomeUnknown {
-                            position: append.position(),
-                            why: last,
-                        })
-                    }
-                    Err(e) => return Err(e),
-                },
+                AppendStep::Write(write) => {
+                    let position = write.position;
+                    let unknown = |why| LogError::OutcomeUnknown { position, why };
+                    let written = match timeout_at(until, self.write(write)).await {
+                        Ok(WriteResult::Written(written)) => written,
+                        Ok(WriteResult::Failed(why)) => return Err(LogError::Cluster(why)),
+                        Ok(WriteResult::Unknown(why)) => {
+                            if !backoff.pause_before(until.into_std()).await {
+                                return Err(unknown(why));
+                            }
+                            Written::Unknown
+                        }
+                        Err(_) => return Err(unknown("no outcome from the memory nodes".into())),
+                    };
+                    append.on_written(layout, written)?
+                }
                 AppendStep::Done(position) => return Ok(position),
             }
         }
+    }
+
+    /// Writes `write` in the next batch of its node.
+    async fn write(&self, write: SlotWrite) -> WriteResult {
+        let (reply, written) = oneshot::channel();
+        let ready = (self.inner.writes.lock()).expect("batcher poisoned").queue(
+            &self.inner.layout,
+            write,
+            reply,
+        );
+        if let Some(batch) = ready {
+            tokio::spawn(run_batches(self.inner.clone(), batch));
+        }
+        written
+            .await
+            .unwrap_or_else(|_| WriteResult::Unknown("the batch was dropped".into()))
     }
 
     /// What `position` holds; a hole below the tail is waited for, then filled.
@@ -456,6 +493,33 @@ pub(crate) async fn run(
         };
         if !backoff.pause_before(until.into_std()).await {
             return Err(LogError::Deadline { last });
+        }
+    }
+}
+
+/// Runs `batch`, hands each of its writes what became of it, and runs the node's next batch
+/// while one waits.
+async fn run_batches(inner: Arc<Inner>, mut batch: Batch<oneshot::Sender<WriteResult>>) {
+    loop {
+        let (outcome, failure) = match inner.cluster.exec_and_commit(&batch.tx).await {
+            Ok(outcome) => (Some(outcome), None),
+            Err(
+                e
+                @ (ExecError::Invalid(_) | ExecError::UnknownNode(_) | ExecError::Rejected { .. }),
+            ) => (None, Some(WriteResult::Failed(e.to_string()))),
+            Err(e) => (None, Some(WriteResult::Unknown(e.to_string()))),
+        };
+        let (results, next) = (inner.writes.lock()).expect("batcher poisoned").finish(
+            &inner.layout,
+            batch,
+            outcome.as_ref(),
+        );
+        for (reply, written) in results {
+            let _ = reply.send(failure.clone().unwrap_or(WriteResult::Written(written)));
+        }
+        match next {
+            Some(next) => batch = next,
+            None => return,
         }
     }
 }

@@ -8,6 +8,7 @@
 //! (`server`, run by `tutti sequencer`, over `service`) here, and by the simulator.
 
 pub mod append;
+pub mod batch;
 mod client;
 pub mod entry;
 mod error;
@@ -34,11 +35,18 @@ pub enum Bug {
     /// A new epoch starts after the last entry written, handing out again the positions
     /// above it that were handed out and not yet written.
     RegrantUnwritten,
+    /// A write of a batch that another write's refusal held back counts as written.
+    HeldBackCountsAsWritten,
+    /// A takeover's scan keeps only the entries of the positions it scans, not those of an
+    /// earlier lap still in their slots (the new epoch starting over a period above the
+    /// trim point).
+    ScanSkipsEarlierLap,
 }
 
 tutti_wire::planted_bugs!(Bug);
 
 pub use append::{Append, AppendStep};
+pub use batch::{Batch, Batcher};
 pub use client::{Log, LogOptions, LogShape, Stat, Stream, Tail, REGION_KIND};
 pub use entry::{Content, Entry, EntryError, StreamHeader, StreamId};
 pub use error::LogError;

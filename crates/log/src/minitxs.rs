@@ -46,46 +46,143 @@ pub enum Refusal {
     Full { trim: u64 },
 }
 
-/// Writes `entry` at its position if the slot is free for it and the log is in `epoch`.
-/// Read back by `write_refusal`.
-pub fn write(layout: &LogLayout, epoch: u64, entry: &Entry) -> Minitx {
-    let p = entry.position;
-    let slot = layout.slot(p);
-    let period = layout.period();
-    let mut tx = Minitx::new()
-        .class(CLASS)
-        .compare_u64(slot.node, slot.header + word::EPOCH, CmpOp::Eq, epoch)
-        .compare_u64(slot.node, slot.addr, CmpOp::Lt, p + 1);
-    if p >= period {
-        tx = tx.compare_u64(
-            slot.node,
-            slot.header + word::TRIM,
-            CmpOp::Ge,
-            p + 1 - period,
-        );
-    }
-    tx.read(slot.node, slot.header + word::EPOCH, 16)
-        .read(slot.node, slot.addr, 24)
-        .write(slot.node, slot.addr, entry.encode(layout.backpointers))
+/// One position's write: its entry, encoded for its slot, and the epoch it was granted in.
+#[derive(Clone, Debug)]
+pub struct SlotWrite {
+    pub position: u64,
+    pub epoch: u64,
+    pub bytes: Vec<u8>,
 }
 
-/// Why `write`'s minitransaction did not commit, from the words it read. A slot that holds
-/// the position comes first: a writer retrying after an unknown outcome must learn that its
-/// entry is there even if the log was sealed since.
-pub fn write_refusal(position: u64, epoch: u64, outcome: &Outcome) -> Refusal {
-    let words = &outcome.reads[0];
-    let (log_epoch, trim) = (u64_of(&words[0..8]), u64_of(&words[8..16]));
-    let slot = &outcome.reads[1];
-    if u64_of(&slot[0..8]) == position + 1 {
-        Refusal::Taken {
-            writer: u64_of(&slot[16..24]),
+impl SlotWrite {
+    pub fn new(layout: &LogLayout, epoch: u64, entry: &Entry) -> SlotWrite {
+        SlotWrite {
+            position: entry.position,
+            epoch,
+            bytes: entry.encode(layout.backpointers),
         }
+    }
+}
+
+/// What became of one write of a batch (`written`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// The entry is at its position.
+    Done,
+    /// The node refused it.
+    Refused(Refusal),
+    /// Not written, though its own compares held: another write of its batch was refused
+    /// (a batch is one minitransaction, all or nothing). Write it again.
+    Again,
+    /// The batch's outcome is unknown: the entry may be there or not. Write it again at the
+    /// same position (never take a new one: it could land twice), after a pause.
+    Unknown,
+}
+
+/// Writes `writes` (positions on one node, all granted in one epoch) in one minitransaction
+/// if the log is in that epoch and each slot is free for its position: its tag is below
+/// the position plus one, and the position one period earlier is trimmed. All or nothing;
+/// read back by `written`, one result per write, in order.
+pub fn write_batch(layout: &LogLayout, writes: Vec<SlotWrite>) -> Minitx {
+    let first = writes.first().expect("a batch writes something");
+    let (slot, epoch) = (layout.slot(first.position), first.epoch);
+    let (node, header) = (slot.node, slot.header);
+    let period = layout.period();
+    let mut tx =
+        Minitx::new()
+            .class(CLASS)
+            .compare_u64(node, header + word::EPOCH, CmpOp::Eq, epoch);
+    // The trim point must cover the position a period before the latest one.
+    if let Some(p) = writes
+        .iter()
+        .map(|w| w.position)
+        .filter(|&p| p >= period)
+        .max()
+    {
+        tx = tx.compare_u64(node, header + word::TRIM, CmpOp::Ge, p + 1 - period);
+    }
+    for w in &writes {
+        let slot = layout.slot(w.position);
+        assert!(
+            slot.node == node && w.epoch == epoch,
+            "a batch is one node's, in one epoch"
+        );
+        tx = tx.compare_u64(node, slot.addr, CmpOp::Lt, w.position + 1);
+    }
+    tx = tx.read(node, header + word::EPOCH, 16);
+    for w in &writes {
+        tx = tx.read(node, layout.slot(w.position).addr, 24);
+    }
+    for w in writes {
+        tx = tx.write(node, layout.slot(w.position).addr, w.bytes);
+    }
+    tx
+}
+
+/// What became of each of `positions`, written in `epoch` by `write_batch` with `outcome`.
+pub fn written(
+    layout: &LogLayout,
+    epoch: u64,
+    positions: &[u64],
+    outcome: &Outcome,
+) -> Vec<Written> {
+    if outcome.committed {
+        return vec![Written::Done; positions.len()];
+    }
+    let words = &outcome.reads[0];
+    (positions.iter().zip(&outcome.reads[1..]))
+        .map(|(&p, slot)| match refusal(layout, p, epoch, words, slot) {
+            Some(why) => Written::Refused(why),
+            None if crate::planted(crate::Bug::HeldBackCountsAsWritten) => Written::Done,
+            None => Written::Again,
+        })
+        .collect()
+}
+
+/// Writes `entry` at its position if the slot is free for it and the log is in `epoch` (a
+/// batch of one). Read back by `write_refusal`.
+pub fn write(layout: &LogLayout, epoch: u64, entry: &Entry) -> Minitx {
+    write_batch(layout, vec![SlotWrite::new(layout, epoch, entry)])
+}
+
+/// Why `write`'s minitransaction did not commit, from the words it read.
+pub fn write_refusal(layout: &LogLayout, position: u64, epoch: u64, outcome: &Outcome) -> Refusal {
+    let words = &outcome.reads[0];
+    refusal(layout, position, epoch, words, &outcome.reads[1]).unwrap_or(Refusal::Full {
+        trim: u64_of(&words[8..16]),
+    })
+}
+
+/// Why the write of `position` in `epoch` was refused, from its node's epoch and trim words
+/// and its slot's first bytes as the write's minitransaction read them; `None` if every
+/// compare of this write held. A slot that holds the position comes first: a writer
+/// retrying after an unknown outcome must learn that its entry is there even if the log was
+/// sealed since.
+fn refusal(
+    layout: &LogLayout,
+    position: u64,
+    epoch: u64,
+    words: &[u8],
+    slot: &[u8],
+) -> Option<Refusal> {
+    let (log_epoch, trim, tag) = (
+        u64_of(&words[0..8]),
+        u64_of(&words[8..16]),
+        u64_of(&slot[0..8]),
+    );
+    let period = layout.period();
+    if tag == position + 1 {
+        Some(Refusal::Taken {
+            writer: u64_of(&slot[16..24]),
+        })
     } else if log_epoch != epoch {
-        Refusal::Sealed { epoch: log_epoch }
+        Some(Refusal::Sealed { epoch: log_epoch })
     } else if position < trim {
-        Refusal::Trimmed { trim }
+        Some(Refusal::Trimmed { trim })
+    } else if tag > position + 1 || (position >= period && trim < position + 1 - period) {
+        Some(Refusal::Full { trim })
     } else {
-        Refusal::Full { trim }
+        None
     }
 }
 
@@ -204,34 +301,87 @@ pub fn headers(layout: &LogLayout, positions: &[u64], streams: usize) -> Minitx 
 mod tests {
     use super::*;
 
-    fn refused(words: [u64; 2], slot: [u64; 3]) -> Outcome {
-        let bytes = |w: &[u64]| w.iter().flat_map(|w| w.to_le_bytes()).collect();
+    /// Two nodes of 5 slots: a period of 10 positions.
+    fn layout() -> LogLayout {
+        LogLayout {
+            nodes: vec![(1, 0), (2, 0)],
+            slot_bytes: 4096,
+            slots_per_node: 5,
+            backpointers: 4,
+        }
+    }
+
+    fn bytes(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    fn refused(words: [u64; 2], slots: &[[u64; 3]]) -> Outcome {
+        let mut reads = vec![bytes(&words)];
+        reads.extend(slots.iter().map(|s| bytes(s)));
         Outcome {
             committed: false,
-            reads: vec![bytes(&words), bytes(&slot)],
+            reads,
             failed_compares: vec![0],
         }
     }
 
     #[test]
     fn a_slot_holding_the_position_is_reported_before_a_seal() {
-        let after_seal = refused([3, 0], [6, 2, 77]);
+        let l = layout();
+        let after_seal = refused([3, 0], &[[6, 2, 77]]);
         assert_eq!(
-            write_refusal(5, 2, &after_seal),
+            write_refusal(&l, 5, 2, &after_seal),
             Refusal::Taken { writer: 77 },
             "a retry finds its own entry although the log moved on"
         );
         assert_eq!(
-            write_refusal(5, 2, &refused([3, 0], [0, 0, 0])),
+            write_refusal(&l, 5, 2, &refused([3, 0], &[[0, 0, 0]])),
             Refusal::Sealed { epoch: 3 }
         );
         assert_eq!(
-            write_refusal(5, 2, &refused([2, 9], [0, 0, 0])),
+            write_refusal(&l, 5, 2, &refused([2, 9], &[[0, 0, 0]])),
             Refusal::Trimmed { trim: 9 }
         );
         assert_eq!(
-            write_refusal(15, 2, &refused([2, 3], [6, 2, 1])),
+            write_refusal(&l, 15, 2, &refused([2, 3], &[[6, 2, 1]])),
             Refusal::Full { trim: 3 }
         );
+    }
+
+    #[test]
+    fn a_batch_tells_the_refused_writes_from_those_to_write_again() {
+        let l = layout();
+        let entry = |position| Entry {
+            position,
+            epoch: 2,
+            writer: 9,
+            content: crate::entry::Content::Junk,
+        };
+        let writes = [4, 6, 8].map(|p| SlotWrite::new(&l, 2, &entry(p)));
+        let tx = write_batch(&l, writes.to_vec());
+        assert_eq!(
+            tx.items().len(),
+            1 + 3 + 1 + 3 + 3,
+            "one epoch compare, no trim yet"
+        );
+        let outcome = refused([2, 0], &[[0, 0, 0], [7, 2, 55], [0, 0, 0]]);
+        assert_eq!(
+            written(&l, 2, &[4, 6, 8], &outcome),
+            vec![
+                Written::Again,
+                Written::Refused(Refusal::Taken { writer: 55 }),
+                Written::Again
+            ]
+        );
+        // A lap later: 14 needs 4 trimmed, 16 needs 6; the trim point is 5.
+        let outcome = refused([2, 5], &[[5, 1, 1], [7, 1, 1]]);
+        assert_eq!(
+            written(&l, 2, &[14, 16], &outcome),
+            vec![Written::Again, Written::Refused(Refusal::Full { trim: 5 })]
+        );
+        let sealed = refused([3, 5], &[[5, 1, 1], [7, 1, 1]]);
+        assert!(written(&l, 2, &[14, 16], &sealed)
+            .iter()
+            .all(|w| *w == Written::Refused(Refusal::Sealed { epoch: 3 })));
     }
 }

@@ -172,7 +172,7 @@ impl ReadAt {
             return Ok(ReadStep::Done(Found::Junk));
         }
         let epoch = self.epoch.unwrap_or_default();
-        match minitxs::write_refusal(self.position, epoch, outcome) {
+        match minitxs::write_refusal(layout, self.position, epoch, outcome) {
             // Its writer (or another reader's fill) got there first.
             Refusal::Taken { .. } => Ok(self.read(layout, READ_PREFIX_BYTES)),
             Refusal::Trimmed { trim } => Ok(ReadStep::Done(Found::Trimmed { trim })),

@@ -5,7 +5,7 @@
 //! words bound where the old sequencer may have handed out positions, and the slots say
 //! which of those were written and in which streams.
 
-use crate::entry::{holds, peek_streams, StreamId, STREAMS_PER_ENTRY_MAX};
+use crate::entry::{holds, peek_streams, Decoded, StreamId, STREAMS_PER_ENTRY_MAX};
 use crate::layout::LogLayout;
 use crate::minitxs::{self, Words};
 use crate::{planted, Bug};
@@ -145,6 +145,9 @@ pub struct Takeover {
     tail: u64,
     trim: u64,
     history: Vec<(u64, Vec<StreamId>)>,
+    /// Entries found in the slots of never-written positions: older than every scanned
+    /// position, so they follow `history`, newest first.
+    older: Vec<(u64, Vec<StreamId>)>,
 }
 
 impl Takeover {
@@ -156,6 +159,7 @@ impl Takeover {
             tail: 0,
             trim: 0,
             history: Vec::new(),
+            older: Vec::new(),
         };
         let seal = if planted(Bug::ResumeWithoutSeal) {
             minitxs::words(layout)
@@ -204,22 +208,48 @@ impl Takeover {
                 Ok(self.scan_from(floor, self.tail))
             }
             Phase::Scan { floor, high } => {
-                let floor = *floor;
-                let positions = scan_chunk(floor, *high);
-                let k = self.layout.backpointers;
-                for (p, bytes) in positions.into_iter().zip(&outcome.reads) {
-                    match peek_streams(p, bytes, k) {
-                        Ok(Some(streams)) if !streams.is_empty() => {
-                            self.history.push((p, streams));
-                        }
-                        Ok(_) => {}
-                        Err(_) => return Err(TakeoverError::Corrupt(p)),
-                    }
-                }
-                *high = chunk_low(floor, *high);
+                let (floor, scanned) = (*floor, *high);
+                *high = chunk_low(floor, scanned);
                 let high = *high;
+                let positions = scan_chunk(floor, scanned);
+                for (p, bytes) in positions.into_iter().zip(&outcome.reads) {
+                    self.found(p, bytes)?;
+                }
                 Ok(self.scan_from(floor, high))
             }
+        }
+    }
+
+    /// Keeps the streams of the data entry in the slot read for position `p`: `p` itself, or
+    /// an older position of the same slot that is not trimmed. The scan covers one period
+    /// below the new epoch's start, every slot once, but the start can be more than a period
+    /// above the trim point (each takeover skips up to a lease of positions, and nothing
+    /// may be trimmed meanwhile); a slot whose scanned position was never written (none at
+    /// or above trim + period ever is) then holds an entry of an earlier lap that is still
+    /// in the log, and its stream's backpointers must name it.
+    fn found(&mut self, p: u64, bytes: &[u8]) -> Result<(), TakeoverError> {
+        let tag = bytes
+            .get(..8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
+        let Some(held) = tag.checked_sub(1) else {
+            return Ok(());
+        };
+        let older = held < p && held >= self.trim && !planted(Bug::ScanSkipsEarlierLap);
+        if held != p && !older {
+            return Ok(());
+        }
+        match peek_streams(held, bytes, self.layout.backpointers) {
+            Ok(Some(streams)) if !streams.is_empty() => {
+                let found = if older {
+                    &mut self.older
+                } else {
+                    &mut self.history
+                };
+                found.push((held, streams));
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(Decoded::Need(_) | Decoded::Corrupt(_)) => Err(TakeoverError::Corrupt(p)),
         }
     }
 
@@ -241,11 +271,15 @@ impl Takeover {
     }
 
     fn done(&mut self) -> Step<TakenOver> {
+        let mut history = std::mem::take(&mut self.history);
+        let mut older = std::mem::take(&mut self.older);
+        older.sort_unstable_by_key(|(p, _)| std::cmp::Reverse(*p));
+        history.extend(older);
         Step::Done(TakenOver {
             epoch: self.epoch,
             tail: self.tail,
             trim: self.trim,
-            history: std::mem::take(&mut self.history),
+            history,
         })
     }
 }
@@ -258,4 +292,79 @@ fn scan_chunk(floor: u64, high: u64) -> Vec<u64> {
 /// Where the chunk of a backward scan that ends below `high` begins.
 fn chunk_low(floor: u64, high: u64) -> u64 {
     floor.max(high.saturating_sub(SCAN_CHUNK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{Content, Entry, StreamHeader};
+
+    fn words(trim: u64, reserved_to: u64) -> Vec<u8> {
+        [crate::layout::MAGIC, 2, trim, 0, reserved_to]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect()
+    }
+
+    fn slot(position: u64, stream: StreamId) -> Vec<u8> {
+        let entry = Entry {
+            position,
+            epoch: 2,
+            writer: 1,
+            content: Content::Data {
+                streams: vec![StreamHeader {
+                    stream,
+                    backpointers: vec![u64::MAX; 4],
+                }],
+                payload: vec![],
+            },
+        };
+        let mut bytes = entry.encode(4);
+        bytes.resize(crate::entry::header_bytes(STREAMS_PER_ENTRY_MAX, 4), 0);
+        bytes
+    }
+
+    /// The new epoch starts more than a period above the trim point: the slot of a
+    /// never-written position holds an entry of the lap before, which is still in the log.
+    #[test]
+    fn entries_of_an_earlier_lap_below_the_scanned_period_are_found() {
+        // Two nodes of 4 slots: a period of 8. Trim 1, the old reservation ends at 12.
+        let layout = LogLayout {
+            nodes: vec![(1, 0), (2, 0)],
+            slot_bytes: 1024,
+            slots_per_node: 4,
+            backpointers: 4,
+        };
+        let (mut t, _) = Takeover::start(&layout, 3);
+        let sealed = Outcome {
+            committed: true,
+            reads: vec![words(1, 12), words(1, 12)],
+            failed_compares: vec![],
+        };
+        let Ok(Step::Run(scan)) = t.on_outcome(&sealed) else {
+            panic!("a scan follows the seal");
+        };
+        assert_eq!(scan.items().len(), 8, "one period, 11 down to 4");
+        // 11's slot holds 3 (11 was never written), 10 holds itself, 9's slot holds 1 (at
+        // the trim point: still in the log), 8's holds 0 (trimmed); the rest are empty.
+        let mut reads = vec![vec![0; 1024]; 8];
+        reads[0] = slot(3, 5);
+        reads[1] = slot(10, 6);
+        reads[2] = slot(1, 7);
+        reads[3] = slot(0, 8);
+        let scanned = Outcome {
+            committed: true,
+            reads,
+            failed_compares: vec![],
+        };
+        let Ok(Step::Done(taken)) = t.on_outcome(&scanned) else {
+            panic!("one chunk covers the period");
+        };
+        assert_eq!((taken.tail, taken.trim), (12, 1));
+        assert_eq!(
+            taken.history,
+            vec![(10, vec![6]), (3, vec![5]), (1, vec![7])],
+            "newest first; 0 is trimmed"
+        );
+    }
 }

@@ -97,6 +97,8 @@ pub struct Report {
     pub batched_decisions: u64,
     /// Commits that told the participants every participant's Prepare lsn.
     pub commits_with_lsns: u64,
+    /// The log: minitransactions that wrote several appends' positions at once.
+    pub batched_writes: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -157,6 +159,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         node_crashes: world.counter("crashes"),
         coordinator_crashes: world.counter("coordinator_crashes"),
         batched_decisions: world.counter("batched_decisions"),
+        batched_writes: 0,
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }

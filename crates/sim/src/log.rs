@@ -32,6 +32,9 @@ pub struct LogSimConfig {
     pub nodes: u16,
     pub appenders: usize,
     pub appends_per_appender: usize,
+    /// Appends an appender keeps under way at once, at most (each incarnation draws how
+    /// many from 1 up): their writes to one node go out batched.
+    pub appends_in_flight_max: usize,
     pub backpointers: u8,
     /// Positions per reservation: small, so that reservations are frequent.
     pub lease: u64,
@@ -50,6 +53,7 @@ impl Default for LogSimConfig {
             nodes: 3,
             appenders: 3,
             appends_per_appender: 12,
+            appends_in_flight_max: 8,
             backpointers: 2,
             lease: 8,
             sequencers: 2,
@@ -121,6 +125,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
     let roles = (0..cfg.appenders)
         .map(|_| Role::Appender {
             appends: cfg.appends_per_appender,
+            in_flight_max: cfg.appends_in_flight_max,
         })
         .chain(STREAMS.iter().map(|&stream| Role::Reader { stream }))
         .chain(cfg.trimmer.then_some(Role::Trimmer));
@@ -185,6 +190,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         node_crashes: world.counter("crashes"),
         coordinator_crashes: 0,
         batched_decisions: world.counter("batched_decisions"),
+        batched_writes: world.counter("batched_writes"),
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }

@@ -1,6 +1,7 @@
-//! A simulated client of the shared log: an appender (appends to random streams) or a
-//! reader (one stream, `readnext` in a loop), running the log's real sans-I/O steps
-//! (`Append`, `ReadAt` with the hole timeout, `Sync`) over the simulated network, against
+//! A simulated client of the shared log: an appender (several appends to random streams at
+//! once, their writes batched per node) or a reader (one stream, `readnext` in a loop),
+//! running the log's real sans-I/O steps (`Append` and its `Batcher`, `ReadAt` with the
+//! hole timeout, `Sync`) over the simulated network, against
 //! the simulated sequencer and memory nodes. What it saw goes to the shared `LogHistory`,
 //! which checks it once the run settles.
 
@@ -16,8 +17,8 @@ use std::time::Duration;
 use tutti_client::Minitx;
 use tutti_log::minitxs;
 use tutti_log::{
-    Append, AppendStep, Found, Hole, LogError, LogLayout, ReadAt, ReadStep, StreamId, Sync,
-    SyncStep,
+    Append, AppendStep, Batch, Batcher, Found, Hole, LogError, LogLayout, ReadAt, ReadStep,
+    StreamId, Sync, SyncStep,
 };
 use tutti_wire::{Answer, Ask, Request, Response};
 use tutti_workload::log::{Acked, Reading};
@@ -45,7 +46,8 @@ pub(crate) struct LogHistory {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Target {
-    Append,
+    /// The append of this number.
+    Append(u64),
     Sync,
     Read(u64),
     /// A reader's read of the control words, for where to start.
@@ -61,12 +63,14 @@ enum ClientTimer {
     Next,
 }
 
+/// One append under way.
+struct Appending {
+    append: Append,
+    streams: Vec<StreamId>,
+    payload: Vec<u8>,
+}
+
 enum Task {
-    Append {
-        append: Append,
-        streams: Vec<StreamId>,
-        payload: Vec<u8>,
-    },
     Sync {
         sync: Sync,
         reads: BTreeMap<u64, ReadAt>,
@@ -88,8 +92,10 @@ enum Task {
 }
 
 pub(crate) enum Role {
+    /// `appends` in all, up to `in_flight_max` at once (each incarnation draws how many).
     Appender {
         appends: usize,
+        in_flight_max: usize,
     },
     Reader {
         stream: StreamId,
@@ -121,6 +127,11 @@ pub(crate) struct SimLogClient {
     done: bool,
     asks: BTreeMap<u64, (Target, Ask, u64)>,
     minitxs: BTreeMap<Handle, (Target, Minitx, bool)>,
+    /// An appender's appends under way, by number, and how many it keeps going.
+    appending: BTreeMap<u64, Appending>,
+    in_flight: usize,
+    batcher: Batcher<u64>,
+    batches: BTreeMap<Handle, Batch<u64>>,
 }
 
 impl SimLogClient {
@@ -152,38 +163,52 @@ impl SimLogClient {
             done: false,
             asks: BTreeMap::new(),
             minitxs: BTreeMap::new(),
+            appending: BTreeMap::new(),
+            in_flight: 1,
+            batcher: Batcher::default(),
+            batches: BTreeMap::new(),
+        }
+    }
+
+    /// Starts appends until `in_flight` are under way or all were started; done once all
+    /// have ended.
+    fn start_appends(&mut self, ctx: &mut Ctx<'_>) {
+        let Role::Appender { appends, .. } = self.role else {
+            unreachable!("an appender appends")
+        };
+        while self.appending.len() < self.in_flight && self.started < appends {
+            self.started += 1;
+            let n = ctx.rng().gen_range(1..=2);
+            let mut streams: Vec<StreamId> = Vec::new();
+            while streams.len() < n {
+                let s = STREAMS[ctx.rng().gen_range(0..STREAMS.len())];
+                if !streams.contains(&s) {
+                    streams.push(s);
+                }
+            }
+            let id = self.started as u64;
+            let mut payload = self.id.to_le_bytes().to_vec();
+            payload.extend_from_slice(&id.to_le_bytes());
+            let writer = ctx.rng().gen::<u64>() | 1;
+            let (append, step) = Append::new(&self.layout, &streams, payload.clone(), writer)
+                .expect("the simulated entries fit");
+            let appending = Appending {
+                append,
+                streams,
+                payload,
+            };
+            self.appending.insert(id, appending);
+            self.append_step(ctx, id, step);
+        }
+        if self.started == appends && self.appending.is_empty() && !self.done {
+            self.done = true;
+            self.history.borrow_mut().appenders_done += 1;
         }
     }
 
     fn next_task(&mut self, ctx: &mut Ctx<'_>) {
         match self.role {
-            Role::Appender { appends } => {
-                if self.started == appends {
-                    self.done = true;
-                    self.history.borrow_mut().appenders_done += 1;
-                    return;
-                }
-                self.started += 1;
-                let n = ctx.rng().gen_range(1..=2);
-                let mut streams: Vec<StreamId> = Vec::new();
-                while streams.len() < n {
-                    let s = STREAMS[ctx.rng().gen_range(0..STREAMS.len())];
-                    if !streams.contains(&s) {
-                        streams.push(s);
-                    }
-                }
-                let mut payload = self.id.to_le_bytes().to_vec();
-                payload.extend_from_slice(&(self.started as u64).to_le_bytes());
-                let writer = ctx.rng().gen::<u64>() | 1;
-                let (append, step) = Append::new(&self.layout, &streams, payload.clone(), writer)
-                    .expect("the simulated entries fit");
-                self.task = Some(Task::Append {
-                    append,
-                    streams,
-                    payload,
-                });
-                self.append_step(ctx, step);
-            }
+            Role::Appender { .. } => self.start_appends(ctx),
             Role::Reader { .. } if self.start.is_none() => {
                 self.task = Some(Task::Start);
                 self.run(ctx, Target::Words, minitxs::words(&self.layout), false);
@@ -249,41 +274,49 @@ impl SimLogClient {
         }
     }
 
-    fn append_step(&mut self, ctx: &mut Ctx<'_>, step: AppendStep) {
-        let Some(Task::Append { append, .. }) = &self.task else {
-            return;
-        };
+    fn append_step(&mut self, ctx: &mut Ctx<'_>, id: u64, step: AppendStep) {
         match step {
             AppendStep::Ask(ask) => {
-                let min_epoch = append.min_epoch();
-                self.ask(ctx, Target::Append, ask, min_epoch)
+                let min_epoch = self.appending[&id].append.min_epoch();
+                self.ask(ctx, Target::Append(id), ask, min_epoch)
             }
-            AppendStep::Write(tx) => self.run(ctx, Target::Append, tx, false),
+            AppendStep::Write(write) => {
+                if let Some(batch) = self.batcher.queue(&self.layout, write, id) {
+                    self.run_batch(ctx, batch);
+                }
+            }
             AppendStep::Done(position) => {
-                let Some(Task::Append {
+                let Appending {
                     streams, payload, ..
-                }) = self.task.take()
-                else {
-                    unreachable!("appending")
-                };
+                } = self.appending.remove(&id).expect("appending");
                 self.history.borrow_mut().log.acked.push(Acked {
                     position,
                     streams,
                     payload,
                 });
-                self.next_task(ctx);
+                self.start_appends(ctx);
             }
+        }
+    }
+
+    fn run_batch(&mut self, ctx: &mut Ctx<'_>, mut batch: Batch<u64>) {
+        ctx.count("batched_writes", u64::from(batch.len() > 1));
+        let tx = std::mem::take(&mut batch.tx);
+        let (handle, done) = self.coordinators.start(ctx, tx);
+        self.batches.insert(handle, batch);
+        if let Some(done) = done {
+            self.finished(ctx, done);
         }
     }
 
     /// The append's next step; a full log ends it, appended nowhere (so a reader that
     /// finds its payload breaks the checks).
-    fn appended(&mut self, ctx: &mut Ctx<'_>, step: Result<AppendStep, LogError>) {
+    fn appended(&mut self, ctx: &mut Ctx<'_>, id: u64, step: Result<AppendStep, LogError>) {
         match step {
-            Ok(step) => self.append_step(ctx, step),
+            Ok(step) => self.append_step(ctx, id, step),
             Err(LogError::Full { .. }) => {
-                self.task = None;
-                self.next_task(ctx);
+                self.appending.remove(&id);
+                self.start_appends(ctx);
             }
             Err(e) => panic!("log client {}: {e}", self.id),
         }
@@ -384,9 +417,11 @@ impl SimLogClient {
     fn on_answer(&mut self, ctx: &mut Ctx<'_>, target: Target, answer: Answer) {
         let layout = self.layout.clone();
         match (target, &mut self.task) {
-            (Target::Append, Some(Task::Append { append, .. })) => {
-                let step = append.on_answer(&layout, answer);
-                self.appended(ctx, step);
+            (Target::Append(id), _) => {
+                if let Some(a) = self.appending.get_mut(&id) {
+                    let step = a.append.on_answer(&layout, answer);
+                    self.appended(ctx, id, step);
+                }
             }
             (Target::Sync, Some(Task::Sync { sync, .. })) => {
                 let step = sync.on_answer(answer).expect("a tail");
@@ -415,6 +450,22 @@ impl SimLogClient {
     }
 
     fn finished(&mut self, ctx: &mut Ctx<'_>, (handle, result): Finished) {
+        if let Some(batch) = self.batches.remove(&handle) {
+            // No outcome: each write of the batch is written again.
+            let outcome = result.ok();
+            let (results, next) = self.batcher.finish(&self.layout, batch, outcome.as_ref());
+            if let Some(next) = next {
+                self.run_batch(ctx, next);
+            }
+            let layout = self.layout.clone();
+            for (id, written) in results {
+                if let Some(a) = self.appending.get_mut(&id) {
+                    let step = a.append.on_written(&layout, written);
+                    self.appended(ctx, id, step);
+                }
+            }
+            return;
+        }
         let Some((target, tx, fill)) = self.minitxs.remove(&handle) else {
             return;
         };
@@ -424,10 +475,6 @@ impl SimLogClient {
         };
         let layout = self.layout.clone();
         match (target, &mut self.task) {
-            (Target::Append, Some(Task::Append { append, .. })) => {
-                let step = append.on_outcome(&outcome);
-                self.appended(ctx, step);
-            }
             (Target::Words, Some(Task::Start)) => {
                 let trim = minitxs::words_result(&outcome).iter().map(|w| w.trim).max();
                 let start = trim.unwrap_or_default();
@@ -527,18 +574,14 @@ impl Process for SimLogClient {
         self.coordinators.crash(ctx);
         self.asks.clear();
         self.minitxs.clear();
-        match self.task.take() {
-            Some(Task::Append {
-                streams, payload, ..
-            }) => self
-                .history
-                .borrow_mut()
-                .log
-                .unknown
-                .push((streams, payload)),
-            Some(Task::Sync { .. } | Task::Start | Task::Confirm { .. } | Task::Trim { .. })
-            | None => {}
+        self.batcher.clear();
+        self.batches.clear();
+        self.task = None;
+        let mut h = self.history.borrow_mut();
+        for (_, a) in std::mem::take(&mut self.appending) {
+            h.log.unknown.push((a.streams, a.payload));
         }
+        drop(h);
         if let Role::Reader { .. } = self.role {
             // A new reader: from the trim point, which it reads first.
             (self.floor, self.start) = (0, None);
@@ -547,6 +590,9 @@ impl Process for SimLogClient {
     }
 
     fn on_restart(&mut self, ctx: &mut Ctx<'_>) {
+        if let Role::Appender { in_flight_max, .. } = self.role {
+            self.in_flight = ctx.rng().gen_range(1..=in_flight_max.max(1));
+        }
         if !self.done {
             self.next_task(ctx);
         }
@@ -558,9 +604,11 @@ impl Process for SimLogClient {
 
     fn describe(&self) -> String {
         let what = match self.role {
-            Role::Appender { appends } => {
-                format!("appender, {} of {appends} started", self.started)
-            }
+            Role::Appender { appends, .. } => format!(
+                "appender, {} of {appends} started, {} under way",
+                self.started,
+                self.appending.len()
+            ),
             Role::Reader { stream } => format!("reader of stream {stream} at {}", self.floor),
             Role::Trimmer => format!("trimmer at {}", self.trimmed),
         };

@@ -8,7 +8,7 @@ use tutti_sim::reproduce_command;
 #[test]
 fn log_seeds_pass_every_check() {
     let cfg = LogSimConfig::default();
-    let mut appends = 0;
+    let (mut appends, mut batched) = (0, 0);
     for seed in 0..300 {
         let report = run(seed, &cfg);
         assert!(
@@ -18,8 +18,10 @@ fn log_seeds_pass_every_check() {
             reproduce_command(seed, true)
         );
         appends += report.committed;
+        batched += report.batched_writes;
     }
     assert!(appends > 300 * 20, "{appends} appends acknowledged");
+    assert!(batched > 150, "{batched} batches wrote several positions");
 }
 
 #[test]

@@ -32,7 +32,7 @@ async fn write(c: &Cluster, l: &LogLayout, epoch: u64, e: &Entry) -> Result<(), 
     if outcome.committed {
         Ok(())
     } else {
-        Err(minitxs::write_refusal(e.position, epoch, &outcome))
+        Err(minitxs::write_refusal(l, e.position, epoch, &outcome))
     }
 }
 

@@ -232,3 +232,60 @@ fn holes_are_filled_after_the_timeout_and_bad_input_gets_its_own_error() {
         );
     });
 }
+
+/// Concurrent appends to one node leave in batches: the node logs one record for many, and
+/// every acknowledged append is at its position.
+#[test]
+fn concurrent_appends_to_a_node_are_written_in_batches() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("log-batches", 1, "log", &[], &[]);
+    rt.block_on(async {
+        let cluster = common::ready(&c).await;
+        let log = Log::create(
+            &cluster,
+            "batches",
+            &shape(vec![1], 256, 4096),
+            LogOptions::default(),
+        )
+        .await
+        .expect("created");
+        let records = || async {
+            let stats = cluster.stats().await;
+            let (_, node) = stats.first().expect("one node");
+            node.as_ref().expect("stats").log_records_appended
+        };
+        let before = records().await;
+        let appenders: Vec<_> = (0..64u64)
+            .map(|a| {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut acked = Vec::new();
+                    for i in 0..10u64 {
+                        let (streams, payload) = appended(a, i);
+                        let p = log.append(payload.clone(), &streams).await;
+                        acked.push((p.expect("appended"), payload));
+                    }
+                    acked
+                })
+            })
+            .collect();
+        let mut acked = Vec::new();
+        for a in appenders {
+            acked.extend(a.await.expect("appender"));
+        }
+        let logged = records().await - before;
+        assert!(
+            logged * 2 < acked.len() as u64,
+            "{logged} redo-log records for {} appends",
+            acked.len()
+        );
+        for (p, payload) in acked {
+            match log.read(p).await.expect("read") {
+                Found::Data { payload: read, .. } => assert_eq!(read, payload, "at {p}"),
+                other => panic!("position {p} holds {other:?}"),
+            }
+        }
+        eprintln!("{logged} redo-log records for 640 appends");
+    });
+}

@@ -175,6 +175,10 @@ mod tests {
         let (name, status) = s.exited().await;
         assert_eq!((name.as_str(), status.code()), ("quick", Some(3)));
         assert!(s.reap().is_empty());
+        // Killed before its shell had echoed, the sleeper would leave the log empty.
+        while !std::fs::read_to_string(&log).unwrap().contains("started") {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let killed = s.kill("sleeper").unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(killed.signal(), Some(libc::SIGKILL));

@@ -32,12 +32,9 @@ pub struct Batch<T> {
 }
 
 impl<T> Batch<T> {
-    pub fn len(&self) -> usize {
+    /// How many positions it writes.
+    pub fn writes(&self) -> usize {
         self.positions.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.positions.is_empty()
     }
 }
 
@@ -166,15 +163,12 @@ mod tests {
         SlotWrite::new(&layout(), epoch, &entry)
     }
 
-    fn outcome(committed: bool, slots: &[u64]) -> Outcome {
-        let mut reads = vec![[2u64, 0].iter().flat_map(|w| w.to_le_bytes()).collect()];
-        for &tag in slots {
-            reads.push([tag, 2, 55].iter().flat_map(|w| w.to_le_bytes()).collect());
-        }
+    /// Epoch 2, trim 0, each slot with its tag and writer 55.
+    fn outcome(committed: bool, tags: &[u64]) -> Outcome {
+        let slots: Vec<[u64; 3]> = tags.iter().map(|&tag| [tag, 2, 55]).collect();
         Outcome {
             committed,
-            reads,
-            failed_compares: vec![],
+            ..crate::minitxs::tests::refused([2, 0], &slots)
         }
     }
 
@@ -186,7 +180,7 @@ mod tests {
         let second = b
             .queue(&l, write(2, 2), 'b')
             .expect("a second batch may be out");
-        assert_eq!((first.len(), second.len()), (1, 1));
+        assert_eq!((first.writes(), second.writes()), (1, 1));
         assert!(b.queue(&l, write(1, 2), 'c').is_some(), "node 2 has room");
         for (p, t) in [(4, 'd'), (6, 'e'), (8, 'f')] {
             assert!(b.queue(&l, write(p, 2), t).is_none(), "node 1 has two out");
@@ -224,6 +218,6 @@ mod tests {
         }
         assert_eq!(out.len(), 2);
         let (_, next) = b.finish(&l, out.remove(0), Some(&outcome(true, &[0])));
-        assert_eq!(next.expect("more wait").len(), WRITES_PER_BATCH_MAX);
+        assert_eq!(next.expect("more wait").writes(), WRITES_PER_BATCH_MAX);
     }
 }

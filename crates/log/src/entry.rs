@@ -200,7 +200,13 @@ impl Entry {
 /// Whether a slot's first bytes (at least 8) say it holds `position`, data or junk: all
 /// the slow check needs to know.
 pub fn holds(position: u64, bytes: &[u8]) -> bool {
-    bytes.len() >= 8 && u64::from_le_bytes(bytes[0..8].try_into().unwrap()) == position + 1
+    held_position(bytes) == Some(position)
+}
+
+/// The position a slot's bytes hold, from its tag; `None` for a slot never written.
+pub fn held_position(bytes: &[u8]) -> Option<u64> {
+    let tag = u64::from_le_bytes(bytes.get(0..8)?.try_into().expect("8 bytes"));
+    tag.checked_sub(1)
 }
 
 /// An entry's streams as its header gives them, for the backward scans that read only

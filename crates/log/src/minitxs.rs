@@ -101,20 +101,25 @@ pub fn write_batch(layout: &LogLayout, writes: Vec<SlotWrite>) -> Minitx {
     {
         tx = tx.compare_u64(node, header + word::TRIM, CmpOp::Ge, p + 1 - period);
     }
-    for w in &writes {
-        let slot = layout.slot(w.position);
-        assert!(
-            slot.node == node && w.epoch == epoch,
-            "a batch is one node's, in one epoch"
-        );
-        tx = tx.compare_u64(node, slot.addr, CmpOp::Lt, w.position + 1);
+    let addrs: Vec<u64> = (writes.iter())
+        .map(|w| {
+            let slot = layout.slot(w.position);
+            assert!(
+                slot.node == node && w.epoch == epoch,
+                "a batch is one node's, in one epoch"
+            );
+            slot.addr
+        })
+        .collect();
+    for (w, &addr) in writes.iter().zip(&addrs) {
+        tx = tx.compare_u64(node, addr, CmpOp::Lt, w.position + 1);
     }
     tx = tx.read(node, header + word::EPOCH, 16);
-    for w in &writes {
-        tx = tx.read(node, layout.slot(w.position).addr, 24);
+    for &addr in &addrs {
+        tx = tx.read(node, addr, 24);
     }
-    for w in writes {
-        tx = tx.write(node, layout.slot(w.position).addr, w.bytes);
+    for (w, addr) in writes.into_iter().zip(addrs) {
+        tx = tx.write(node, addr, w.bytes);
     }
     tx
 }
@@ -298,7 +303,7 @@ pub fn headers(layout: &LogLayout, positions: &[u64], streams: usize) -> Minitx 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Two nodes of 5 slots: a period of 10 positions.
@@ -315,7 +320,9 @@ mod tests {
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 
-    fn refused(words: [u64; 2], slots: &[[u64; 3]]) -> Outcome {
+    /// A write's outcome that did not commit, having read `words` (epoch, trim) and each
+    /// slot's tag, epoch and writer.
+    pub(crate) fn refused(words: [u64; 2], slots: &[[u64; 3]]) -> Outcome {
         let mut reads = vec![bytes(&words)];
         reads.extend(slots.iter().map(|s| bytes(s)));
         Outcome {

@@ -5,7 +5,7 @@
 //! words bound where the old sequencer may have handed out positions, and the slots say
 //! which of those were written and in which streams.
 
-use crate::entry::{holds, peek_streams, Decoded, StreamId, STREAMS_PER_ENTRY_MAX};
+use crate::entry::{held_position, holds, peek_streams, StreamId, STREAMS_PER_ENTRY_MAX};
 use crate::layout::LogLayout;
 use crate::minitxs::{self, Words};
 use crate::{planted, Bug};
@@ -228,10 +228,7 @@ impl Takeover {
     /// or above trim + period ever is) then holds an entry of an earlier lap that is still
     /// in the log, and its stream's backpointers must name it.
     fn found(&mut self, p: u64, bytes: &[u8]) -> Result<(), TakeoverError> {
-        let tag = bytes
-            .get(..8)
-            .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
-        let Some(held) = tag.checked_sub(1) else {
+        let Some(held) = held_position(bytes) else {
             return Ok(());
         };
         let older = held < p && held >= self.trim && !planted(Bug::ScanSkipsEarlierLap);
@@ -249,7 +246,7 @@ impl Takeover {
                 Ok(())
             }
             Ok(_) => Ok(()),
-            Err(Decoded::Need(_) | Decoded::Corrupt(_)) => Err(TakeoverError::Corrupt(p)),
+            Err(_) => Err(TakeoverError::Corrupt(p)),
         }
     }
 

@@ -712,10 +712,11 @@ impl<R> Participant<R> {
     /// until its record is synced (early lock release): it took every lock it will ever
     /// take in this one step, so a later writer of what it read is serialised after it; that
     /// writer saw none of its writes (still locked), so if a crash loses this record and
-    /// keeps the writer's, the writer alone is still a serial history. Without it, a word that every append compares (a log's epoch and
-    /// trim point) stayed read-locked across back-to-back group commits, and a seal or a
-    /// trim, which must write it, lost every try. A multi-node minitransaction keeps its
-    /// read locks until the decision: it may take locks on another node after this vote.
+    /// keeps the writer's, the writer alone is still a serial history. Without it, a word
+    /// that every append compares (a log's epoch and trim point) stayed read-locked across
+    /// back-to-back group commits, and a seal or a trim, which must write it, lost every
+    /// try. A multi-node minitransaction keeps its read locks until the decision: it may
+    /// take locks on another node after this vote.
     fn vote_after_logging(
         &mut self,
         acts: &mut Actions<R>,

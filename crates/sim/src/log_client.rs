@@ -300,7 +300,7 @@ impl SimLogClient {
     }
 
     fn run_batch(&mut self, ctx: &mut Ctx<'_>, mut batch: Batch<u64>) {
-        ctx.count("batched_writes", u64::from(batch.len() > 1));
+        ctx.count("batched_writes", u64::from(batch.writes() > 1));
         let tx = std::mem::take(&mut batch.tx);
         let (handle, done) = self.coordinators.start(ctx, tx);
         self.batches.insert(handle, batch);

@@ -345,6 +345,13 @@ impl Log {
         .map(|_| ())
     }
 
+    /// The position below which the log is trimmed.
+    pub async fn trim_point(&self) -> Result<u64, LogError> {
+        let tx = minitxs::words(&self.inner.layout);
+        let outcome = run(&self.inner.cluster, &tx, self.until()).await?;
+        Ok((minitxs::words_result(&outcome).iter().map(|w| w.trim)).fold(0, u64::max))
+    }
+
     /// The log's control words on every node, and the tail.
     pub async fn stat(&self) -> Result<Stat, LogError> {
         let tx = minitxs::words(&self.inner.layout);
@@ -363,6 +370,7 @@ impl Log {
             id,
             floor: from,
             ready: BTreeMap::new(),
+            trimmed: None,
         }
     }
 
@@ -401,6 +409,9 @@ pub struct Stream {
     floor: u64,
     /// Entries found and not yet returned.
     ready: BTreeMap<u64, Vec<u8>>,
+    /// A sync found the log trimmed here, above where the stream's reading stood: the
+    /// stream's entries below it were never returned.
+    trimmed: Option<u64>,
 }
 
 impl Stream {
@@ -417,6 +428,17 @@ impl Stream {
     /// Entries the last sync found that `readnext` has not returned yet.
     pub fn ready(&self) -> usize {
         self.ready.len()
+    }
+
+    /// Where a sync found the log trimmed above the stream's reading position (entries of
+    /// the stream may have been skipped there), if it did.
+    pub fn trimmed(&self) -> Option<u64> {
+        self.trimmed
+    }
+
+    /// Takes every entry the syncs found and `readnext` has not returned, in log order.
+    pub fn take_ready(&mut self) -> BTreeMap<u64, Vec<u8>> {
+        std::mem::take(&mut self.ready)
     }
 
     /// Learns the stream's entries up to the tail (Tango's sync), reading back along the
@@ -436,7 +458,12 @@ impl Stream {
                     let found = futures::future::try_join_all(reads).await?;
                     sync.on_found(positions.into_iter().zip(found).collect())
                 }
-                SyncStep::Done { tail, entries } => {
+                SyncStep::Done {
+                    tail,
+                    entries,
+                    trimmed,
+                } => {
+                    self.trimmed = self.trimmed.max(trimmed);
                     self.ready.extend(entries);
                     self.floor = self.floor.max(tail);
                     return Ok(tail);

@@ -19,10 +19,13 @@ pub enum SyncStep {
     Ask(Ask),
     /// Read these positions (in parallel, filling holes) and hand back what each holds.
     Read(Vec<u64>),
-    /// The stream's entries from the floor up to `tail`, in log order.
+    /// The stream's entries from the floor up to `tail`, in log order. `trimmed`: the log
+    /// was found trimmed at that position, above the floor: the entries between the floor
+    /// and it are gone and not in `entries`.
     Done {
         tail: u64,
         entries: BTreeMap<u64, Vec<u8>>,
+        trimmed: Option<u64>,
     },
 }
 
@@ -38,6 +41,8 @@ pub struct Sync {
     visited: BTreeSet<u64>,
     entries: BTreeMap<u64, Vec<u8>>,
     min_epoch: u64,
+    /// The floor the sync started from.
+    start: u64,
 }
 
 impl Sync {
@@ -51,6 +56,7 @@ impl Sync {
             visited: BTreeSet::new(),
             entries: BTreeMap::new(),
             min_epoch: 0,
+            start: floor,
         };
         let ask = s.ask();
         (s, ask)
@@ -136,6 +142,7 @@ impl Sync {
             return SyncStep::Done {
                 tail: self.tail,
                 entries: std::mem::take(&mut self.entries),
+                trimmed: (self.floor > self.start).then_some(self.floor),
             };
         }
         SyncStep::Read(read)

@@ -343,7 +343,7 @@ impl SimLogClient {
                     self.read_step(ctx, p, step);
                 }
             }
-            SyncStep::Done { tail, entries } => {
+            SyncStep::Done { tail, entries, .. } => {
                 let Some(Task::Sync { last_round, .. }) = self.task.take() else {
                     unreachable!("syncing")
                 };

@@ -53,6 +53,11 @@ enum Command {
     /// Positions are striped over memory nodes and written once; `tutti up` runs the
     /// sequencer that hands them out. See docs/log.md.
     Log(cmd::log::LogArgs),
+    /// Tango's objects over a shared log: registers, counters, maps (JSON out).
+    ///
+    /// Every client builds its views by playing the log, so any number of them agree.
+    /// Objects are created on their first write. See docs/objects.md.
+    Obj(cmd::obj::ObjArgs),
     /// Print the load statistics of every memory node.
     Stats(cmd::stats::StatsArgs),
     /// Benchmarks; print JSON.
@@ -156,6 +161,10 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         Command::Log(a) => {
             init_tracing("error");
             cmd::log::run(a, &dialer).await
+        }
+        Command::Obj(a) => {
+            init_tracing("error");
+            cmd::obj::run(a, &dialer).await
         }
         Command::Up(a) => {
             init_tracing("warn");

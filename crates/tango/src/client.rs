@@ -7,22 +7,21 @@ use crate::directory::{Created, Directory, Meta, DIRECTORY_NAME, DIRECTORY_OID, 
 use crate::error::TangoError;
 use crate::object::Object;
 use crate::objects::Kind;
-use crate::record::{Oid, Read, Record, Write};
-use crate::runtime::{Progress, Reply, Runtime, Tx};
+use crate::play::{Load, LoadStep, PlayStep, Player, Rebuild, RebuildStep, Synced, Views};
+use crate::record::{Oid, Record, Write};
+use crate::runtime::{Reply, Runtime, Tx};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 use tutti_log::entry::{header_bytes, STREAMS_PER_ENTRY_MAX};
-use tutti_log::{Found, Log, Stream};
+use tutti_log::{Log, Stream};
 
 /// How long a player waits for a missing decision record before it rebuilds the read
 /// set's views and decides itself, and how long a commit decided here may go without its
 /// decision record before this client appends it for the others.
 pub const DECISION_TIMEOUT_DEFAULT: Duration = Duration::from_millis(500);
-/// Pause between syncs while a player waits for a decision record.
-const DECISION_POLL: Duration = Duration::from_millis(5);
 
 #[derive(Clone, Debug)]
 pub struct TangoOptions {
@@ -56,11 +55,10 @@ pub struct Tango {
 
 struct Inner {
     log: Log,
-    opts: TangoOptions,
     /// The hosted objects other than the directory, by name.
     objects: BTreeMap<String, Meta>,
     runtime: Mutex<Runtime>,
-    player: tokio::sync::Mutex<Player>,
+    playing: tokio::sync::Mutex<Playing>,
     /// Syncs begun, and the number of the last one finished (syncs are numbered from 1 in
     /// the order they begin, under the player's lock).
     syncs_begun: AtomicU64,
@@ -69,11 +67,12 @@ struct Inner {
     checkpoints: Mutex<HashMap<Oid, u64>>,
 }
 
-/// The streams of the hosted objects, read together.
-struct Player {
+/// The streams of the hosted objects, read together, and their player.
+struct Playing {
     streams: Vec<Stream>,
-    /// When each commit blocking the play, and each decision owed, was first seen.
-    since: HashMap<u64, Instant>,
+    player: Player,
+    /// The player's clock starts here.
+    start: Instant,
 }
 
 /// Views rebuilt from their checkpoints, with their streams' entries offered.
@@ -125,19 +124,19 @@ impl Tango {
         objects: BTreeMap<String, Meta>,
         opts: TangoOptions,
     ) -> Result<Tango, TangoError> {
-        let mut views: Vec<(Oid, Box<dyn Object>)> =
-            vec![(DIRECTORY_OID, Box::new(Directory::default()))];
+        let mut views: Views = vec![(DIRECTORY_OID, Box::new(Directory::default()))];
         views.extend(objects.values().map(|m| (m.oid, m.kind.view())));
         let loaded = load(&log, views, None).await?;
+        let decision_timeout = opts.decision_timeout;
         let tango = Tango {
             inner: Arc::new(Inner {
                 log,
-                opts,
                 objects,
                 runtime: Mutex::new(loaded.runtime),
-                player: tokio::sync::Mutex::new(Player {
+                playing: tokio::sync::Mutex::new(Playing {
                     streams: loaded.streams,
-                    since: HashMap::new(),
+                    player: Player::new(decision_timeout),
+                    start: Instant::now(),
                 }),
                 syncs_begun: AtomicU64::new(0),
                 syncs_done: AtomicU64::new(0),
@@ -232,114 +231,86 @@ impl Tango {
     /// share syncs: one begun after this call began serves it.
     pub async fn sync(&self) -> Result<(), TangoError> {
         let ticket = self.inner.syncs_begun.load(Ordering::SeqCst);
-        let mut player = self.inner.player.lock().await;
+        let mut playing = self.inner.playing.lock().await;
         if self.inner.syncs_done.load(Ordering::SeqCst) > ticket {
             return Ok(());
         }
         let number = self.inner.syncs_begun.fetch_add(1, Ordering::SeqCst) + 1;
-        self.catch_up(&mut player).await?;
+        self.catch_up(&mut playing).await?;
         self.inner.syncs_done.store(number, Ordering::SeqCst);
         Ok(())
     }
 
-    async fn catch_up(&self, player: &mut Player) -> Result<(), TangoError> {
+    async fn catch_up(&self, playing: &mut Playing) -> Result<(), TangoError> {
+        let Playing {
+            streams,
+            player,
+            start,
+        } = playing;
+        let mut step = PlayStep::Sync;
         loop {
-            let syncs = player.streams.iter_mut().map(|s| s.sync());
-            futures::future::try_join_all(syncs).await?;
-            let progress = {
-                let mut runtime = self.runtime();
-                offer_streams(&mut runtime, &mut player.streams)?
-            };
-            let Progress::Blocked {
-                commit,
-                reads,
-                streams,
-            } = progress
-            else {
-                break;
-            };
-            let since = *player.since.entry(commit).or_insert_with(Instant::now);
-            if since.elapsed() < self.inner.opts.decision_timeout {
-                tokio::time::sleep(DECISION_POLL).await;
-                continue;
-            }
-            let committed = self.decide_by_replay(commit, &reads).await?;
-            self.runtime().resolve(commit, committed);
-            player.since.remove(&commit);
-            self.append_decision(commit, committed, &streams).await?;
-        }
-        self.pay_owed(player).await
-    }
-
-    /// Decides the commit at `commit` by rebuilding, as of it, the views of the objects it
-    /// read (Tango §4.1: no client hosting them appended the decision in time).
-    async fn decide_by_replay(&self, commit: u64, reads: &[Read]) -> Result<bool, TangoError> {
-        let oids = sorted_oids(reads.iter().map(|r| r.oid));
-        let loaded = self.replay(oids, commit).await?;
-        Ok(loaded.runtime.validate(reads))
-    }
-
-    /// Views of `oids` as of `until`, rebuilt from their checkpoints and streams. A commit
-    /// they wait on is decided by hosting the objects it read as well, and playing again.
-    async fn replay(&self, mut oids: Vec<Oid>, until: u64) -> Result<Loaded, TangoError> {
-        loop {
-            let views = self.runtime().view(DIRECTORY_OID, |d: &Directory| {
-                (oids.iter())
-                    .map(|&oid| match oid {
-                        DIRECTORY_OID => {
-                            Some((oid, Box::new(Directory::default()) as Box<dyn Object>))
-                        }
-                        _ => (d.name_of(oid).and_then(|n| d.get(n))).map(|m| (oid, m.kind.view())),
-                    })
-                    .collect::<Option<Vec<_>>>()
-            })?;
-            let views = views.ok_or_else(|| TangoError::Undecided {
-                commit: until,
-                why: format!("objects {oids:?} are not all named in the directory"),
-            })?;
-            let mut loaded = load(&self.inner.log, views, Some(until)).await?;
-            let Progress::Blocked { commit, reads, .. } =
-                offer_streams(&mut loaded.runtime, &mut loaded.streams)?
-            else {
-                return Ok(loaded);
-            };
-            let hosted = oids.len();
-            oids = sorted_oids(oids.into_iter().chain(reads.iter().map(|r| r.oid)));
-            if oids.len() == hosted {
-                return Err(TangoError::Undecided {
+            step = match step {
+                PlayStep::Sync => {
+                    let synced = sync_all(streams).await?;
+                    player.on_synced(&mut self.runtime(), synced, start.elapsed())?
+                }
+                PlayStep::Pause(pause) => {
+                    tokio::time::sleep(pause).await;
+                    PlayStep::Sync
+                }
+                PlayStep::Replay { commit, reads } => {
+                    let oids = reads.iter().map(|r| r.oid);
+                    let views = self.rebuild(oids, commit).await?;
+                    let committed = views.validate(&reads);
+                    player.on_replayed(&mut self.runtime(), commit, committed)
+                }
+                PlayStep::AppendDecision {
                     commit,
-                    why: "it read objects whose views start from checkpoints taken after it, and no decision record was found".into(),
-                });
+                    committed,
+                    streams,
+                } => {
+                    let record = Record::Decision { commit, committed };
+                    self.inner.log.append(record.encode(), &streams).await?;
+                    player.on_decision_appended(&mut self.runtime(), commit, start.elapsed())
+                }
+                PlayStep::Done => return Ok(()),
             }
         }
     }
 
-    async fn append_decision(
+    /// Views of `oids` as of `until`, rebuilt from their checkpoints and streams.
+    async fn rebuild(
         &self,
-        commit: u64,
-        committed: bool,
-        streams: &[Oid],
-    ) -> Result<u64, TangoError> {
-        let record = Record::Decision { commit, committed };
-        let position = self.inner.log.append(record.encode(), streams).await?;
-        self.runtime().settle_owed(commit);
-        Ok(position)
-    }
-
-    /// Appends the decision records owed longer than the timeout (their writers crashed
-    /// or are slow), for the clients that cannot decide those commits themselves.
-    async fn pay_owed(&self, player: &mut Player) -> Result<(), TangoError> {
-        let owed = self.runtime().owed().clone();
-        player.since.retain(|p, _| owed.contains_key(p));
-        for (commit, owed) in owed {
-            let since = *player.since.entry(commit).or_insert_with(Instant::now);
-            if since.elapsed() >= self.inner.opts.decision_timeout {
-                self.append_decision(commit, owed.committed, &owed.streams)
-                    .await?;
-                player.since.remove(&commit);
+        oids: impl IntoIterator<Item = Oid>,
+        until: u64,
+    ) -> Result<Runtime, TangoError> {
+        let (mut rebuild, mut step) = Rebuild::new(oids, until);
+        loop {
+            match step {
+                RebuildStep::Load { oids, until } => {
+                    let views = self.views_of(&oids, until)?;
+                    let loaded = load(&self.inner.log, views, Some(until)).await?;
+                    step = rebuild.on_loaded(loaded.runtime)?;
+                }
+                RebuildStep::Done(runtime) => return Ok(runtime),
             }
         }
-        Ok(())
+    }
+
+    /// Empty views of `oids`, of the kinds the directory gives them.
+    fn views_of(&self, oids: &[Oid], until: u64) -> Result<Views, TangoError> {
+        let views = self.runtime().view(DIRECTORY_OID, |d: &Directory| {
+            (oids.iter())
+                .map(|&oid| match oid {
+                    DIRECTORY_OID => Some((oid, Box::new(Directory::default()) as Box<dyn Object>)),
+                    _ => (d.name_of(oid).and_then(|n| d.get(n))).map(|m| (oid, m.kind.view())),
+                })
+                .collect::<Option<Vec<_>>>()
+        })?;
+        views.ok_or_else(|| TangoError::Undecided {
+            commit: until,
+            why: format!("objects {oids:?} are not all named in the directory"),
+        })
     }
 
     /// Runs `f` on the view of `oid` once the hosted streams are played to the tail
@@ -485,7 +456,12 @@ impl Tango {
             unreachable!("the commit record at {position} played to {reply:?}");
         };
         if decision_follows {
-            self.append_decision(position, committed, &written).await?;
+            let record = Record::Decision {
+                commit: position,
+                committed,
+            };
+            self.inner.log.append(record.encode(), &written).await?;
+            self.runtime().settle_owed(position);
         }
         Ok(TxOutcome {
             committed,
@@ -618,115 +594,46 @@ impl Tango {
     ) -> Result<R, TangoError> {
         let meta =
             (self.lookup(name).await?).ok_or_else(|| TangoError::NoSuchObject(name.into()))?;
-        let loaded = self.replay(vec![meta.oid], position).await?;
-        Ok(loaded.runtime.view(meta.oid, f)?)
+        let views = self.rebuild([meta.oid], position).await?;
+        Ok(views.view(meta.oid, f)?)
     }
 }
 
-/// Offers `runtime` what the streams found and plays to where all of them reached.
-fn offer_streams(runtime: &mut Runtime, streams: &mut [Stream]) -> Result<Progress, TangoError> {
-    let mut floor = u64::MAX;
-    for stream in streams.iter_mut() {
-        if let Some(trim) = stream.trimmed() {
-            if trim > runtime.played() {
-                return Err(TangoError::Trimmed {
-                    trim,
-                    played: runtime.played(),
+/// Syncs every stream and hands over what each found.
+async fn sync_all(streams: &mut [Stream]) -> Result<Vec<Synced>, TangoError> {
+    futures::future::try_join_all(streams.iter_mut().map(|s| s.sync())).await?;
+    Ok((streams.iter_mut())
+        .map(|s| Synced {
+            entries: s.take_ready(),
+            floor: s.floor(),
+            trimmed: s.trimmed(),
+        })
+        .collect())
+}
+
+/// Runs a `Load` of `views` against the log; keeps the streams it synced.
+async fn load(log: &Log, views: Views, until: Option<u64>) -> Result<Loaded, TangoError> {
+    let (mut load, mut step) = Load::new(views, until);
+    let mut streams = Vec::new();
+    loop {
+        step = match step {
+            LoadStep::TrimPoint => load.on_trim_point(log.trim_point().await?),
+            LoadStep::Sync { oids, from } => {
+                streams = oids.iter().map(|&oid| log.stream(oid, from)).collect();
+                load.on_synced(&sync_all(&mut streams).await?)?
+            }
+            LoadStep::ReadParts(positions) => {
+                let reads = positions.iter().map(|&p| log.read(p));
+                load.on_parts(futures::future::try_join_all(reads).await?)?
+            }
+            LoadStep::Done => {
+                let checkpoints = load.restored.clone();
+                return Ok(Loaded {
+                    runtime: load.runtime(),
+                    streams,
+                    checkpoints,
                 });
             }
         }
-        for (position, payload) in stream.take_ready() {
-            runtime.offer(position, &payload);
-        }
-        floor = floor.min(stream.floor());
     }
-    Ok(runtime.play(floor))
-}
-
-/// Hosts `views` in a new runtime, each restored from its latest checkpoint (taken at or
-/// below `until` if given), and offers it their streams' entries from the trim point on
-/// (below `until` if given).
-async fn load(
-    log: &Log,
-    views: Vec<(Oid, Box<dyn Object>)>,
-    until: Option<u64>,
-) -> Result<Loaded, TangoError> {
-    let trim = log.trim_point().await?;
-    let mut runtime = Runtime::new();
-    let mut streams = Vec::with_capacity(views.len());
-    let mut checkpoints = HashMap::new();
-    let mut entries = BTreeMap::new();
-    for (oid, view) in views {
-        let mut stream = log.stream(oid, trim);
-        stream.sync().await?;
-        let found = stream.take_ready();
-        let latest =
-            found
-                .iter()
-                .rev()
-                .find_map(|(&position, payload)| match Record::decode(payload) {
-                    Ok(Record::Checkpoint {
-                        oid: o,
-                        as_of,
-                        parts,
-                    }) if o == oid && as_of >= trim && until.is_none_or(|u| as_of <= u) => {
-                        Some((position, as_of, parts))
-                    }
-                    _ => None,
-                });
-        match latest {
-            Some((position, as_of, parts)) => {
-                let bytes = read_parts(log, oid, &parts).await?;
-                runtime
-                    .host_restored(oid, view, as_of, &bytes)
-                    .map_err(|e| TangoError::Malformed { position, why: e.0 })?;
-                checkpoints.insert(oid, as_of);
-            }
-            None => runtime.host(oid, view, 0),
-        }
-        entries.extend(
-            found
-                .into_iter()
-                .filter(|(p, _)| until.is_none_or(|u| *p < u)),
-        );
-        streams.push(stream);
-    }
-    for (position, payload) in entries {
-        runtime.offer(position, &payload);
-    }
-    Ok(Loaded {
-        runtime,
-        streams,
-        checkpoints,
-    })
-}
-
-async fn read_parts(log: &Log, oid: Oid, parts: &[u64]) -> Result<Vec<u8>, TangoError> {
-    let reads = parts.iter().map(|&p| log.read(p));
-    let mut bytes = Vec::new();
-    for (&position, found) in parts
-        .iter()
-        .zip(futures::future::try_join_all(reads).await?)
-    {
-        let malformed = |why: String| TangoError::Malformed { position, why };
-        let Found::Data { payload, .. } = found else {
-            return Err(malformed(format!(
-                "checkpoint part of object {oid} is {}",
-                found.state()
-            )));
-        };
-        match Record::decode(&payload) {
-            Ok(Record::CheckpointPart {
-                oid: o,
-                bytes: part,
-            }) if o == oid => bytes.extend(part),
-            Ok(other) => {
-                return Err(malformed(format!(
-                    "not a checkpoint part of {oid}: {other:?}"
-                )))
-            }
-            Err(e) => return Err(malformed(e.0)),
-        }
-    }
-    Ok(bytes)
 }

@@ -15,6 +15,7 @@ mod error;
 pub mod handles;
 pub mod object;
 pub mod objects;
+pub mod play;
 pub mod record;
 pub mod runtime;
 
@@ -25,5 +26,6 @@ pub use error::TangoError;
 pub use handles::{CounterRef, MapRef, QueueRef, RegisterRef};
 pub use object::{Applied, Object};
 pub use objects::{Counter, Kind, Map, Queue, Register, SortedMap};
+pub use play::{Load, LoadStep, PlayStep, Player, Rebuild, RebuildStep, Synced};
 pub use record::{Oid, Read, Record, Write};
 pub use runtime::{Progress, Reply, Runtime, Tx, ViewError};

@@ -13,6 +13,7 @@ use crate::minitxs::{self, SlotWrite, Words, Written};
 use crate::read::{Found, Hole, ReadAt, ReadStep, HOLE_TIMEOUT_DEFAULT};
 use crate::stream::{Sync, SyncStep};
 use crate::takeover::{SlowCheck, Step};
+use crate::{planted, Bug};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -288,7 +289,9 @@ impl Log {
         }
     }
 
-    /// The fast check: the tail as the sequencer knows it.
+    /// The fast check: the tail as the sequencer knows it, once the log's epoch shows that
+    /// the sequencer was not replaced before it answered (a replaced one's tail may miss
+    /// appends acknowledged since): every append acknowledged before the call is below it.
     pub async fn check(&self) -> Result<Tail, LogError> {
         let until = self.until();
         let mut min_epoch = 0;
@@ -297,7 +300,18 @@ impl Log {
                 .ask(Ask::Tail { streams: vec![] }, min_epoch, until)
                 .await?
             {
-                Answer::Tail { tail, epoch, .. } => return Ok(Tail { tail, epoch }),
+                Answer::Tail { tail, epoch, .. } => {
+                    if planted(Bug::UnfencedTail) {
+                        return Ok(Tail { tail, epoch });
+                    }
+                    let fence = minitxs::epoch(&self.inner.layout);
+                    let log_epoch =
+                        minitxs::epoch_result(&run(&self.inner.cluster, &fence, until).await?);
+                    if log_epoch <= epoch {
+                        return Ok(Tail { tail, epoch });
+                    }
+                    min_epoch = log_epoch;
+                }
                 Answer::Sealed { epoch } => min_epoch = epoch + 1,
                 other => {
                     return Err(LogError::Cluster(format!(
@@ -451,8 +465,10 @@ impl Stream {
         loop {
             step = match step {
                 SyncStep::Ask(ask) => {
-                    sync.on_answer(log.ask(ask, sync.min_epoch(), until).await?)?
+                    let answer = log.ask(ask, sync.min_epoch(), until).await?;
+                    sync.on_answer(&log.inner.layout, answer)?
                 }
+                SyncStep::Fence(tx) => sync.on_fenced(&run(&log.inner.cluster, &tx, until).await?),
                 SyncStep::Read(positions) => {
                     let reads = positions.iter().map(|&p| log.read_with(p, hole, until));
                     let found = futures::future::try_join_all(reads).await?;

@@ -41,6 +41,10 @@ pub enum Bug {
     /// earlier lap still in their slots (the new epoch starting over a period above the
     /// trim point).
     ScanSkipsEarlierLap,
+    /// A fast check (a stream sync's, `Log::check`) takes the sequencer's tail without
+    /// checking that its epoch is still the log's: a replaced sequencer's stale tail
+    /// passes for current.
+    UnfencedTail,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -248,6 +248,19 @@ pub fn words(layout: &LogLayout) -> Minitx {
     })
 }
 
+/// Reads the epoch word of the log's first node. A seal raises every node's epoch in one
+/// minitransaction, so one node's is the log's: a fast check's answer is current if its
+/// epoch is still the log's after it was given (docs/log.md, "Fast check").
+pub fn epoch(layout: &LogLayout) -> Minitx {
+    let (node, base) = layout.nodes[0];
+    Minitx::new().class(CLASS).read(node, base + word::EPOCH, 8)
+}
+
+/// The epoch `epoch` read.
+pub fn epoch_result(outcome: &Outcome) -> u64 {
+    u64_of(&outcome.reads[0])
+}
+
 /// The words `words` read, per node in layout order.
 pub fn words_result(outcome: &Outcome) -> Vec<Words> {
     outcome.reads.iter().map(|b| Words::parse(b)).collect()

@@ -6,8 +6,12 @@
 
 use crate::entry::StreamId;
 use crate::error::LogError;
+use crate::layout::LogLayout;
+use crate::minitxs;
 use crate::read::Found;
+use crate::{planted, Bug};
 use std::collections::{BTreeMap, BTreeSet};
+use tutti_client::Outcome;
 use tutti_wire::{Answer, Ask};
 
 /// Positions read per step of a backward scan.
@@ -17,6 +21,10 @@ pub const SCAN_READS: u64 = 64;
 pub enum SyncStep {
     /// Ask the sequencer (with `min_epoch` from `Sync::min_epoch`).
     Ask(Ask),
+    /// Run this read-only minitransaction (the log's epoch, `minitxs::epoch`) and hand back
+    /// its outcome (`Sync::on_fenced`): the sequencer's answer counts only if its epoch is
+    /// still the log's.
+    Fence(tutti_client::Minitx),
     /// Read these positions (in parallel, filling holes) and hand back what each holds.
     Read(Vec<u64>),
     /// The stream's entries from the floor up to `tail`, in log order. `trimmed`: the log
@@ -43,6 +51,8 @@ pub struct Sync {
     min_epoch: u64,
     /// The floor the sync started from.
     start: u64,
+    /// The sequencer's answer, waiting for the fence: its epoch and backpointers.
+    answered: Option<(u64, Vec<u64>)>,
 }
 
 impl Sync {
@@ -57,6 +67,7 @@ impl Sync {
             entries: BTreeMap::new(),
             min_epoch: 0,
             start: floor,
+            answered: None,
         };
         let ask = s.ask();
         (s, ask)
@@ -83,13 +94,21 @@ impl Sync {
         }
     }
 
-    pub fn on_answer(&mut self, answer: Answer) -> Result<SyncStep, LogError> {
+    pub fn on_answer(&mut self, layout: &LogLayout, answer: Answer) -> Result<SyncStep, LogError> {
         match answer {
-            Answer::Tail { tail, mut last, .. } => {
+            Answer::Tail {
+                tail,
+                epoch,
+                mut last,
+            } => {
                 let last = last.pop().unwrap_or_default();
                 self.tail = tail.max(self.floor);
-                self.covered = self.covers(&last);
-                Ok(self.next(last))
+                if planted(Bug::UnfencedTail) {
+                    self.covered = self.covers(&last);
+                    return Ok(self.next(last));
+                }
+                self.answered = Some((epoch, last));
+                Ok(SyncStep::Fence(minitxs::epoch(layout)))
             }
             Answer::Sealed { epoch } => {
                 self.min_epoch = self.min_epoch.max(epoch + 1);
@@ -99,6 +118,21 @@ impl Sync {
                 "the sequencer answered a fast check with {other:?}"
             ))),
         }
+    }
+
+    /// The outcome of the `Fence`: a log at a later epoch than the answer's means the
+    /// sequencer that gave it was replaced, and may not know of entries appended since;
+    /// ask again, of a sequencer at that epoch or later.
+    pub fn on_fenced(&mut self, outcome: &Outcome) -> SyncStep {
+        let (epoch, last) = self.answered.take().expect("an answer to fence");
+        let log_epoch = minitxs::epoch_result(outcome);
+        if log_epoch > epoch {
+            self.min_epoch = self.min_epoch.max(log_epoch);
+            self.tail = self.floor;
+            return self.ask();
+        }
+        self.covered = self.covers(&last);
+        self.next(last)
     }
 
     /// What the positions of the last `Read` hold.
@@ -204,17 +238,54 @@ mod tests {
         }
 
         fn sync(&self, stream: StreamId, floor: u64) -> (Vec<u64>, usize) {
+            self.sync_at_epoch(stream, floor, 1)
+        }
+
+        /// A sync whose first answer comes from a sequencer at `first_epoch` (the log's is
+        /// 1): one replaced by then, if higher... or a stale one, if lower.
+        fn sync_at_epoch(
+            &self,
+            stream: StreamId,
+            floor: u64,
+            first_epoch: u64,
+        ) -> (Vec<u64>, usize) {
+            let layout = LogLayout {
+                nodes: vec![(1, 0)],
+                slot_bytes: 256,
+                slots_per_node: 1024,
+                backpointers: self.k,
+            };
             let (mut s, mut step) = Sync::new(stream, self.k, floor);
-            let mut reads = 0;
+            let (mut reads, mut epoch) = (0, first_epoch);
             loop {
                 step = match step {
+                    SyncStep::Ask(_) if epoch < 1 => {
+                        epoch = 1;
+                        s.on_answer(
+                            &layout,
+                            Answer::Tail {
+                                tail: floor,
+                                epoch: 0,
+                                last: vec![vec![]],
+                            },
+                        )
+                        .expect("a tail")
+                    }
                     SyncStep::Ask(_) => s
-                        .on_answer(Answer::Tail {
-                            tail: self.tail,
-                            epoch: 1,
-                            last: vec![self.last.get(&stream).cloned().unwrap_or_default()],
-                        })
+                        .on_answer(
+                            &layout,
+                            Answer::Tail {
+                                tail: self.tail,
+                                epoch: 1,
+                                last: vec![self.last.get(&stream).cloned().unwrap_or_default()],
+                            },
+                        )
                         .expect("a tail"),
+                    SyncStep::Fence(_) => s.on_fenced(&tutti_client::Outcome {
+                        committed: true,
+                        reads: vec![1u64.to_le_bytes().to_vec()],
+                        failed_compares: vec![],
+                    }),
                     SyncStep::Read(ps) => {
                         reads += 1;
                         s.on_found(ps.into_iter().map(|p| (p, self.found(p))).collect())
@@ -242,6 +313,16 @@ mod tests {
         assert!(reads <= mine.len() / 4 + 2, "{reads} rounds of reads");
         let (later, _) = log.sync(1, mine[20]);
         assert_eq!(later, mine[20..].to_vec());
+    }
+
+    /// A replaced sequencer still answers with the tail it knew; the fence sends the sync
+    /// to ask again, and it finds what was appended since.
+    #[test]
+    fn a_stale_sequencers_tail_is_fenced_off() {
+        let mut log = Log::new(2);
+        let mine: Vec<u64> = (0..6).map(|_| log.append(&[5], false)).collect();
+        let (found, _) = log.sync_at_epoch(5, 0, 0);
+        assert_eq!(found, mine);
     }
 
     #[test]

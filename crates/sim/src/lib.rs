@@ -13,10 +13,13 @@ mod client;
 mod coordinators;
 pub mod log;
 mod log_client;
+mod log_io;
 mod manager;
 mod msg;
 mod node;
 mod sequencer;
+pub mod tango;
+mod tango_client;
 pub mod world;
 
 pub use tutti_workload::Violation;
@@ -215,8 +218,7 @@ fn snapshot(world: &World, dir: &Directory, bank: &Bank) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The command that replays a seed.
-pub fn reproduce_command(seed: u64, log: bool) -> String {
-    let workload = if log { " --workload log" } else { "" };
-    format!("cargo run --release -p tutti -- sim --seeds 1 --from {seed}{workload}")
+/// The command that replays a seed of `workload` (`bank`, `log`, `tango`).
+pub fn reproduce_command(seed: u64, workload: &str) -> String {
+    format!("cargo run --release -p tutti -- sim --seeds 1 --from {seed} --workload {workload}")
 }

@@ -67,20 +67,51 @@ impl Default for LogSimConfig {
 /// The manager with the nodes registered and the log's region allocated, and the log's
 /// layout; the region's headers go into the images.
 fn set_up(cfg: &LogSimConfig) -> (ManagerState, LogLayout, Vec<Vec<u8>>) {
-    let mut state = ManagerState::new(Persisted::fresh(), 1);
-    for id in 1..=cfg.nodes {
-        let _ = state.register(0, id, format!("sim-node-{id}"), SPACE_BYTES, true, false);
-    }
-    let mut layout = LogLayout {
-        nodes: vec![],
+    let shape = LogShape {
+        name: LOG,
+        nodes: cfg.nodes,
+        space_bytes: SPACE_BYTES,
         slot_bytes: SLOT_BYTES,
         slots_per_node: SLOTS_PER_NODE,
         backpointers: cfg.backpointers,
     };
+    allocate(&shape)
+}
+
+/// A simulated log's shape.
+pub(crate) struct LogShape<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) nodes: u16,
+    pub(crate) space_bytes: u64,
+    pub(crate) slot_bytes: u32,
+    pub(crate) slots_per_node: u64,
+    pub(crate) backpointers: u8,
+}
+
+/// The manager with `shape.nodes` nodes registered and the log's region allocated over
+/// them all, and the log's layout; the region's headers go into the nodes' images.
+pub(crate) fn allocate(shape: &LogShape<'_>) -> (ManagerState, LogLayout, Vec<Vec<u8>>) {
+    let mut state = ManagerState::new(Persisted::fresh(), 1);
+    for id in 1..=shape.nodes {
+        let _ = state.register(
+            0,
+            id,
+            format!("sim-node-{id}"),
+            shape.space_bytes,
+            true,
+            false,
+        );
+    }
+    let mut layout = LogLayout {
+        nodes: vec![],
+        slot_bytes: shape.slot_bytes,
+        slots_per_node: shape.slots_per_node,
+        backpointers: shape.backpointers,
+    };
     let create = Request::CreateRegion {
-        name: LOG.into(),
+        name: shape.name.into(),
         kind: tutti_log::REGION_KIND.into(),
-        nodes: (1..=cfg.nodes).collect(),
+        nodes: (1..=shape.nodes).collect(),
         bytes_per_node: layout.region_bytes(),
         params: layout.layout_word(),
     };
@@ -88,7 +119,7 @@ fn set_up(cfg: &LogSimConfig) -> (ManagerState, LogLayout, Vec<Vec<u8>>) {
         panic!("the simulated log's region is allocated");
     };
     layout.nodes = region.nodes;
-    let mut images = vec![vec![0u8; SPACE_BYTES as usize]; usize::from(cfg.nodes)];
+    let mut images = vec![vec![0u8; shape.space_bytes as usize]; usize::from(shape.nodes)];
     for (node, item) in tutti_log::minitxs::create(&layout).items() {
         if let tutti_wire::Item::Write { addr, bytes } = item {
             let at = *addr as usize;

@@ -53,6 +53,8 @@ enum Target {
     /// A reader's read of the control words, for where to start.
     Words,
     Trim,
+    /// A sync's check that its tail's epoch is the log's.
+    Fence,
 }
 
 #[derive(Debug)]
@@ -331,6 +333,7 @@ impl SimLogClient {
                 let min_epoch = sync.min_epoch();
                 self.ask(ctx, Target::Sync, ask, min_epoch)
             }
+            SyncStep::Fence(tx) => self.run(ctx, Target::Fence, tx, false),
             SyncStep::Read(positions) => {
                 let hole = Hole::FillAfter(self.hole_timeout);
                 let mut steps = Vec::new();
@@ -424,7 +427,7 @@ impl SimLogClient {
                 }
             }
             (Target::Sync, Some(Task::Sync { sync, .. })) => {
-                let step = sync.on_answer(answer).expect("a tail");
+                let step = sync.on_answer(&layout, answer).expect("a tail");
                 self.sync_step(ctx, step);
             }
             (Target::Read(p), Some(Task::Sync { reads, .. })) => {
@@ -493,6 +496,10 @@ impl SimLogClient {
                 let start = self.start.unwrap_or_default().max(trim.unwrap_or_default());
                 self.start = Some(start);
                 self.delivered(ctx, entries, last_round);
+            }
+            (Target::Fence, Some(Task::Sync { sync, .. })) => {
+                let step = sync.on_fenced(&outcome);
+                self.sync_step(ctx, step);
             }
             (Target::Trim, Some(Task::Trim { prefix })) => {
                 // Not committed: a node's trim point is there already (trims only grow).

@@ -15,7 +15,7 @@ fn log_seeds_pass_every_check() {
             report.violations.is_empty(),
             "seed {seed}: {:?}\n  reproduce: {}",
             report.violations,
-            reproduce_command(seed, true)
+            reproduce_command(seed, "log")
         );
         appends += report.committed;
         batched += report.batched_writes;

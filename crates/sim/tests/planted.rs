@@ -4,6 +4,7 @@
 use tutti_client::coordinator;
 use tutti_memnode::participant::{plant, Bug};
 use tutti_sim::log::LogSimConfig;
+use tutti_sim::tango::TangoSimConfig;
 use tutti_sim::{run, SimConfig};
 
 fn first_failing_seed(bug: Bug) -> Option<(u64, String)> {
@@ -142,5 +143,54 @@ fn a_write_held_back_by_its_batch_counted_as_written_is_caught() {
 fn a_takeover_scan_that_skips_an_earlier_lap_is_caught() {
     let found = first_failing_log_seed(tutti_log::Bug::ScanSkipsEarlierLap, 5000);
     assert!(found.is_some(), "not caught in 5,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
+/// The first of 1,000 tango simulations that `plant` breaks (a bug of the log's or of
+/// tango's), with what broke.
+fn first_failing_tango_seed(plant: impl Fn(bool)) -> Option<(u64, Vec<String>)> {
+    plant(true);
+    let cfg = TangoSimConfig::default();
+    let found = (0..1000).find_map(|seed| {
+        let report = tutti_sim::tango::run(seed, &cfg);
+        let broke: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
+        (!broke.is_empty()).then_some((seed, broke))
+    });
+    plant(false);
+    found
+}
+
+fn tango_bug(bug: tutti_tango::Bug) -> impl Fn(bool) {
+    move |on| tutti_tango::plant(on.then_some(bug))
+}
+
+#[test]
+fn a_commit_decided_from_a_stale_version_is_caught() {
+    let found = first_failing_tango_seed(tango_bug(tutti_tango::Bug::DecideFromStaleVersion));
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
+#[test]
+fn ignoring_decision_records_is_caught() {
+    let found = first_failing_tango_seed(tango_bug(tutti_tango::Bug::IgnoreDecisionRecords));
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
+#[test]
+fn a_trim_below_an_objects_forget_position_is_caught() {
+    let found = first_failing_tango_seed(tango_bug(tutti_tango::Bug::TrimBelowForget));
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
+/// A stream sync that takes a replaced sequencer's tail for current reads a stale view:
+/// the clients' views disagree, or a client misses its own commit.
+#[test]
+fn a_fast_check_without_the_epoch_fence_is_caught() {
+    let found =
+        first_failing_tango_seed(|on| tutti_log::plant(on.then_some(tutti_log::Bug::UnfencedTail)));
+    assert!(found.is_some(), "not caught in 1,000 seeds");
     eprintln!("caught: {found:?}");
 }

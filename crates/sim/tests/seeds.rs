@@ -24,7 +24,7 @@ fn seeds_pass_every_checker() {
             failures.push(format!(
                 "seed {seed}: {:?}\n  reproduce: {}",
                 report.violations,
-                reproduce_command(seed, false)
+                reproduce_command(seed, "bank")
             ));
         }
     }
@@ -99,7 +99,7 @@ fn regression_seeds_stay_fixed() {
             report.violations.is_empty(),
             "seed {seed}: {:?}\n  reproduce: {}",
             report.violations,
-            reproduce_command(seed, false)
+            reproduce_command(seed, "bank")
         );
     }
 }

@@ -126,7 +126,7 @@ impl Tango {
     ) -> Result<Tango, TangoError> {
         let mut views: Views = vec![(DIRECTORY_OID, Box::new(Directory::default()))];
         views.extend(objects.values().map(|m| (m.oid, m.kind.view())));
-        let loaded = load(&log, views, None).await?;
+        let loaded = load(&log, views, None, None).await?;
         let decision_timeout = opts.decision_timeout;
         let tango = Tango {
             inner: Arc::new(Inner {
@@ -287,9 +287,13 @@ impl Tango {
         let (mut rebuild, mut step) = Rebuild::new(oids, until);
         loop {
             match step {
-                RebuildStep::Load { oids, until } => {
+                RebuildStep::Load {
+                    oids,
+                    until,
+                    start_by,
+                } => {
                     let views = self.views_of(&oids, until)?;
-                    let loaded = load(&self.inner.log, views, Some(until)).await?;
+                    let loaded = load(&self.inner.log, views, Some(until), Some(start_by)).await?;
                     step = rebuild.on_loaded(loaded.runtime)?;
                 }
                 RebuildStep::Done(runtime) => return Ok(runtime),
@@ -612,8 +616,13 @@ async fn sync_all(streams: &mut [Stream]) -> Result<Vec<Synced>, TangoError> {
 }
 
 /// Runs a `Load` of `views` against the log; keeps the streams it synced.
-async fn load(log: &Log, views: Views, until: Option<u64>) -> Result<Loaded, TangoError> {
-    let (mut load, mut step) = Load::new(views, until);
+async fn load(
+    log: &Log,
+    views: Views,
+    until: Option<u64>,
+    start_by: Option<u64>,
+) -> Result<Loaded, TangoError> {
+    let (mut load, mut step) = Load::starting_by(views, until, start_by);
     let mut streams = Vec::new();
     loop {
         step = match step {

@@ -6,6 +6,7 @@ use crate::codec::{Malformed, Reader, Writer};
 use crate::object::{Applied, Object};
 use crate::objects::Kind;
 use crate::record::Oid;
+use crate::{planted, Bug};
 use std::collections::BTreeMap;
 
 /// The directory's object id (and stream).
@@ -63,7 +64,11 @@ impl Directory {
     /// The position below which every object, the directory included, gave up its
     /// history: the log may be trimmed there.
     pub fn trim_point(&self) -> u64 {
-        (self.names.values().map(|m| m.forget)).fold(self.forget, u64::min)
+        let forgets = self.names.values().map(|m| m.forget);
+        if planted(Bug::TrimBelowForget) {
+            return forgets.fold(self.forget, u64::max);
+        }
+        forgets.fold(self.forget, u64::min)
     }
 
     pub fn create(kind: Kind, decisions: bool) -> Vec<u8> {

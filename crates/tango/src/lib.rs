@@ -8,6 +8,23 @@
 //! over the log client (`tutti_log::Log`). It does not store anything itself: durability,
 //! ordering and recovery are the log's.
 
+/// Deliberate protocol bugs that show the simulator's checkers catch what they stand for
+/// (crates/sim/tests/planted.rs). Planted only with the `planted-bugs` feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// A commit record is decided from a stale version: a read passes if the version it
+    /// saw is not newer than the current one, instead of equal to it.
+    DecideFromStaleVersion,
+    /// Decision records are ignored: a client that does not host a commit's read set
+    /// decides it anyway, taking the reads it cannot check for current.
+    IgnoreDecisionRecords,
+    /// The log is trimmed below the highest forget position instead of the lowest,
+    /// below some object's forget position.
+    TrimBelowForget,
+}
+
+tutti_wire::planted_bugs!(Bug);
+
 mod client;
 pub mod codec;
 pub mod directory;

@@ -76,6 +76,8 @@ pub enum LoadStep {
 pub struct Load {
     views: Views,
     until: Option<u64>,
+    /// Checkpoints are taken at or below this (`until` unless lower).
+    start_by: Option<u64>,
     trim: u64,
     runtime: Runtime,
     /// Each object's checkpoint to restore: its record's position, as_of and parts.
@@ -87,9 +89,22 @@ pub struct Load {
 
 impl Load {
     pub fn new(views: Views, until: Option<u64>) -> (Load, LoadStep) {
+        Load::starting_by(views, until, until)
+    }
+
+    /// A load whose views start from checkpoints taken at or below `start_by`.
+    pub fn starting_by(
+        views: Views,
+        until: Option<u64>,
+        start_by: Option<u64>,
+    ) -> (Load, LoadStep) {
         let load = Load {
             views,
             until,
+            start_by: match (start_by, until) {
+                (Some(b), Some(u)) => Some(b.min(u)),
+                (b, u) => b.or(u),
+            },
             trim: 0,
             runtime: Runtime::new(),
             checkpoints: Vec::new(),
@@ -109,6 +124,7 @@ impl Load {
 
     pub fn on_synced(&mut self, synced: &[Synced]) -> Result<LoadStep, TangoError> {
         let (trim, until) = (self.trim, self.until);
+        let mut found = Vec::with_capacity(synced.len());
         for (s, (oid, _)) in synced.iter().zip(&self.views) {
             if let Some(t) = s.trimmed {
                 return Err(TangoError::Trimmed {
@@ -116,25 +132,55 @@ impl Load {
                     played: trim,
                 });
             }
-            let latest =
-                s.entries.iter().rev().find_map(|(&position, payload)| {
-                    match Record::decode(payload) {
-                        Ok(Record::Checkpoint {
-                            oid: o,
-                            as_of,
-                            parts,
-                        }) if o == *oid && as_of >= trim && until.is_none_or(|u| as_of <= u) => {
-                            Some((*oid, position, as_of, parts))
-                        }
-                        _ => None,
-                    }
-                });
-            self.checkpoints.extend(latest);
+            let checkpoints: Vec<(u64, u64, Vec<u64>)> = (s.entries.iter())
+                .filter_map(|(&position, payload)| match Record::decode(payload) {
+                    Ok(Record::Checkpoint {
+                        oid: o,
+                        as_of,
+                        parts,
+                    }) if o == *oid && as_of >= trim => Some((position, as_of, parts)),
+                    _ => None,
+                })
+                .collect();
+            found.push(checkpoints);
             let below = s
                 .entries
                 .iter()
                 .filter(|(p, _)| until.is_none_or(|u| **p < u));
             self.entries.extend(below.map(|(p, e)| (*p, e.clone())));
+        }
+        // Every view starts from a checkpoint at or below one point, when it can: the
+        // earliest of the latest ones. A commit between two views' starts that reads the
+        // later-starting one could not be decided from the views.
+        let start_by = self
+            .start_by
+            .or_else(|| (found.iter()).filter_map(|c| c.last().map(|c| c.1)).min());
+        for (checkpoints, (oid, _)) in found.into_iter().zip(&self.views) {
+            let latest = (checkpoints.iter())
+                .rev()
+                .find(|c| start_by.is_none_or(|b| c.1 <= b));
+            match latest {
+                Some((position, as_of, parts)) => {
+                    (self.checkpoints).push((*oid, *position, *as_of, parts.clone()))
+                }
+                // As of a position: from the start of the log, unless the log is trimmed,
+                // and then the object's history as of `start_by` is gone (its checkpoints
+                // since the trim point are all later).
+                None if self.until.is_some() => {
+                    if !checkpoints.is_empty() && trim > 0 {
+                        return Err(TangoError::Trimmed {
+                            trim,
+                            played: start_by.unwrap_or_default(),
+                        });
+                    }
+                }
+                // The latest view of it, then.
+                None => {
+                    if let Some((position, as_of, parts)) = checkpoints.last() {
+                        (self.checkpoints).push((*oid, *position, *as_of, parts.clone()))
+                    }
+                }
+            }
         }
         let parts: Vec<u64> = self.checkpoints.iter().flat_map(|c| c.3.clone()).collect();
         if parts.is_empty() {
@@ -160,6 +206,13 @@ impl Load {
                 let part = found
                     .next()
                     .ok_or_else(|| malformed("checkpoint part not read".into()))?;
+                if let Found::Trimmed { trim } = part {
+                    // A trim passed the load since it read the trim point.
+                    return Err(TangoError::Trimmed {
+                        trim,
+                        played: self.trim,
+                    });
+                }
                 let Found::Data { payload, .. } = part else {
                     return Err(malformed(format!(
                         "checkpoint part of {oid} is {}",
@@ -312,8 +365,13 @@ impl Player {
 }
 
 pub enum RebuildStep {
-    /// Rebuild views of `oids` as of `until` with a `Load`, then `Rebuild::on_loaded`.
-    Load { oids: Vec<Oid>, until: u64 },
+    /// Rebuild views of `oids` as of `until`, from checkpoints taken at or below
+    /// `start_by`, with a `Load` (`Load::starting_by`), then `Rebuild::on_loaded`.
+    Load {
+        oids: Vec<Oid>,
+        until: u64,
+        start_by: u64,
+    },
     /// The views, played as of `until`.
     Done(Runtime),
 }
@@ -325,6 +383,7 @@ pub enum RebuildStep {
 pub struct Rebuild {
     oids: Vec<Oid>,
     until: u64,
+    start_by: u64,
 }
 
 impl Rebuild {
@@ -333,8 +392,14 @@ impl Rebuild {
         let step = RebuildStep::Load {
             oids: oids.clone(),
             until,
+            start_by: until,
         };
-        (Rebuild { oids, until }, step)
+        let rebuild = Rebuild {
+            oids,
+            until,
+            start_by: until,
+        };
+        (rebuild, step)
     }
 
     /// The loaded views (the `Load`'s runtime, not played yet).
@@ -346,14 +411,20 @@ impl Rebuild {
                 self.oids =
                     sorted_oids(self.oids.iter().copied().chain(reads.iter().map(|r| r.oid)));
                 if self.oids.len() == hosted {
-                    return Err(TangoError::Undecided {
-                        commit,
-                        why: "it read objects whose views start from checkpoints taken after it, and no decision record was found".into(),
-                    });
+                    // What it read is hosted, but from a checkpoint taken after it: start
+                    // every view at or below it.
+                    if commit >= self.start_by {
+                        return Err(TangoError::Undecided {
+                            commit,
+                            why: "the views of what it read start after it".into(),
+                        });
+                    }
+                    self.start_by = commit;
                 }
                 Ok(RebuildStep::Load {
                     oids: self.oids.clone(),
                     until: self.until,
+                    start_by: self.start_by,
                 })
             }
         }
@@ -459,7 +530,9 @@ mod tests {
     fn a_rebuild_widens_to_what_an_undecided_commit_read() {
         // The views of object 2 wait on the commit at 0, which read object 1.
         let (mut rebuild, step) = Rebuild::new([2], 5);
-        assert!(matches!(step, RebuildStep::Load { ref oids, until: 5 } if oids == &[2]));
+        assert!(
+            matches!(step, RebuildStep::Load { ref oids, until: 5, start_by: 5 } if oids == &[2])
+        );
         let step = rebuild.on_loaded(hosting(&[2])).unwrap();
         assert!(
             matches!(step, RebuildStep::Done(_)),

@@ -7,11 +7,14 @@
 use crate::codec::{Malformed, Reader, Writer};
 use crate::object::Object;
 use crate::record::{Oid, Read, Record, Write};
+use crate::{planted, Bug};
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 
 /// Malformed entries remembered for `malformed`, at most (the oldest are dropped).
 pub const MALFORMED_KEPT_MAX: usize = 64;
+/// Decisions remembered for `take_decisions`, at most (the oldest are dropped).
+pub const DECISIONS_KEPT_MAX: usize = 4096;
 
 /// One hosted object.
 struct Hosted {
@@ -131,6 +134,7 @@ pub struct Runtime {
     /// Replies kept for the nonces and transaction ids mutators wait on.
     awaited: HashMap<u64, Option<Reply>>,
     malformed: Vec<(u64, String)>,
+    decided: std::collections::VecDeque<(u64, bool)>,
 }
 
 impl Runtime {
@@ -167,6 +171,13 @@ impl Runtime {
     }
 
     /// Recent entries that could not be decoded or applied: (position, why).
+    /// The commit records played since the last call, with their outcomes, in log order
+    /// (the latest `DECISIONS_KEPT_MAX`): for observers; the simulator checks that every
+    /// client decides each one alike.
+    pub fn take_decisions(&mut self) -> Vec<(u64, bool)> {
+        self.decided.drain(..).collect()
+    }
+
     pub fn malformed(&self) -> &[(u64, String)] {
         &self.malformed
     }
@@ -277,6 +288,9 @@ impl Runtime {
 
     /// Whether this client can decide the commit at `position` from its own versions.
     fn decidable(&self, position: u64, reads: &[Read]) -> bool {
+        if planted(Bug::IgnoreDecisionRecords) {
+            return true;
+        }
         reads
             .iter()
             .all(|r| (self.hosted.get(&r.oid)).is_some_and(|h| h.from <= position))
@@ -284,8 +298,12 @@ impl Runtime {
 
     /// Whether every read's version is the current one.
     pub fn validate(&self, reads: &[Read]) -> bool {
-        reads.iter().all(|r| {
-            (self.hosted.get(&r.oid)).is_some_and(|h| h.version(r.key.as_deref()) == r.version)
+        reads.iter().all(|r| match self.hosted.get(&r.oid) {
+            Some(h) if planted(Bug::DecideFromStaleVersion) => {
+                r.version <= h.version(r.key.as_deref())
+            }
+            Some(h) => h.version(r.key.as_deref()) == r.version,
+            None => planted(Bug::IgnoreDecisionRecords),
         })
     }
 
@@ -329,6 +347,10 @@ impl Runtime {
                         }
                     }
                 }
+                if self.decided.len() == DECISIONS_KEPT_MAX {
+                    self.decided.pop_front();
+                }
+                self.decided.push_back((position, committed));
                 self.reply(tx, Reply::Tx { committed, replies });
             }
             Record::Decision { .. } | Record::CheckpointPart { .. } | Record::Checkpoint { .. } => {

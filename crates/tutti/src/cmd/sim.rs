@@ -10,8 +10,10 @@ pub(crate) struct SimArgs {
     /// The first seed.
     #[arg(long, default_value_t = 0)]
     from: u64,
-    /// What to simulate: `bank` (minitransactions: transfers and audits under recovery) or
-    /// `log` (the shared log: appenders and stream readers, the sequencer crashing).
+    /// What to simulate: `bank` (minitransactions: transfers and audits under recovery),
+    /// `log` (the shared log: appenders and stream readers, the sequencer crashing) or
+    /// `tango` (objects over the log: transactions across layered partitions, decision
+    /// records, checkpoints, forget and trim).
     #[arg(long, value_enum, default_value_t = SimWorkload::Bank)]
     workload: SimWorkload,
 }
@@ -20,6 +22,7 @@ pub(crate) struct SimArgs {
 pub(crate) enum SimWorkload {
     Bank,
     Log,
+    Tango,
 }
 
 impl SimWorkload {
@@ -27,6 +30,17 @@ impl SimWorkload {
         match self {
             SimWorkload::Bank => tutti_sim::run(seed, &tutti_sim::SimConfig::default()),
             SimWorkload::Log => tutti_sim::log::run(seed, &tutti_sim::log::LogSimConfig::default()),
+            SimWorkload::Tango => {
+                tutti_sim::tango::run(seed, &tutti_sim::tango::TangoSimConfig::default())
+            }
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SimWorkload::Bank => "bank",
+            SimWorkload::Log => "log",
+            SimWorkload::Tango => "tango",
         }
     }
 }
@@ -104,12 +118,13 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
         match a.workload {
             SimWorkload::Bank => "minitransactions",
             SimWorkload::Log => "appends",
+            SimWorkload::Tango => "transfers",
         }
     );
     for (seed, text) in &failures {
         println!(
             "seed {seed}: {text}\n  reproduce: {}",
-            tutti_sim::reproduce_command(*seed, a.workload == SimWorkload::Log)
+            tutti_sim::reproduce_command(*seed, a.workload.name())
         );
     }
     if failures.is_empty() {

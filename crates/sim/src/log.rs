@@ -64,18 +64,34 @@ impl Default for LogSimConfig {
     }
 }
 
-/// The manager with the nodes registered and the log's region allocated, and the log's
-/// layout; the region's headers go into the images.
-fn set_up(cfg: &LogSimConfig) -> (ManagerState, LogLayout, Vec<Vec<u8>>) {
-    let shape = LogShape {
-        name: LOG,
-        nodes: cfg.nodes,
-        space_bytes: SPACE_BYTES,
-        slot_bytes: SLOT_BYTES,
-        slots_per_node: SLOTS_PER_NODE,
-        backpointers: cfg.backpointers,
-    };
-    allocate(&shape)
+/// The memory nodes (a log's region allocated over them all), the manager and `sequencers`
+/// sequencer processes (each restart of one replaces the one named before) of a run of a
+/// layer over the log: where they are, the log's layout, the sequencers' addresses.
+pub(crate) fn spawn_log_cluster(
+    world: &mut World,
+    shape: &LogShape<'_>,
+    lease: u64,
+    sequencers: u64,
+) -> (Rc<Directory>, LogLayout, Vec<Addr>) {
+    let dir = Rc::new(Directory {
+        nodes: (0..u32::from(shape.nodes)).map(Addr).collect(),
+        manager: Addr(u32::from(shape.nodes)),
+    });
+    let (state, layout, images) = allocate(shape);
+    let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
+    for (id, image) in (1..=shape.nodes).zip(images) {
+        let node = SimNode::new(id, image, dir.clone(), no_check.clone());
+        assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
+    }
+    let manager = SimManager::with_state(dir.clone(), 400_000, state);
+    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
+    let sequencers = (0..sequencers.max(1))
+        .map(|i| {
+            let sequencer = SimSequencer::new(i, shape.name, lease, dir.clone());
+            world.spawn(Box::new(sequencer), true)
+        })
+        .collect();
+    (dir, layout, sequencers)
 }
 
 /// A simulated log's shape.
@@ -131,24 +147,16 @@ pub(crate) fn allocate(shape: &LogShape<'_>) -> (ManagerState, LogLayout, Vec<Ve
 
 pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
     let mut world = World::new(seed, cfg.faults.clone());
-    let dir = Rc::new(Directory {
-        nodes: (0..u32::from(cfg.nodes)).map(Addr).collect(),
-        manager: Addr(u32::from(cfg.nodes)),
-    });
-    let (state, layout, images) = set_up(cfg);
-    let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
-    for (id, image) in (1..=cfg.nodes).zip(images) {
-        let node = SimNode::new(id, image, dir.clone(), no_check.clone());
-        assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
-    }
-    let manager = SimManager::with_state(dir.clone(), 400_000, state);
-    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
-    let sequencers: Vec<Addr> = (0..cfg.sequencers.max(1))
-        .map(|i| {
-            let sequencer = SimSequencer::new(i, LOG, cfg.lease, dir.clone());
-            world.spawn(Box::new(sequencer), true)
-        })
-        .collect();
+    let shape = LogShape {
+        name: LOG,
+        nodes: cfg.nodes,
+        space_bytes: SPACE_BYTES,
+        slot_bytes: SLOT_BYTES,
+        slots_per_node: SLOTS_PER_NODE,
+        backpointers: cfg.backpointers,
+    };
+    let (dir, layout, sequencers) =
+        spawn_log_cluster(&mut world, &shape, cfg.lease, cfg.sequencers);
     let history = Rc::new(RefCell::new(LogHistory {
         appenders: cfg.appenders,
         ..LogHistory::default()

@@ -6,15 +6,11 @@
 //! those whose outcome no one learned either way); no balance ever went lower than a serial
 //! order allows.
 
-use crate::log::{allocate, LogShape};
-use crate::manager::SimManager;
-use crate::msg::Directory;
-use crate::node::SimNode;
-use crate::sequencer::SimSequencer;
+use crate::log::{spawn_log_cluster, LogShape};
 use crate::tango_client::{
     Role, SimTangoClient, TangoHistory, Transfer, ACCOUNTS, AMOUNT_MAX, BALANCE_MIN,
 };
-use crate::world::{Addr, Faults, World};
+use crate::world::{Faults, World};
 use crate::Report;
 use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
@@ -58,10 +54,6 @@ impl Default for TangoSimConfig {
 
 pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
     let mut world = World::new(seed, cfg.faults.clone());
-    let dir = Rc::new(Directory {
-        nodes: (0..u32::from(cfg.nodes)).map(Addr).collect(),
-        manager: Addr(u32::from(cfg.nodes)),
-    });
     let shape = LogShape {
         name: LOG,
         nodes: cfg.nodes,
@@ -70,22 +62,8 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
         slots_per_node: SLOTS_PER_NODE,
         backpointers: 2,
     };
-    let (state, layout, images) = allocate(&shape);
-    let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
-    for (id, image) in (1..=cfg.nodes).zip(images) {
-        let node = SimNode::new(id, image, dir.clone(), no_check.clone());
-        assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
-    }
-    let manager = SimManager::with_state(dir.clone(), 400_000, state);
-    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
-    let sequencers: Vec<Addr> = (0..cfg.sequencers.max(1))
-        .map(|i| {
-            world.spawn(
-                Box::new(SimSequencer::new(i, LOG, cfg.lease, dir.clone())),
-                true,
-            )
-        })
-        .collect();
+    let (dir, layout, sequencers) =
+        spawn_log_cluster(&mut world, &shape, cfg.lease, cfg.sequencers);
     // Which accounts ask for decision records: drawn per seed, so that both ways of
     // deciding without the read set (decision records, and rebuilding it) run.
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x7a6e_6f00);

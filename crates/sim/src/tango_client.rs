@@ -369,9 +369,9 @@ impl SimTangoClient {
                     self.done = true;
                 } else if self.history_tries < HISTORY_TRIES_MAX {
                     self.history_tries += 1;
-                    let (rebuild, _) = Rebuild::new([oid], position);
-                    let why = Why::History(rebuild, oid, position, balance);
-                    self.start_load(ctx, vec![oid], Some(position), why);
+                    self.rebuild(ctx, vec![oid], position, |r| {
+                        Why::History(r, oid, position, balance)
+                    });
                 } else {
                     self.broken(
                         "history kept",
@@ -486,16 +486,8 @@ impl SimTangoClient {
             }
             PlayStep::Pause(pause) => ctx.set_timer(pause.as_micros() as u64, Tick::Replay),
             PlayStep::Replay { commit, reads } => {
-                let (rebuild, step) = Rebuild::new(reads.iter().map(|r| r.oid), commit);
-                let RebuildStep::Load { oids, start_by, .. } = step else {
-                    unreachable!("a rebuild starts with a load")
-                };
-                self.start_load(
-                    ctx,
-                    oids,
-                    Some(start_by),
-                    Why::Decide(rebuild, commit, reads),
-                );
+                let oids: Vec<Oid> = reads.iter().map(|r| r.oid).collect();
+                self.rebuild(ctx, oids, commit, |r| Why::Decide(r, commit, reads));
             }
             PlayStep::AppendDecision {
                 commit,
@@ -554,16 +546,24 @@ impl SimTangoClient {
             return;
         }
         let (oid, position, balance) = kept[ctx.rng().gen_range(0..kept.len())];
-        let (rebuild, step) = Rebuild::new([oid], position);
+        self.rebuild(ctx, vec![oid], position, |r| {
+            Why::History(r, oid, position, balance)
+        });
+    }
+
+    /// Views of `oids` as of `until`, for `why`.
+    fn rebuild(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        oids: Vec<Oid>,
+        until: u64,
+        why: impl FnOnce(Rebuild) -> Why,
+    ) {
+        let (rebuild, step) = Rebuild::new(oids, until);
         let RebuildStep::Load { oids, start_by, .. } = step else {
             unreachable!("a rebuild starts with a load")
         };
-        self.start_load(
-            ctx,
-            oids,
-            Some(start_by),
-            Why::History(rebuild, oid, position, balance),
-        );
+        self.start_load(ctx, oids, Some(start_by), why(rebuild));
     }
 
     /// The next transfer, or the last play once every transfer client finished.
@@ -741,15 +741,7 @@ impl SimTangoClient {
                 DIRECTORY_OID => DIRECTORY_NAME.to_string(),
                 _ => format!("account-{oid}"),
             };
-            let write = Write {
-                oid: DIRECTORY_OID,
-                key: Some(name.into_bytes()),
-                data: Directory::forget(self.as_of),
-            };
-            let record = Record::Update { nonce: 0, write };
-            let id = self.op(Purpose::Forget);
-            self.io
-                .append(ctx, id, record.encode(), &[DIRECTORY_OID as StreamId]);
+            self.update_directory(ctx, name, Directory::forget(self.as_of));
         }
         if forgotten == 0 {
             self.play(ctx, Then::Trim);
@@ -775,16 +767,23 @@ impl SimTangoClient {
     /// the directory hands them out in order), with the kind of a counter.
     fn name_accounts(&mut self, ctx: &mut Ctx<'_>) {
         for oid in ACCOUNTS {
-            let write = Write {
-                oid: DIRECTORY_OID,
-                key: Some(format!("account-{oid}").into_bytes()),
-                data: Directory::create(Kind::Counter, self.decisions.contains(&oid)),
-            };
-            let record = Record::Update { nonce: 0, write };
-            let id = self.op(Purpose::Forget);
-            self.io
-                .append(ctx, id, record.encode(), &[DIRECTORY_OID as StreamId]);
+            let create = Directory::create(Kind::Counter, self.decisions.contains(&oid));
+            self.update_directory(ctx, format!("account-{oid}"), create);
         }
+    }
+
+    /// Appends an update of the directory's entry `name` (`Purpose::Forget` covers them
+    /// all: the maintainer goes on once none is left under way).
+    fn update_directory(&mut self, ctx: &mut Ctx<'_>, name: String, data: Vec<u8>) {
+        let write = Write {
+            oid: DIRECTORY_OID,
+            key: Some(name.into_bytes()),
+            data,
+        };
+        let record = Record::Update { nonce: 0, write };
+        let id = self.op(Purpose::Forget);
+        self.io
+            .append(ctx, id, record.encode(), &[DIRECTORY_OID as StreamId]);
     }
 
     fn on_done(&mut self, ctx: &mut Ctx<'_>, id: OpId, done: Done) {

@@ -8,7 +8,7 @@ use crate::error::TangoError;
 use crate::object::Object;
 use crate::objects::Kind;
 use crate::play::{Load, LoadStep, PlayStep, Player, Rebuild, RebuildStep, Synced, Views};
-use crate::record::{Oid, Record, Write};
+use crate::record::{sorted_oids, Oid, Record, Write};
 use crate::runtime::{Reply, Runtime, Tx};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,13 +91,6 @@ fn check_name(name: &str) -> Result<(), TangoError> {
         return Err(TangoError::BadName(name.into()));
     }
     Ok(())
-}
-
-fn sorted_oids(oids: impl Iterator<Item = Oid>) -> Vec<Oid> {
-    let mut oids: Vec<Oid> = oids.collect();
-    oids.sort_unstable();
-    oids.dedup();
-    oids
 }
 
 impl Tango {

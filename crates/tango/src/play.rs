@@ -8,7 +8,7 @@
 use crate::codec::Malformed;
 use crate::error::TangoError;
 use crate::object::Object;
-use crate::record::{Oid, Read, Record};
+use crate::record::{sorted_oids, Oid, Read, Record};
 use crate::runtime::{Progress, Runtime};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -46,13 +46,6 @@ pub fn offer(runtime: &mut Runtime, synced: Vec<Synced>) -> Result<Progress, Tan
         floor = floor.min(s.floor);
     }
     Ok(runtime.play(floor))
-}
-
-fn sorted_oids(oids: impl Iterator<Item = Oid>) -> Vec<Oid> {
-    let mut oids: Vec<Oid> = oids.collect();
-    oids.sort_unstable();
-    oids.dedup();
-    oids
 }
 
 #[derive(Debug)]

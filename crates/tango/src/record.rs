@@ -180,16 +180,21 @@ impl Record {
 
     /// The objects whose streams the record belongs in.
     pub fn streams(&self) -> Vec<Oid> {
-        let mut oids: Vec<Oid> = match self {
+        match self {
             Record::Update { write, .. } => vec![write.oid],
-            Record::Commit { writes, .. } => writes.iter().map(|w| w.oid).collect(),
+            Record::Commit { writes, .. } => sorted_oids(writes.iter().map(|w| w.oid)),
             Record::Decision { .. } | Record::CheckpointPart { .. } => vec![],
             Record::Checkpoint { oid, .. } => vec![*oid],
-        };
-        oids.sort_unstable();
-        oids.dedup();
-        oids
+        }
     }
+}
+
+/// `oids` in order, each once.
+pub fn sorted_oids(oids: impl Iterator<Item = Oid>) -> Vec<Oid> {
+    let mut oids: Vec<Oid> = oids.collect();
+    oids.sort_unstable();
+    oids.dedup();
+    oids
 }
 
 #[cfg(test)]

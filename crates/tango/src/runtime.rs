@@ -6,7 +6,7 @@
 
 use crate::codec::{Malformed, Reader, Writer};
 use crate::object::Object;
-use crate::record::{Oid, Read, Record, Write};
+use crate::record::{sorted_oids, Oid, Read, Record, Write};
 use crate::{planted, Bug};
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -263,9 +263,7 @@ impl Runtime {
                     && !self.decisions.contains_key(&position)
                     && !self.decidable(position, reads)
                 {
-                    let mut streams: Vec<Oid> = writes.iter().map(|w| w.oid).collect();
-                    streams.sort_unstable();
-                    streams.dedup();
+                    let streams = sorted_oids(writes.iter().map(|w| w.oid));
                     let reads = reads.clone();
                     self.played = position;
                     return Progress::Blocked {
@@ -330,9 +328,7 @@ impl Runtime {
                     None => {
                         let committed = self.validate(&reads);
                         if decision_follows {
-                            let mut streams: Vec<Oid> = writes.iter().map(|w| w.oid).collect();
-                            streams.sort_unstable();
-                            streams.dedup();
+                            let streams = sorted_oids(writes.iter().map(|w| w.oid));
                             self.owed.insert(position, Owed { committed, streams });
                         }
                         committed

@@ -123,7 +123,13 @@ async fn sweep<O: Op, F: Future<Output = Result<O, String>>>(
     Ok(points)
 }
 
-fn label(experiment: &str, system: &str, mode: &str, outstanding: usize, op: &str) -> Point {
+pub(crate) fn label(
+    experiment: &str,
+    system: &str,
+    mode: &str,
+    outstanding: usize,
+    op: &str,
+) -> Point {
     let mut p = Point::new(experiment, system, mode, 4, 4, outstanding);
     p.operation = Some(op.into());
     p
@@ -661,10 +667,14 @@ pub const SECTION_END: &str = "<!-- /tutti bench log -->";
 
 /// `md` with its log section (if any) replaced by `section`, or `section` appended.
 pub fn splice(md: &str, section: &str) -> String {
-    match (md.find(SECTION_BEGIN), md.find(SECTION_END)) {
-        (Some(b), Some(e)) if b < e => {
-            format!("{}{section}{}", &md[..b], &md[e + SECTION_END.len()..])
-        }
+    splice_between(md, SECTION_BEGIN, SECTION_END, section)
+}
+
+/// `md` with what lies from `begin` to `end` (markers included) replaced by `section`, or
+/// `section` appended if it has no such part.
+pub fn splice_between(md: &str, begin: &str, end: &str, section: &str) -> String {
+    match (md.find(begin), md.find(end)) {
+        (Some(b), Some(e)) if b < e => format!("{}{section}{}", &md[..b], &md[e + end.len()..]),
         _ => format!("{}\n{section}\n", md.trim_end()),
     }
 }
@@ -860,14 +870,28 @@ pub fn write(
     points: &[Point],
     command: &str,
 ) -> Result<(), String> {
+    let md = section(cfg, points, command);
+    write_results(out, "log.json", points, SECTION_BEGIN, SECTION_END, &md)
+}
+
+/// Writes `points` to `results/NAME` under `out` and puts `section` (marked by `begin` and
+/// `end`) in `RESULTS.md` there.
+pub fn write_results(
+    out: &Path,
+    name: &str,
+    points: &[Point],
+    begin: &str,
+    end: &str,
+    section: &str,
+) -> Result<(), String> {
     let results = out.join("results");
     std::fs::create_dir_all(&results).map_err(|e| format!("{}: {e}", results.display()))?;
-    let path = results.join("log.json");
+    let path = results.join(name);
     let json = serde_json::to_string_pretty(points).expect("points serialise");
     std::fs::write(&path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
     let path = out.join("RESULTS.md");
     let md = std::fs::read_to_string(&path).unwrap_or_default();
-    std::fs::write(&path, splice(&md, &section(cfg, points, command)))
+    std::fs::write(&path, splice_between(&md, begin, end, section))
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 

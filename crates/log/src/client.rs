@@ -305,8 +305,8 @@ impl Log {
                         return Ok(Tail { tail, epoch });
                     }
                     let fence = minitxs::epoch(&self.inner.layout);
-                    let log_epoch =
-                        minitxs::epoch_result(&run(&self.inner.cluster, &fence, until).await?);
+                    let fenced = first_outcome(&self.inner.cluster, &fence, until).await?;
+                    let log_epoch = minitxs::epoch_result(&fenced);
                     if log_epoch <= epoch {
                         return Ok(Tail { tail, epoch });
                     }
@@ -468,7 +468,9 @@ impl Stream {
                     let answer = log.ask(ask, sync.min_epoch(), until).await?;
                     sync.on_answer(&log.inner.layout, answer)?
                 }
-                SyncStep::Fence(tx) => sync.on_fenced(&run(&log.inner.cluster, &tx, until).await?),
+                SyncStep::Fence(txs) => {
+                    sync.on_fenced(&first_outcome(&log.inner.cluster, &txs, until).await?)
+                }
                 SyncStep::Read(positions) => {
                     let reads = positions.iter().map(|&p| log.read_with(p, hole, until));
                     let found = futures::future::try_join_all(reads).await?;
@@ -496,6 +498,19 @@ impl Stream {
         }
         Ok(self.ready.pop_first())
     }
+}
+
+/// The outcome of whichever of `txs` finishes first (each reads one node: a node down does
+/// not hold the caller up while another answers).
+async fn first_outcome(
+    cluster: &Cluster,
+    txs: &[Minitx],
+    until: Instant,
+) -> Result<Outcome, LogError> {
+    let runs = txs.iter().map(|tx| Box::pin(run(cluster, tx, until)));
+    futures::future::select_ok(runs)
+        .await
+        .map(|(outcome, _)| outcome)
 }
 
 async fn region(cluster: &Cluster, name: &str) -> Result<RegionInfo, LogError> {

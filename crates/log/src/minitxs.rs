@@ -248,12 +248,15 @@ pub fn words(layout: &LogLayout) -> Minitx {
     })
 }
 
-/// Reads the epoch word of the log's first node. A seal raises every node's epoch in one
-/// minitransaction, so one node's is the log's: a fast check's answer is current if its
-/// epoch is still the log's after it was given (docs/log.md, "Fast check").
-pub fn epoch(layout: &LogLayout) -> Minitx {
-    let (node, base) = layout.nodes[0];
-    Minitx::new().class(CLASS).read(node, base + word::EPOCH, 8)
+/// Reads of the epoch word, one minitransaction per node of the log. A seal raises every
+/// node's epoch in one minitransaction, so any one node's is the log's: a fast check's
+/// answer is current if its epoch is still the log's after it was given (docs/log.md,
+/// "Client"). Any one of them will do: a client runs them all and takes the first outcome,
+/// so that a node down does not hold the check up.
+pub fn epoch(layout: &LogLayout) -> Vec<Minitx> {
+    (layout.nodes.iter())
+        .map(|&(node, base)| Minitx::new().class(CLASS).read(node, base + word::EPOCH, 8))
+        .collect()
 }
 
 /// The epoch `epoch` read.

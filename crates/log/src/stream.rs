@@ -21,10 +21,10 @@ pub const SCAN_READS: u64 = 64;
 pub enum SyncStep {
     /// Ask the sequencer (with `min_epoch` from `Sync::min_epoch`).
     Ask(Ask),
-    /// Run this read-only minitransaction (the log's epoch, `minitxs::epoch`) and hand back
-    /// its outcome (`Sync::on_fenced`): the sequencer's answer counts only if its epoch is
-    /// still the log's.
-    Fence(tutti_client::Minitx),
+    /// Run any one of these read-only minitransactions (the log's epoch on each node,
+    /// `minitxs::epoch`) and hand back its outcome (`Sync::on_fenced`): the sequencer's
+    /// answer counts only if its epoch is still the log's.
+    Fence(Vec<tutti_client::Minitx>),
     /// Read these positions (in parallel, filling holes) and hand back what each holds.
     Read(Vec<u64>),
     /// The stream's entries from the floor up to `tail`, in log order. `trimmed`: the log

@@ -333,7 +333,11 @@ impl SimLogClient {
                 let min_epoch = sync.min_epoch();
                 self.ask(ctx, Target::Sync, ask, min_epoch)
             }
-            SyncStep::Fence(tx) => self.run(ctx, Target::Fence, tx, false),
+            SyncStep::Fence(mut txs) => {
+                // Any one node's epoch will do: the one that would answer first.
+                let tx = txs.swap_remove(ctx.rng().gen_range(0..txs.len()));
+                self.run(ctx, Target::Fence, tx, false)
+            }
             SyncStep::Read(positions) => {
                 let hole = Hole::FillAfter(self.hole_timeout);
                 let mut steps = Vec::new();

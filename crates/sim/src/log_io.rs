@@ -229,7 +229,11 @@ impl LogIo {
                 let min_epoch = sync.min_epoch();
                 self.ask(ctx, Target::Sync(id), ask, min_epoch)
             }
-            SyncStep::Fence(tx) => self.run(ctx, Target::Fence(id), tx, false),
+            SyncStep::Fence(mut txs) => {
+                // Any one node's epoch will do: the one that would answer first.
+                let tx = txs.swap_remove(ctx.rng().gen_range(0..txs.len()));
+                self.run(ctx, Target::Fence(id), tx, false)
+            }
             SyncStep::Read(positions) => self.start_reads(ctx, id, positions),
             SyncStep::Done {
                 tail,

@@ -24,6 +24,10 @@ pub(crate) enum BenchCommand {
     /// set over minutes of appends and trims. Writes results/log.json and the log's section
     /// of RESULTS.md under --out.
     Log(BenchLogArgs),
+    /// Tango's objects over the shared log on a 4-node `log` cluster: a register with one
+    /// view, writes and linearizable reads, outstanding swept (Tango §6.1). Writes
+    /// results/objects.json and the objects' section of RESULTS.md under --out.
+    Objects(BenchObjectsArgs),
     /// The physical limits alone, as `all` measures them: the 64-byte loopback round trip
     /// (1 and 16 connections) and 4 KiB writes each followed by fdatasync (appending, on a
     /// preallocated file, and four preallocated streams at once), with p99.9 and max. Run it
@@ -72,6 +76,21 @@ pub(crate) struct BenchLogArgs {
     /// the one given here, so give the measuring run's options.
     #[arg(long)]
     from_results: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchObjectsArgs {
+    /// A short pass: outstanding 1,16,64 for 1 s each.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    outstanding: Vec<usize>,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
+    #[arg(long, default_value_os_t = tutti_harness::source_tree().join("bench"))]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -139,6 +158,7 @@ pub(crate) async fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Minitx(a) => measure::minitx(a).await,
         BenchCommand::All(a) => measure::all(a).await,
         BenchCommand::Log(a) => measure::log(a).await,
+        BenchCommand::Objects(a) => measure::objects(a).await,
         BenchCommand::Limits(a) => measure::limits(a).await,
     }
 }
@@ -154,7 +174,9 @@ pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
 
 #[cfg(feature = "bench")]
 mod measure {
-    use super::{BenchAllArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs, Layout2};
+    use super::{
+        BenchAllArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs, BenchObjectsArgs, Layout2,
+    };
     use std::path::Path;
     use std::time::Duration;
     use tutti_bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
@@ -240,6 +262,47 @@ mod measure {
             points.len(),
             cfg.out.join("results").display(),
             cfg.out.join("RESULTS.md").display()
+        );
+        Ok(())
+    }
+
+    pub(super) async fn objects(a: BenchObjectsArgs) -> Result<(), String> {
+        use tutti_bench::objects::ObjectsBenchConfig;
+        let scratch = scratch_dir("tutti-bench-objects-", None)?;
+        let cfg = ObjectsBenchConfig {
+            exe: std::env::current_exe().map_err(|e| e.to_string())?,
+            scratch: scratch.path().to_path_buf(),
+            outstanding: if a.quick {
+                vec![1, 16, 64]
+            } else {
+                a.outstanding
+            },
+            seconds: if a.quick { 1.0 } else { a.seconds },
+        };
+        let mut print = |p: &Point| {
+            eprintln!(
+                "bench: {} {} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
+                p.experiment,
+                p.operation.as_deref().unwrap_or(""),
+                p.outstanding,
+                p.throughput_per_s,
+                p.p50_us,
+                p.p99_us,
+            )
+        };
+        let result = tutti_bench::objects::run(&cfg, &mut print).await;
+        drop(scratch);
+        let points = result?;
+        tutti_bench::objects::write(&a.out, &cfg, &points, &command_line(None))?;
+        println!(
+            "{}",
+            serde_json::to_string(&points).expect("points serialise")
+        );
+        eprintln!(
+            "bench: {} points; wrote {} and the objects section of {}",
+            points.len(),
+            a.out.join("results/objects.json").display(),
+            a.out.join("RESULTS.md").display()
         );
         Ok(())
     }

@@ -1,0 +1,189 @@
+//! `tutti bench objects`: Tango's objects over the shared log (Tango §6.1): a register with
+//! one view, linearizable reads (each plays the log to the tail; concurrent reads share
+//! plays) and writes (each one append), against outstanding operations, on a 4-node `log`
+//! cluster. Targets from the issue: 135,000 reads/s and 40,000 writes/s with one view.
+
+use crate::log::{closed_loop, label, write_results, Op};
+use crate::suite::ScratchCluster;
+use crate::Point;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tutti_log::{Log, LogOptions, LogShape};
+use tutti_tango::{Kind, RegisterRef, Tango, TangoOptions};
+
+/// Bytes of each memory node the objects' log takes.
+const CAPACITY_BYTES: u64 = 128 << 20;
+/// The register's value, in bytes.
+const VALUE_BYTES: usize = 64;
+/// Slots that hold a write with its headers (158 B), as a user sizes a log for its entries:
+/// 2 M positions over the 4 nodes, more than the writes of a run take, so nothing is
+/// trimmed.
+const SLOT_BYTES: u32 = 256;
+/// Writes to the reads' register before they begin.
+const READ_REGISTER_WRITES: usize = 1000;
+/// Targets at 64 outstanding (Tango §6.1, one view).
+const READS_TARGET_PER_S: f64 = 135_000.0;
+const WRITES_TARGET_PER_S: f64 = 40_000.0;
+
+pub const SECTION_BEGIN: &str = "<!-- tutti bench objects -->";
+pub const SECTION_END: &str = "<!-- /tutti bench objects -->";
+
+#[derive(Clone, Debug)]
+pub struct ObjectsBenchConfig {
+    pub exe: PathBuf,
+    pub scratch: PathBuf,
+    pub outstanding: Vec<usize>,
+    pub seconds: f64,
+}
+
+struct Write {
+    tango: Tango,
+    register: RegisterRef,
+}
+
+impl Op for Write {
+    async fn run(&mut self) -> Result<u64, String> {
+        let value = [0x5a; VALUE_BYTES];
+        let set = self.register.set(&self.tango, &value).await;
+        set.map(|_| 1).map_err(|e| e.to_string())
+    }
+}
+
+struct Read {
+    tango: Tango,
+    register: RegisterRef,
+}
+
+impl Op for Read {
+    async fn run(&mut self) -> Result<u64, String> {
+        let get = self.register.get(&self.tango).await;
+        get.map(|_| 1).map_err(|e| e.to_string())
+    }
+}
+
+/// Writes, then reads (of what the writes left), at each count of outstanding operations,
+/// all on one view.
+pub async fn run(
+    cfg: &ObjectsBenchConfig,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let dir = cfg.scratch.join("tutti-objects");
+    let c = ScratchCluster::start(&cfg.exe, dir, 4, "log").await?;
+    let shape = LogShape {
+        slot_bytes: SLOT_BYTES,
+        ..LogShape::new(vec![1, 2, 3, 4], CAPACITY_BYTES)
+    };
+    let log = Log::create(&c.cluster, "objects", &shape, LogOptions::default())
+        .await
+        .map_err(|e| format!("create log: {e}"))?;
+    // Two clients, each hosting one register (layered partitions): the writes' register
+    // receives over a million updates, which the reads' view does not play.
+    let open = |name: &'static str| {
+        let log = log.clone();
+        async move {
+            let tango = Tango::open(log, &[(name, Kind::Register)], TangoOptions::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let register = RegisterRef(
+                tango
+                    .hosted_as(name, Kind::Register)
+                    .map_err(|e| e.to_string())?,
+            );
+            Ok::<_, String>((tango, register))
+        }
+    };
+    let duration = Duration::from_secs_f64(cfg.seconds);
+    let mut points = Vec::new();
+    let (tango, register) = open("written").await?;
+    for &n in &cfg.outstanding {
+        let label = label("objects-register", "tutti", "log", n, "write");
+        let p = closed_loop(label, n, duration, |_| {
+            let tango = tango.clone();
+            async move { Ok(Write { tango, register }) }
+        })
+        .await?;
+        progress(&p);
+        points.push(p);
+    }
+    let (tango, register) = open("read").await?;
+    for _ in 0..READ_REGISTER_WRITES {
+        register
+            .set(&tango, &[0x5a; VALUE_BYTES])
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    for &n in &cfg.outstanding {
+        let label = label("objects-register", "tutti", "log", n, "read");
+        let p = closed_loop(label, n, duration, |_| {
+            let tango = tango.clone();
+            async move { Ok(Read { tango, register }) }
+        })
+        .await?;
+        progress(&p);
+        points.push(p);
+    }
+    Ok(points)
+}
+
+/// The RESULTS.md section: the register's writes and reads against outstanding, and the
+/// targets at 64.
+pub fn section(cfg: &ObjectsBenchConfig, points: &[Point], command: &str) -> String {
+    use std::fmt::Write as _;
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{SECTION_BEGIN}\n## Objects over the log (`tutti bench objects`)\n"
+    );
+    let _ = writeln!(
+        md,
+        "Generated by `{command}`; {} s per point, raw records in `results/objects.json`. A register with one view (Tango §6.1) on a log striped over 4 memory nodes in `log` mode (256 B slots, large enough that nothing is trimmed): a write is one append of {VALUE_BYTES} B; a read is linearizable (it plays the register's stream to the tail: a fenced fast check, then the new entries), and concurrent reads share plays. Writes and reads go to two registers, each hosted by its own client (layered partitions), so that the reads' view does not play the million writes: a view's play follows the stream's backpointers, 4 entries per round of reads, and one that had fallen 700,000 entries behind (5 s of writes at 256 outstanding) did not catch up within the log's 10 s deadline. Operations per second (p50 / p99 latency in µs).\n",
+        cfg.seconds
+    );
+    let _ = writeln!(
+        md,
+        "| outstanding | writes/s | reads/s |\n| --- | --- | --- |"
+    );
+    let find = |n: usize, op: &str| {
+        points
+            .iter()
+            .find(|p| p.outstanding == n && p.operation.as_deref() == Some(op))
+    };
+    let cell = |p: Option<&Point>| {
+        p.map_or("-".to_string(), |p| {
+            format!(
+                "{:.0} ({:.0}/{:.0})",
+                p.throughput_per_s, p.p50_us, p.p99_us
+            )
+        })
+    };
+    for &n in &cfg.outstanding {
+        let _ = writeln!(
+            md,
+            "| {n} | {} | {} |",
+            cell(find(n, "write")),
+            cell(find(n, "read"))
+        );
+    }
+    let _ = writeln!(md, "\nTargets at 64 outstanding:\n");
+    for (op, target) in [("write", WRITES_TARGET_PER_S), ("read", READS_TARGET_PER_S)] {
+        let verdict = match find(64, op) {
+            Some(p) if p.throughput_per_s >= target => format!("{:.0}/s: met", p.throughput_per_s),
+            Some(p) => format!("{:.0}/s: not met", p.throughput_per_s),
+            None => "not measured".into(),
+        };
+        let _ = writeln!(md, "- {op}s ≥ {target:.0}/s: {verdict}");
+    }
+    let _ = write!(md, "\n{SECTION_END}");
+    md
+}
+
+/// Writes `results/objects.json` and the objects section of `RESULTS.md` under `out`.
+pub fn write(
+    out: &Path,
+    cfg: &ObjectsBenchConfig,
+    points: &[Point],
+    command: &str,
+) -> Result<(), String> {
+    let md = section(cfg, points, command);
+    write_results(out, "objects.json", points, SECTION_BEGIN, SECTION_END, &md)
+}

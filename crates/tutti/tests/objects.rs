@@ -352,3 +352,60 @@ fn bad_input_gets_its_own_error() {
         assert!(position > 0);
     });
 }
+
+/// `tutti obj` as scripts use it: one JSON object per call, exit 0; a clear message and
+/// exit 1 on a missing object or a name of another kind, with nothing written.
+#[test]
+fn the_command_line_prints_json_and_refuses_what_it_cannot_do() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("objects-cli", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    let manager = c.local.file.manager.clone();
+    let obj = |args: &[&str]| {
+        let out = std::process::Command::new(common::exe())
+            .args(["obj", "--cluster", &manager])
+            .args(args)
+            .output()
+            .expect("tutti runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        (out.status.code(), stdout, stderr)
+    };
+    let (code, _, err) = obj(&["register", "get", "r"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no log called \"tango\""), "{err}");
+    assert_eq!(
+        obj(&["register", "set", "r", "6869"]).1,
+        r#"{"position":1}"#
+    );
+    assert_eq!(obj(&["register", "get", "r"]).1, r#"{"data":"6869"}"#);
+    assert_eq!(obj(&["counter", "add", "c", "-3"]).1, r#"{"value":-3}"#);
+    assert_eq!(obj(&["counter", "add", "c", "5"]).1, r#"{"value":2}"#);
+    assert_eq!(
+        obj(&["map", "put", "m", "k", "01"]).1,
+        r#"{"key":"k","previous":null}"#
+    );
+    assert_eq!(
+        obj(&["map", "list", "m"]).1,
+        r#"{"entries":[{"data":"01","key":"k"}]}"#
+    );
+    let (code, _, err) = obj(&["counter", "get", "m"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("\"m\" is a map, not a counter"), "{err}");
+    let (code, _, err) = obj(&["map", "get", "nothing", "k"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no object called \"nothing\""), "{err}");
+    let (code, _, err) = obj(&["register", "set", "r", "zz"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("HEX"), "{err}");
+    let (_, listed, _) = obj(&["ls"]);
+    assert!(
+        listed.contains(r#""name":"c""#) && listed.contains(r#""kind":"map""#),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains("nothing"),
+        "a failed read wrote nothing: {listed}"
+    );
+}

@@ -266,79 +266,81 @@ mod measure {
         Ok(())
     }
 
+    /// One line per point on stderr, as it is measured.
+    fn print_point(p: &Point) {
+        eprintln!(
+            "bench: {} {} {} {} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs{}",
+            p.experiment,
+            p.system,
+            p.mode,
+            p.operation.as_deref().unwrap_or(""),
+            p.outstanding,
+            p.throughput_per_s,
+            p.p50_us,
+            p.p99_us,
+            p.rss_bytes
+                .map_or(String::new(), |r| format!(" rss {} MiB", r >> 20))
+        )
+    }
+
+    /// The points as JSON on stdout, and where `results/NAME.json` and NAME's section of
+    /// RESULTS.md were written.
+    fn report_written(points: &[Point], out: &Path, name: &str) {
+        println!(
+            "{}",
+            serde_json::to_string(points).expect("points serialise")
+        );
+        eprintln!(
+            "bench: {} points; wrote {} and the {name} section of {}",
+            points.len(),
+            out.join(format!("results/{name}.json")).display(),
+            out.join("RESULTS.md").display()
+        );
+    }
+
+    /// The outstanding counts and seconds per point: `--quick`'s, or those given.
+    fn sweep_of(quick: bool, outstanding: Vec<usize>, seconds: f64) -> (Vec<usize>, f64) {
+        if quick {
+            (vec![1, 16, 64], 1.0)
+        } else {
+            (outstanding, seconds)
+        }
+    }
+
     pub(super) async fn objects(a: BenchObjectsArgs) -> Result<(), String> {
         use tutti_bench::objects::ObjectsBenchConfig;
         let scratch = scratch_dir("tutti-bench-objects-", None)?;
+        let (outstanding, seconds) = sweep_of(a.quick, a.outstanding, a.seconds);
         let cfg = ObjectsBenchConfig {
             exe: std::env::current_exe().map_err(|e| e.to_string())?,
             scratch: scratch.path().to_path_buf(),
-            outstanding: if a.quick {
-                vec![1, 16, 64]
-            } else {
-                a.outstanding
-            },
-            seconds: if a.quick { 1.0 } else { a.seconds },
+            outstanding,
+            seconds,
         };
-        let mut print = |p: &Point| {
-            eprintln!(
-                "bench: {} {} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
-                p.experiment,
-                p.operation.as_deref().unwrap_or(""),
-                p.outstanding,
-                p.throughput_per_s,
-                p.p50_us,
-                p.p99_us,
-            )
-        };
+        let mut print = print_point;
         let result = tutti_bench::objects::run(&cfg, &mut print).await;
         drop(scratch);
         let points = result?;
         tutti_bench::objects::write(&a.out, &cfg, &points, &command_line(None))?;
-        println!(
-            "{}",
-            serde_json::to_string(&points).expect("points serialise")
-        );
-        eprintln!(
-            "bench: {} points; wrote {} and the objects section of {}",
-            points.len(),
-            a.out.join("results/objects.json").display(),
-            a.out.join("RESULTS.md").display()
-        );
+        report_written(&points, &a.out, "objects");
         Ok(())
     }
 
     pub(super) async fn log(a: BenchLogArgs) -> Result<(), String> {
         use tutti_bench::log::LogBenchConfig;
         let scratch = scratch_dir("tutti-bench-log-", None)?;
+        let (outstanding, seconds) = sweep_of(a.quick, a.outstanding, a.seconds);
         let cfg = LogBenchConfig {
             exe: std::env::current_exe().map_err(|e| e.to_string())?,
             scratch: scratch.path().to_path_buf(),
-            outstanding: if a.quick {
-                vec![1, 16, 64]
-            } else {
-                a.outstanding
-            },
-            seconds: if a.quick { 1.0 } else { a.seconds },
+            outstanding,
+            seconds,
             sizes: a.sizes,
             sync_entries: if a.quick { 10_000 } else { a.sync_entries },
             memory_minutes: if a.quick { 1 } else { a.memory_minutes },
             no_peers: a.no_peers,
         };
-        let mut print = |p: &Point| {
-            eprintln!(
-                "bench: {} {} {} {} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs{}",
-                p.experiment,
-                p.system,
-                p.mode,
-                p.operation.as_deref().unwrap_or(""),
-                p.outstanding,
-                p.throughput_per_s,
-                p.p50_us,
-                p.p99_us,
-                p.rss_bytes
-                    .map_or(String::new(), |r| format!(" rss {} MiB", r >> 20))
-            )
-        };
+        let mut print = print_point;
         let command = command_line(Some("--from-results"));
         if a.from_results {
             let points = tutti_bench::log::read_results(&a.out)?;
@@ -348,16 +350,7 @@ mod measure {
         drop(scratch);
         let points = result?;
         tutti_bench::log::write(&a.out, &cfg, &points, &command)?;
-        println!(
-            "{}",
-            serde_json::to_string(&points).expect("points serialise")
-        );
-        eprintln!(
-            "bench: {} points; wrote {} and the log section of {}",
-            points.len(),
-            a.out.join("results/log.json").display(),
-            a.out.join("RESULTS.md").display()
-        );
+        report_written(&points, &a.out, "log");
         Ok(())
     }
 

@@ -110,6 +110,10 @@ async fn log(cluster: &Cluster, name: &str, opts: LogOptions, create: bool) -> R
                 .await
                 .map_err(|e| e.to_string())
         }
+        Err(LogError::NoSuchLog(_)) => Err(format!(
+            "no log called {name:?}, so no objects yet (the first write creates it: `tutti obj \
+             register set`, `counter add`, `map put`)"
+        )),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -39,6 +39,17 @@ pub enum TangoError {
     NoCheckpoint(String),
     #[error("the log was trimmed at {trim}, past what this client had played ({played}): reopen to rebuild the views from their checkpoints")]
     Trimmed { trim: u64, played: u64 },
+    /// A namespace operation failed as ZooKeeper's would (`code.name()` is what the CLI
+    /// prints).
+    #[error("{code}: {path}")]
+    Namespace {
+        code: crate::namespace::Code,
+        path: String,
+    },
+    #[error("the ledger refused the update at position {position}: another writer claimed it, a recovery fenced this writer, or it is closed")]
+    LedgerFenced { position: u64 },
+    #[error("bad path {path:?}: {why}")]
+    BadPath { path: String, why: String },
     #[error("the commit record at {commit} could not be decided: {why}")]
     Undecided { commit: u64, why: String },
 }

@@ -4,6 +4,7 @@
 
 use crate::client::Tango;
 use crate::error::TangoError;
+use crate::ledger::{Ledger, LedgerReply};
 use crate::objects::{Counter, MapOf, Queue, Register, SortedMap, Table};
 use crate::record::Oid;
 use crate::runtime::Tx;
@@ -175,5 +176,81 @@ impl QueueRef {
 
     pub fn enqueue_in(&self, tx: &mut Tx, item: &[u8]) {
         tx.write(self.0, None, Queue::enqueue(item));
+    }
+}
+
+/// A single-writer ledger (Tango's BookKeeper): `open_writer` claims it, `recover` fences
+/// the writer and closes it, anyone reads.
+#[derive(Clone, Copy, Debug)]
+pub struct LedgerRef(pub Oid);
+
+/// The ledger's writer, at the epoch its claim got.
+#[derive(Clone, Copy, Debug)]
+pub struct LedgerWriter {
+    pub ledger: LedgerRef,
+    pub epoch: u64,
+}
+
+impl LedgerRef {
+    async fn change(&self, t: &Tango, update: Vec<u8>) -> Result<LedgerReply, TangoError> {
+        let (position, reply) = t.update_reply(self.0, None, update).await?;
+        match LedgerReply::decode(&reply).map_err(|e| malformed(position, e))? {
+            LedgerReply::Fenced => Err(TangoError::LedgerFenced { position }),
+            reply => Ok(reply),
+        }
+    }
+
+    /// Becomes the ledger's only writer; fails if someone claimed or recovered it before.
+    pub async fn open_writer(&self, t: &Tango) -> Result<LedgerWriter, TangoError> {
+        match self.change(t, Ledger::claim()).await? {
+            LedgerReply::Epoch { epoch, .. } => Ok(LedgerWriter {
+                ledger: *self,
+                epoch,
+            }),
+            other => unreachable!("a claim answered {other:?}"),
+        }
+    }
+
+    /// Opens for recovery: fences the writer (its later adds fail) and closes the ledger at
+    /// its length, which this returns.
+    pub async fn recover(&self, t: &Tango) -> Result<u64, TangoError> {
+        match self.change(t, Ledger::recover()).await? {
+            LedgerReply::Epoch { length, .. } => Ok(length),
+            other => unreachable!("a recovery answered {other:?}"),
+        }
+    }
+
+    /// The entries numbered `from` to `to` (excluded) that exist.
+    pub async fn read(&self, t: &Tango, from: u64, to: u64) -> Result<Vec<Vec<u8>>, TangoError> {
+        t.query(self.0, |l: &Ledger| {
+            let to = to.min(l.length()) as usize;
+            let from = (from as usize).min(to);
+            l.entries[from..to].to_vec()
+        })
+        .await
+    }
+
+    /// Its length, and whether it is closed.
+    pub async fn length(&self, t: &Tango) -> Result<(u64, bool), TangoError> {
+        t.query(self.0, |l: &Ledger| (l.length(), l.closed.is_some()))
+            .await
+    }
+}
+
+impl LedgerWriter {
+    /// Adds an entry; returns its number. Fails once the ledger is recovered or closed.
+    pub async fn add(&self, t: &Tango, data: &[u8]) -> Result<u64, TangoError> {
+        match self.ledger.change(t, Ledger::add(self.epoch, data)).await? {
+            LedgerReply::Added(n) => Ok(n),
+            other => unreachable!("an add answered {other:?}"),
+        }
+    }
+
+    /// Closes the ledger; returns its length.
+    pub async fn close(&self, t: &Tango) -> Result<u64, TangoError> {
+        match self.ledger.change(t, Ledger::close(self.epoch)).await? {
+            LedgerReply::Closed(n) => Ok(n),
+            other => unreachable!("a close answered {other:?}"),
+        }
     }
 }

@@ -14,15 +14,19 @@ pub enum Kind {
     Map,
     SortedMap,
     Queue,
+    Namespace,
+    Ledger,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Register,
         Kind::Counter,
         Kind::Map,
         Kind::SortedMap,
         Kind::Queue,
+        Kind::Namespace,
+        Kind::Ledger,
     ];
 
     pub fn code(self) -> u8 {
@@ -32,6 +36,8 @@ impl Kind {
             Kind::Map => 3,
             Kind::SortedMap => 4,
             Kind::Queue => 5,
+            Kind::Namespace => 6,
+            Kind::Ledger => 7,
         }
     }
 
@@ -46,6 +52,8 @@ impl Kind {
             Kind::Map => "map",
             Kind::SortedMap => "sorted-map",
             Kind::Queue => "queue",
+            Kind::Namespace => "namespace",
+            Kind::Ledger => "ledger",
         }
     }
 
@@ -57,6 +65,8 @@ impl Kind {
             Kind::Map => Box::new(Map::default()),
             Kind::SortedMap => Box::new(SortedMap::default()),
             Kind::Queue => Box::new(Queue::default()),
+            Kind::Namespace => Box::new(crate::namespace::Namespace::default()),
+            Kind::Ledger => Box::new(crate::ledger::Ledger::default()),
         }
     }
 }

@@ -45,7 +45,7 @@ pub use directory::{Created, Directory, Meta, DIRECTORY_OID};
 pub use error::TangoError;
 pub use handles::{CounterRef, LedgerRef, LedgerWriter, MapRef, QueueRef, RegisterRef};
 pub use ledger::{Ledger, LedgerReply};
-pub use namespace::{ChangeKind, Code, Namespace, Op, OpResult, Stat, ANY_VERSION};
+pub use namespace::{Change, ChangeKind, Code, Namespace, Op, OpResult, Stat, ANY_VERSION};
 pub use namespace_ref::{now_ms, version_or_any, Event, NamespaceRef, Session, WatchKind, Watches};
 pub use object::{Applied, Object};
 pub use objects::{Counter, Kind, Map, Queue, Register, SortedMap};

@@ -6,7 +6,8 @@
 use crate::client::Tango;
 use crate::error::TangoError;
 use crate::namespace::{
-    check_path, ChangeKind, Code, Failure, Namespace, Op, OpResult, Stat, Update, ANY_VERSION,
+    check_path, Change, ChangeKind, Code, Failure, Namespace, Op, OpResult, Stat, Update,
+    ANY_VERSION,
 };
 use crate::record::Oid;
 use crate::runtime::Tx;
@@ -146,6 +147,24 @@ impl NamespaceRef {
             }
         }
         Ok(expired)
+    }
+
+    /// Every change to `path` and to its children list after `position`, in log order,
+    /// and the position the view was at; `None` for the changes when the journal no longer
+    /// reaches back to `position` (a continuous watch, as `tutti ns watch` prints).
+    pub async fn changes_after(
+        &self,
+        t: &Tango,
+        path: &str,
+        position: u64,
+    ) -> Result<(Option<Vec<Change>>, u64), TangoError> {
+        checked(path)?;
+        t.query(self.0, |ns: &Namespace| {
+            let changes = (ns.changes_after(position))
+                .map(|changes| changes.filter(|c| c.path == path).cloned().collect());
+            (changes, ns.applied())
+        })
+        .await
     }
 
     /// A node's data as played, recorded in `tx`'s read set.
@@ -317,6 +336,8 @@ pub struct Event {
     pub position: u64,
     pub path: String,
     pub kind: ChangeKind,
+    /// The watch that fired (a deletion fires both kinds set on the node).
+    pub watch: WatchKind,
 }
 
 struct Watch {
@@ -335,6 +356,16 @@ pub struct Watches {
 impl Watches {
     pub fn new(ns: NamespaceRef) -> Watches {
         Watches { ns, set: vec![] }
+    }
+
+    /// Sets a watch that changes after `position` fire, such as the position of the event
+    /// it follows: a watch loop that re-arms this way misses no change.
+    pub fn watch_after(&mut self, path: &str, kind: WatchKind, position: u64) {
+        self.set.push(Watch {
+            path: path.into(),
+            kind,
+            from: position,
+        });
     }
 
     /// Sets a watch as of the namespace played to the tail; returns the node's stat then.
@@ -390,11 +421,12 @@ fn fire(ns: &Namespace, set: Vec<Watch>) -> (Vec<Event>, Vec<Watch>) {
                 WatchKind::Data => ChangeKind::DataChanged,
                 WatchKind::Children => ChangeKind::ChildrenChanged,
             };
-            let path = slot.take().expect("a watch").path;
+            let w = slot.take().expect("a watch");
             events.push(Event {
                 position: ns.applied(),
-                path,
+                path: w.path,
                 kind,
+                watch: w.kind,
             });
         }
     }
@@ -402,15 +434,14 @@ fn fire(ns: &Namespace, set: Vec<Watch>) -> (Vec<Event>, Vec<Watch>) {
     if let Some(changes) = from.and_then(|from| ns.changes_after(from)) {
         for change in changes {
             for slot in &mut left {
-                let fires = (slot.as_ref()).is_some_and(|w| {
-                    w.from < change.position && reaches(w, &change.path, change.kind)
-                });
-                if fires {
-                    slot.take();
+                let fired = slot
+                    .take_if(|w| w.from < change.position && reaches(w, &change.path, change.kind));
+                if let Some(w) = fired {
                     events.push(Event {
                         position: change.position,
                         path: change.path.clone(),
                         kind: change.kind,
+                        watch: w.kind,
                     });
                 }
             }

@@ -58,6 +58,13 @@ enum Command {
     /// Every client builds its views by playing the log, so any number of them agree.
     /// Objects are created on their first write. See docs/objects.md.
     Obj(cmd::obj::ObjArgs),
+    /// A ZooKeeper-like namespace over a shared log: znodes, versions, sequential and
+    /// ephemeral nodes, watches (JSON out).
+    ///
+    /// ZooKeeper's failures print {"error": CODE, "path": P} and exit 1: no-node,
+    /// node-exists, bad-version, not-empty, no-children-for-ephemerals, session-expired,
+    /// bad-arguments. See docs/objects.md.
+    Ns(cmd::ns::NsArgs),
     /// Print the load statistics of every memory node.
     Stats(cmd::stats::StatsArgs),
     /// Benchmarks; print JSON.
@@ -165,6 +172,10 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         Command::Obj(a) => {
             init_tracing("error");
             cmd::obj::run(a, &dialer).await
+        }
+        Command::Ns(a) => {
+            init_tracing("error");
+            cmd::ns::run(a, &dialer).await
         }
         Command::Up(a) => {
             init_tracing("warn");

@@ -360,3 +360,137 @@ fn a_recovered_ledger_fences_its_writer_and_readers_stop_at_its_length() {
         assert_eq!(ledger.length(&w).await.unwrap(), (5, true));
     });
 }
+
+/// `tutti ns` as scripts use it: JSON out, ZooKeeper's codes on failure with exit 1; an
+/// ephemeral node held by a process that is then stopped (SIGSTOP, paused, not dead) goes
+/// when its session expires, and the process learns it when it wakes; `watch` prints each
+/// change in log order.
+#[test]
+fn the_command_line_speaks_zookeeper() {
+    use std::process::{Command, Stdio};
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("ns-cli", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    let manager = c.local.file.manager.clone();
+    let tutti = |args: &[&str]| {
+        let mut cmd = Command::new(common::exe());
+        cmd.args(["ns", "--cluster", &manager]).args(args);
+        cmd
+    };
+    let ns = |args: &[&str]| {
+        let out = tutti(args).output().expect("tutti runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.code(), stdout)
+    };
+    assert_eq!(ns(&["ls", "/"]), (Some(0), r#"{"children":[]}"#.into()));
+    assert_eq!(
+        ns(&["get", "/a"]),
+        (Some(1), r#"{"error":"no-node","path":"/a"}"#.into())
+    );
+    let mut watch = tutti(&["watch", "/a"]);
+    assert_eq!(
+        ns(&["create", "/a", "--data", "01"]),
+        (Some(0), r#"{"path":"/a"}"#.into())
+    );
+    let mut watch = watch
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    let mut stderr = std::io::BufReader::new(watch.stderr.take().unwrap());
+    std::io::BufRead::read_line(&mut stderr, &mut ready).unwrap();
+    assert!(ready.contains("watching /a"), "{ready}");
+
+    assert_eq!(
+        ns(&["set", "/a", "02", "--version", "0"]),
+        (Some(0), r#"{"version":1}"#.into())
+    );
+    assert_eq!(
+        ns(&["set", "/a", "03", "--version", "0"]),
+        (Some(1), r#"{"error":"bad-version","path":"/a"}"#.into())
+    );
+    let (code, out) = ns(&["create", "/a/q-", "--sequential"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), r#"{"path":"/a/q-0000000000"}"#)
+    );
+    assert_eq!(
+        ns(&["delete", "/a"]),
+        (Some(1), r#"{"error":"not-empty","path":"/a"}"#.into())
+    );
+    assert_eq!(
+        ns(&["ls", "/a"]),
+        (Some(0), r#"{"children":["q-0000000000"]}"#.into())
+    );
+    let (_, got) = ns(&["get", "/a"]);
+    assert!(
+        got.contains(r#""data":"02""#) && got.contains(r#""version":1"#),
+        "{got}"
+    );
+    assert_eq!(
+        ns(&["create", "/a/q-0000000000/x", "--bad"]).0,
+        Some(2),
+        "clap refuses an unknown flag"
+    );
+    assert_eq!(
+        ns(&["create", "a"]),
+        (Some(1), r#"{"error":"bad-arguments","path":"a"}"#.into())
+    );
+
+    // An ephemeral node held by a process that is then paused past its session's timeout.
+    let mut holder = tutti(&["create", "/a/q-0000000000/../x", "--ephemeral"]);
+    assert_eq!(holder.output().unwrap().status.code(), Some(1), "bad path");
+    holder = tutti(&[
+        "create",
+        "/member",
+        "--ephemeral",
+        "--hold",
+        "--session-timeout-ms",
+        "800",
+    ]);
+    let mut holder = holder.stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(line.contains(r#""path":"/member""#), "{line}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        ns(&["get", "/member"]).0,
+        Some(0),
+        "kept alive while it runs"
+    );
+    let pid = holder.id().to_string();
+    Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(
+        ns(&["get", "/member"]),
+        (Some(1), r#"{"error":"no-node","path":"/member"}"#.into()),
+        "expired through the log by the next caller"
+    );
+    Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+    let status = holder.wait().unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(status.code(), Some(1));
+    assert!(line.contains("session-expired"), "{line}");
+
+    Command::new("kill")
+        .args(["-INT", &watch.id().to_string()])
+        .status()
+        .unwrap();
+    let watched = watch.wait_with_output().unwrap();
+    let events: Vec<String> = String::from_utf8_lossy(&watched.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            format!(
+                "{} {}",
+                v["event"].as_str().unwrap(),
+                v["path"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(events, ["data-changed /a", "children-changed /a"]);
+}

@@ -9,6 +9,7 @@ pub(crate) mod log;
 pub(crate) mod log_workload;
 pub(crate) mod manager;
 pub(crate) mod memnode;
+pub(crate) mod ns;
 pub(crate) mod obj;
 pub(crate) mod sequencer;
 pub(crate) mod sim;

@@ -95,25 +95,27 @@ enum MapOp {
 
 type HashTable = std::collections::HashMap<Vec<u8>, Vec<u8>>;
 
-fn err(e: TangoError) -> String {
+pub(crate) fn err(e: TangoError) -> String {
     e.to_string()
 }
 
-/// The log `name`; created over every memory node if it does not exist and `create`.
-async fn log(cluster: &Cluster, name: &str, opts: LogOptions, create: bool) -> Result<Log, String> {
+/// The log `name`, created over every memory node if it does not exist and `create`;
+/// `None` if it does not exist and not `create`.
+pub(crate) async fn open_log(
+    cluster: &Cluster,
+    name: &str,
+    opts: LogOptions,
+    create: bool,
+) -> Result<Option<Log>, String> {
     match Log::open(cluster, name, opts.clone()).await {
-        Ok(log) => Ok(log),
+        Ok(log) => Ok(Some(log)),
         Err(LogError::NoSuchLog(_)) if create => {
             let nodes = cluster.nodes().iter().map(|n| n.id).collect();
             let shape = LogShape::new(nodes, LOG_CAPACITY_BYTES);
-            Log::create(cluster, name, &shape, opts)
-                .await
-                .map_err(|e| e.to_string())
+            let log = Log::create(cluster, name, &shape, opts).await;
+            log.map(Some).map_err(|e| e.to_string())
         }
-        Err(LogError::NoSuchLog(_)) => Err(format!(
-            "no log called {name:?}, so no objects yet (the first write creates it: `tutti obj \
-             register set`, `counter add`, `map put`)"
-        )),
+        Err(LogError::NoSuchLog(_)) => Ok(None),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -155,7 +157,13 @@ pub(crate) async fn run(a: ObjArgs, dialer: &Dialer) -> Result<(), String> {
             op: MapOp::Put { .. }
         }
     );
-    let log = log(&cluster, &a.log, opts, creates).await?;
+    let log = (open_log(&cluster, &a.log, opts, creates).await?).ok_or_else(|| {
+        format!(
+            "no log called {:?}, so no objects yet (the first write creates it: `tutti obj \
+             register set`, `counter add`, `map put`)",
+            a.log
+        )
+    })?;
     let out = match a.command {
         ObjCommand::Register { op } => register(log, op).await?,
         ObjCommand::Counter { op } => counter(log, op).await?,

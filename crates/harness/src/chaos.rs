@@ -6,6 +6,7 @@
 
 use crate::local::{LocalCluster, LocalError};
 use crate::log_workload::{LogCheck, LogClients};
+use crate::objects_workload::{ObjectClients, ObjectsCheck};
 use crate::proxy::{Process, Proxy};
 use crate::registers::{OpCounts, RegisterOp};
 use crate::supervisor::Supervisor;
@@ -374,6 +375,9 @@ pub enum ChaosWorkload {
     Bank,
     /// The shared log: appenders, one reader per stream, a trimmer (`log_workload`).
     Log,
+    /// Tango's objects: registers and maps checked by Porcupine, a bank over eight maps
+    /// in layered partitions, a maintainer that checkpoints and trims (`objects_workload`).
+    Objects,
 }
 
 #[derive(Clone, Debug)]
@@ -416,6 +420,8 @@ pub struct ChaosReport {
     pub trimmed_to: u64,
     /// The log workload's final check.
     pub log: Option<LogCheck>,
+    /// The objects workload's final check.
+    pub objects: Option<ObjectsCheck>,
     pub reads: OpCounts,
     pub writes: OpCounts,
     pub cases: OpCounts,
@@ -466,7 +472,7 @@ impl ChaosReport {
                 self.manager_kills.to_string(),
             ),
         ];
-        if cfg.workload == ChaosWorkload::Log {
+        if cfg.workload != ChaosWorkload::Bank {
             rows.push((
                 "kill -9 the sequencer, restart it".into(),
                 interval(&cfg.sequencer),
@@ -512,6 +518,54 @@ impl ChaosReport {
                 (
                     "trim below every reader".into(),
                     "every 2 s".into(),
+                    format!("{} (to {})", self.trims, self.trimmed_to),
+                ),
+            ]);
+        }
+        if cfg.workload == ChaosWorkload::Objects {
+            let check = self.objects.as_ref();
+            let count =
+                |f: fn(&ObjectsCheck) -> usize| check.map_or("-".into(), |c| f(c).to_string());
+            let ops = |c: &OpCounts| {
+                format!(
+                    "{} ({} ok, {} failed, {} unknown)",
+                    c.calls, c.ok, c.aborted, c.unknown
+                )
+            };
+            let clients = format!("{} clients × 2, own views", cfg.clients);
+            rows.extend([
+                (
+                    "register/map read (linearizable)".to_string(),
+                    clients.clone(),
+                    ops(&self.reads),
+                ),
+                (
+                    "register/map write".into(),
+                    clients.clone(),
+                    ops(&self.writes),
+                ),
+                (
+                    "bank transfer (tx over 8 maps), committed".into(),
+                    format!("{} clients × 2, 3 maps each", cfg.clients),
+                    count(|c| c.committed),
+                ),
+                (
+                    "bank transfer, aborted (conflict)".into(),
+                    "-".into(),
+                    count(|c| c.aborted),
+                ),
+                (
+                    "bank transfer, outcome unknown".into(),
+                    "killed or failed".into(),
+                    format!(
+                        "{} ({} committed in the log)",
+                        count(|c| c.unknown),
+                        count(|c| c.unknown_committed)
+                    ),
+                ),
+                (
+                    "checkpoint + forget every object, trim".into(),
+                    "every 3 s".into(),
                     format!("{} (to {})", self.trims, self.trimmed_to),
                 ),
             ]);
@@ -577,6 +631,13 @@ enum Workload {
         log: Log,
         next_trim: Duration,
     },
+    Objects {
+        clients: ObjectClients,
+        log: Log,
+        /// The maintainer's client (opened on first use: it may fail under faults).
+        maintainer: Option<tutti_tango::Tango>,
+        next_trim: Duration,
+    },
 }
 
 impl Workload {
@@ -594,6 +655,11 @@ impl Workload {
                 clients.kill(name);
                 clients.start(name)
             }
+            Workload::Objects { clients, .. } => {
+                let id = rng.gen_range(0..clients.count);
+                clients.kill(id);
+                clients.start(id)
+            }
         };
         restarted.map_err(|e| LocalError::Config(format!("restart a client: {e}")))
     }
@@ -602,11 +668,42 @@ impl Workload {
         match self {
             Workload::Bank(clients) => clients.kill_all(),
             Workload::Log { clients, .. } => clients.kill_all(),
+            Workload::Objects { clients, .. } => clients.kill_all(),
         }
     }
 
-    /// Trims the log below every reader, every 2 s (log workload).
+    /// Trims the log below every reader, every 2 s (log workload); checkpoints every object,
+    /// forgets below and trims, every 3 s (objects workload).
     fn trim(&mut self, rt: &tokio::runtime::Runtime, now: Duration, report: &mut ChaosReport) {
+        if let Workload::Objects {
+            log,
+            maintainer,
+            next_trim,
+            ..
+        } = self
+        {
+            if now < *next_trim {
+                return;
+            }
+            *next_trim = now + Duration::from_secs(3);
+            let maintained = rt.block_on(tokio::time::timeout(Duration::from_secs(5), async {
+                let t = match maintainer.take() {
+                    Some(t) => t,
+                    None => crate::objects_workload::maintainer(log.clone()).await?,
+                };
+                let trimmed = crate::objects_workload::maintain(&t).await;
+                // A maintainer trimmed past (partitioned away) opens anew next time.
+                if !matches!(trimmed, Err(tutti_tango::TangoError::Trimmed { .. })) {
+                    *maintainer = Some(t);
+                }
+                trimmed
+            }));
+            if let Ok(Ok(to)) = maintained {
+                report.trims += 1;
+                report.trimmed_to = to;
+            }
+            return;
+        }
         let Workload::Log {
             clients,
             log,
@@ -639,6 +736,9 @@ impl Workload {
                 clients.progress() + clients.seen.iter().sum::<u64>()
             ),
             Workload::Log { clients, .. } => format!("{} appends", clients.acked()),
+            Workload::Objects { clients, .. } => {
+                format!("{} transfers committed", clients.committed())
+            }
         }
     }
 }
@@ -670,6 +770,7 @@ pub fn run(
     let mut bank_clients = Clients::new(exe, &manager, dir, cfg.clients);
     bank_clients.mix = cfg.mix;
     let mut log_clients = LogClients::new(exe, &manager, dir, cfg.clients);
+    let mut object_clients = ObjectClients::new(exe, &manager, dir, cfg.clients);
     let proxy = match (cfg.partitions, cfg.workload) {
         (None, _) => None,
         (Some(_), ChaosWorkload::Bank) => {
@@ -684,6 +785,18 @@ pub fn run(
             let names = log_clients.names();
             let proxy = rt.block_on(start_proxy(&mut local, names.clone(), true))?;
             log_clients.flags = names
+                .into_iter()
+                .map(|n| {
+                    let flags = proxy.route_flags(&n);
+                    (n, flags)
+                })
+                .collect();
+            Some(proxy)
+        }
+        (Some(_), ChaosWorkload::Objects) => {
+            let names = object_clients.names();
+            let proxy = rt.block_on(start_proxy(&mut local, names.clone(), true))?;
+            object_clients.flags = names
                 .into_iter()
                 .map(|n| {
                     let flags = proxy.route_flags(&n);
@@ -715,6 +828,20 @@ pub fn run(
                 clients: log_clients,
                 log,
                 next_trim: Duration::ZERO,
+            }
+        }
+        ChaosWorkload::Objects => {
+            let log = rt
+                .block_on(create_objects_log(&cluster))
+                .map_err(|e| LocalError::Config(format!("create the objects: {e}")))?;
+            object_clients
+                .start_all()
+                .map_err(|e| LocalError::Config(format!("start clients: {e}")))?;
+            Workload::Objects {
+                clients: object_clients,
+                log,
+                maintainer: None,
+                next_trim: Duration::from_secs(3),
             }
         }
     };
@@ -762,6 +889,7 @@ pub fn run(
                 verify(&local, clients).await
             }
             Workload::Log { clients, .. } => verify_log(&local, clients, &mut report).await,
+            Workload::Objects { .. } => verify_objects(&local, dir, &mut report).await,
         };
         match verified {
             Ok(cluster) => match wait_log_collected(&cluster, Duration::from_secs(45)).await {
@@ -773,7 +901,9 @@ pub fn run(
     });
     local.stop_all();
     drop(proxy);
-    if cfg.workload == ChaosWorkload::Bank && cfg.mix.has_registers() {
+    if cfg.workload == ChaosWorkload::Objects
+        || (cfg.workload == ChaosWorkload::Bank && cfg.mix.has_registers())
+    {
         progress("checking the register history with Porcupine…");
         check_registers(dir, cfg, &mut report);
     }
@@ -794,6 +924,46 @@ async fn create_log(cluster: &Cluster) -> Result<Log, LogError> {
         LogOptions::default(),
     )
     .await
+}
+
+/// The objects' log: 1 KiB slots (a checkpoint part fits), 32 MiB of each node; the objects
+/// created and the accounts opened.
+async fn create_objects_log(cluster: &Cluster) -> Result<Log, String> {
+    let shape = LogShape {
+        slot_bytes: 1024,
+        ..LogShape::new(vec![1, 2, 3, 4], 32 << 20)
+    };
+    let log = Log::create(
+        cluster,
+        crate::objects_workload::LOG,
+        &shape,
+        LogOptions::default(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    crate::objects_workload::setup(log.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(log)
+}
+
+/// Once healed and the objects' clients stopped: the cluster idle, then the bank's check.
+async fn verify_objects(
+    local: &LocalCluster,
+    dir: &Path,
+    report: &mut ChaosReport,
+) -> Result<Cluster, Vec<String>> {
+    let cluster = healed(local).await?;
+    let opts = LogOptions {
+        deadline: Duration::from_secs(60),
+        ..LogOptions::default()
+    };
+    let log = Log::open(&cluster, crate::objects_workload::LOG, opts)
+        .await
+        .map_err(|e| vec![format!("open the log: {e}")])?;
+    report.objects = Some(crate::objects_workload::check(log, dir).await?);
+    cluster.flush().await.map_err(|e| vec![e.to_string()])?;
+    Ok(cluster)
 }
 
 /// Once healed and the log's clients stopped: the cluster idle, then the log's final check.
@@ -872,7 +1042,7 @@ impl<'a> Faults<'a> {
             next_client: draw(&mut rng, &cfg.clients_killer),
             next_manager: draw(&mut rng, &cfg.manager),
             next_sequencer: match cfg.workload {
-                ChaosWorkload::Log => draw(&mut rng, &cfg.sequencer),
+                ChaosWorkload::Log | ChaosWorkload::Objects => draw(&mut rng, &cfg.sequencer),
                 ChaosWorkload::Bank => Duration::MAX,
             },
             next_partition: cfg

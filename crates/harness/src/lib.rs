@@ -2,12 +2,14 @@
 //! cross-process tests and the bench: the supervisor of every child process
 //! (`supervisor`), local clusters (`local`), the fault-injecting proxy (`proxy`), the driver of `tutti-workload`'s workloads over a real
 //! cluster (`workload`), the register workload with its histories and Porcupine check
-//! (`registers`), the shared log's client processes and final check (`log_workload`), and
+//! (`registers`), the shared log's client processes and final check (`log_workload`), Tango's objects'
+//! (`objects_workload`), and
 //! the chaos engine (`chaos`). Internal: not published.
 
 pub mod chaos;
 pub mod local;
 pub mod log_workload;
+pub mod objects_workload;
 pub mod proxy;
 pub mod registers;
 pub mod supervisor;

@@ -516,32 +516,51 @@ impl Tango {
     /// §3.1): parts in no stream, then the checkpoint record in the object's stream. Returns
     /// the position it was taken at.
     pub async fn checkpoint(&self, oid: Oid) -> Result<u64, TangoError> {
+        self.checkpoint_at_one_position(&[oid]).await
+    }
+
+    /// Checkpoints every hosted object and the directory at one position, the tail, which
+    /// it returns: a client hosting several of them starts them all there, so every commit
+    /// after it can be decided from them (docs/objects.md, "Checkpoints, forget and trim").
+    pub async fn checkpoint_all(&self) -> Result<u64, TangoError> {
+        let oids: Vec<Oid> = self.runtime().hosted().collect();
+        self.checkpoint_at_one_position(&oids).await
+    }
+
+    async fn checkpoint_at_one_position(&self, oids: &[Oid]) -> Result<u64, TangoError> {
         self.sync().await?;
-        let (as_of, bytes) = {
+        let (as_of, views) = {
             let runtime = self.runtime();
-            (runtime.played(), runtime.checkpoint(oid)?)
+            let views = (oids.iter())
+                .map(|&oid| runtime.checkpoint(oid).map(|bytes| (oid, bytes)))
+                .collect::<Result<Vec<_>, _>>()?;
+            (runtime.played(), views)
         };
         // kind, object id and length before each part's bytes; kind, object id, position
         // and count before the parts' positions.
         let part_max = self.payload_max(0) - 9;
         let parts_max = (self.payload_max(1) - 17) / 8;
-        if bytes.len().div_ceil(part_max) > parts_max {
+        if let Some((_, bytes)) =
+            (views.iter()).find(|(_, b)| b.len().div_ceil(part_max) > parts_max)
+        {
             return Err(TangoError::CheckpointTooLarge {
                 bytes: bytes.len(),
                 max: parts_max * part_max,
             });
         }
-        let parts = bytes.chunks(part_max.max(1)).map(|chunk| {
-            let part = Record::CheckpointPart {
-                oid,
-                bytes: chunk.to_vec(),
-            };
-            self.inner.log.append(part.encode(), &[])
-        });
-        let parts = futures::future::try_join_all(parts).await?;
-        let record = Record::Checkpoint { oid, as_of, parts }.encode();
-        self.inner.log.append(record, &[oid]).await?;
-        self.lock_checkpoints().insert(oid, as_of);
+        for (oid, bytes) in views {
+            let parts = bytes.chunks(part_max.max(1)).map(|chunk| {
+                let part = Record::CheckpointPart {
+                    oid,
+                    bytes: chunk.to_vec(),
+                };
+                self.inner.log.append(part.encode(), &[])
+            });
+            let parts = futures::future::try_join_all(parts).await?;
+            let record = Record::Checkpoint { oid, as_of, parts }.encode();
+            self.inner.log.append(record, &[oid]).await?;
+            self.lock_checkpoints().insert(oid, as_of);
+        }
         Ok(as_of)
     }
 

@@ -98,6 +98,9 @@ enum Command {
     /// The shared log's client processes under `tutti chaos`.
     #[command(hide = true)]
     LogWorkload(cmd::log_workload::LogWorkloadArgs),
+    /// Tango's objects' client processes under `tutti chaos`.
+    #[command(hide = true)]
+    ObjectsWorkload(cmd::objects_workload::ObjectsWorkloadArgs),
 }
 
 /// Transparent huge pages off for this process and the nodes and managers it starts (the
@@ -205,6 +208,10 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         Command::LogWorkload(a) => {
             init_tracing("error");
             cmd::log_workload::run(a, &dialer).await
+        }
+        Command::ObjectsWorkload(a) => {
+            init_tracing("error");
+            cmd::objects_workload::run(a, &dialer).await
         }
     };
     match result {

@@ -11,6 +11,7 @@ pub(crate) mod manager;
 pub(crate) mod memnode;
 pub(crate) mod ns;
 pub(crate) mod obj;
+pub(crate) mod objects_workload;
 pub(crate) mod sequencer;
 pub(crate) mod sim;
 pub(crate) mod stats;

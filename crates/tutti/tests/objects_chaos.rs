@@ -1,0 +1,54 @@
+//! Tango's objects' crash safety with real processes: four client processes, each with its
+//! own views, read and write a register and a map's keys and move money between eight maps
+//! hosted in layered partitions, while a maintainer checkpoints, forgets and trims, and the
+//! sequencer, memory nodes, client processes and the manager are killed with SIGKILL at
+//! random moments and pairs of processes are partitioned. Afterwards Porcupine finds the
+//! register and map history linearizable, money is conserved, every account's balance is
+//! what its receipts say, and every transfer a client saw commit is in the log and none it
+//! saw abort is (the check's own failures: `objects_workload`'s unit tests).
+
+mod common;
+
+use std::time::Duration;
+use tutti_harness::chaos::{self, ChaosConfig, ChaosWorkload, Mix};
+
+#[test]
+fn random_kills_and_partitions_under_transactions_across_partitions_and_register_traffic() {
+    let dir = common::scratch("objects-chaos");
+    let seed = common::chaos_seed();
+    let cfg = ChaosConfig {
+        duration: Duration::from_secs(25),
+        workload: ChaosWorkload::Objects,
+        clients: 4,
+        mix: Mix::TRANSFERS,
+        nodes: common::secs(1.0, 3.0),
+        clients_killer: common::secs(1.0, 3.0),
+        manager: common::secs(8.0, 12.0),
+        sequencer: common::secs(1.5, 4.0),
+        partitions: Some((common::secs(3.0, 6.0), common::secs(0.5, 3.0))),
+        linearizability_checker: chaos::default_checker(),
+        seed,
+    };
+    let report = common::chaos(&dir, &cfg);
+    assert!(
+        report.sequencer_kills >= 4
+            && report.node_kills >= 6
+            && report.client_kills >= 6
+            && report.manager_kills >= 2
+            && report.partitions >= 3,
+        "{report:?}"
+    );
+    let check = report.objects.as_ref().expect("the bank was checked");
+    assert!(
+        check.committed > 300 && report.reads.ok > 1000 && report.writes.ok > 1000,
+        "the workload made progress: {report:?}"
+    );
+    assert!(report.trims >= 3, "the maintainer trimmed: {report:?}");
+    assert!(
+        report
+            .linearizability
+            .as_deref()
+            .is_some_and(|l| l.starts_with("linearizable")),
+        "{report:?}"
+    );
+}

@@ -7,6 +7,7 @@ pub mod limits;
 pub mod log;
 pub mod memory;
 pub mod minitx;
+pub mod namespace;
 pub mod objects;
 pub mod peers;
 pub mod suite;

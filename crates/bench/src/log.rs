@@ -533,7 +533,7 @@ impl Op for ZkAppend {
 
 /// ZooKeeper 3.8 standalone (the Debian package's jar) with `forceSync=yes`: every
 /// transaction is fsynced before it is acknowledged.
-async fn zookeeper(root: &Path) -> Result<(Daemon, String), String> {
+pub(crate) async fn zookeeper(root: &Path) -> Result<(Daemon, String), String> {
     let jar = ensure_file(Path::new("/usr/share/java/zookeeper.jar"), "zookeeper")?;
     let java = ensure_installed("java", "default-jre-headless")?;
     let dir = super::peers::scratch(root, "zookeeper")?;

@@ -34,6 +34,8 @@ pub struct ObjectsBenchConfig {
     pub scratch: PathBuf,
     pub outstanding: Vec<usize>,
     pub seconds: f64,
+    /// Measure tutti's namespace only, not ZooKeeper's and etcd's.
+    pub no_peers: bool,
 }
 
 struct Write {
@@ -122,6 +124,14 @@ pub async fn run(
         progress(&p);
         points.push(p);
     }
+    let (outstanding, seconds) = (&cfg.outstanding, cfg.seconds);
+    points.extend(crate::namespace::tutti(&c.cluster, outstanding, seconds, progress).await?);
+    drop(c);
+    if !cfg.no_peers {
+        let root = &cfg.scratch;
+        points.extend(crate::namespace::zookeeper(root, outstanding, seconds, progress).await?);
+        points.extend(crate::namespace::etcd_points(root, outstanding, seconds, progress).await?);
+    }
     Ok(points)
 }
 
@@ -144,9 +154,11 @@ pub fn section(cfg: &ObjectsBenchConfig, points: &[Point], command: &str) -> Str
         "| outstanding | writes/s | reads/s |\n| --- | --- | --- |"
     );
     let find = |n: usize, op: &str| {
-        points
-            .iter()
-            .find(|p| p.outstanding == n && p.operation.as_deref() == Some(op))
+        points.iter().find(|p| {
+            p.experiment == "objects-register"
+                && p.outstanding == n
+                && p.operation.as_deref() == Some(op)
+        })
     };
     let cell = |p: Option<&Point>| {
         p.map_or("-".to_string(), |p| {
@@ -173,6 +185,7 @@ pub fn section(cfg: &ObjectsBenchConfig, points: &[Point], command: &str) -> Str
         };
         let _ = writeln!(md, "- {op}s ≥ {target:.0}/s: {verdict}");
     }
+    md += &crate::namespace::section(points, &cfg.outstanding);
     let _ = write!(md, "\n{SECTION_END}");
     md
 }

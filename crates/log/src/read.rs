@@ -50,6 +50,12 @@ pub enum Hole {
 
 /// The hole timeout of Tango §3 ("100ms by default").
 pub const HOLE_TIMEOUT_DEFAULT: Duration = Duration::from_millis(100);
+/// Within the hole timeout a read looks again, first after this long, then after twice as
+/// long each time up to `HOLE_POLL_MAX`: a position below the tail is most often an append
+/// still in flight, written within a millisecond, and a reader that slept the whole
+/// timeout before looking again held every play behind it for 100 ms.
+pub const HOLE_POLL_FIRST: Duration = Duration::from_micros(100);
+pub const HOLE_POLL_MAX: Duration = Duration::from_millis(2);
 
 #[derive(Debug)]
 pub enum ReadStep {
@@ -71,7 +77,9 @@ pub struct ReadAt {
     /// The epoch to fill in, once the sequencer said it.
     epoch: Option<u64>,
     min_epoch: u64,
-    waited: bool,
+    /// How long it has waited for the hole's writer, and its next pause.
+    waited: Duration,
+    pause: Duration,
 }
 
 impl ReadAt {
@@ -81,7 +89,8 @@ impl ReadAt {
             hole,
             epoch: None,
             min_epoch: 0,
-            waited: false,
+            waited: Duration::ZERO,
+            pause: HOLE_POLL_FIRST,
         };
         let step = r.read(layout, READ_PREFIX_BYTES);
         (r, step)
@@ -124,7 +133,12 @@ impl ReadAt {
             })),
             Ok(None) => Ok(match (self.hole, self.epoch) {
                 (Hole::Report, Some(_)) => ReadStep::Done(Found::Empty),
-                (Hole::FillAfter(timeout), Some(_)) if !self.waited => ReadStep::Wait(timeout),
+                (Hole::FillAfter(timeout), Some(_)) if self.waited < timeout => {
+                    let pause = self.pause.min(timeout - self.waited);
+                    self.waited += pause;
+                    self.pause = (self.pause * 2).min(HOLE_POLL_MAX);
+                    ReadStep::Wait(pause)
+                }
                 (Hole::FillAfter(_), Some(_))
                     if crate::planted(crate::Bug::SkipHoleWithoutFill) =>
                 {
@@ -163,7 +177,6 @@ impl ReadAt {
     }
 
     pub fn on_waited(&mut self, layout: &LogLayout) -> ReadStep {
-        self.waited = true;
         self.read(layout, READ_PREFIX_BYTES)
     }
 

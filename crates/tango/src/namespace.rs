@@ -382,8 +382,34 @@ impl Default for Namespace {
     }
 }
 
-/// What a multi undoes when a later operation fails: each touched path's node before.
-type Undo = Vec<(String, Option<Znode>)>;
+/// What a multi takes back, last first, when a later operation fails: each step undoes one
+/// change, without copying a parent's children.
+enum Undo {
+    /// The node was created: remove it.
+    Created(String),
+    /// The node (childless) was deleted: put it back.
+    Deleted(String, Znode),
+    /// The node's data was set: what it had.
+    Set {
+        path: String,
+        data: Vec<u8>,
+        version: u64,
+        modified: u64,
+    },
+    /// A child was added to (or removed from) the parent, whose children version was this.
+    Child {
+        parent: String,
+        name: String,
+        added: bool,
+        cversion: u64,
+    },
+    /// An ephemeral node was added to (or removed from) its session.
+    Ephemeral {
+        session: u64,
+        path: String,
+        added: bool,
+    },
+}
 
 impl Namespace {
     pub fn get(&self, path: &str) -> Option<(Vec<u8>, Stat)> {
@@ -452,9 +478,56 @@ impl Namespace {
         self.noted += 1;
     }
 
-    fn remember(&self, undo: &mut Option<Undo>, path: &str) {
+    fn remember(undo: &mut Option<Vec<Undo>>, step: impl FnOnce() -> Undo) {
         if let Some(undo) = undo {
-            undo.push((path.to_string(), self.nodes.get(path).cloned()));
+            undo.push(step());
+        }
+    }
+
+    fn take_back(&mut self, step: Undo) {
+        match step {
+            Undo::Created(path) => {
+                self.nodes.remove(&path);
+            }
+            Undo::Deleted(path, node) => {
+                self.nodes.insert(path, node);
+            }
+            Undo::Set {
+                path,
+                data,
+                version,
+                modified,
+            } => {
+                if let Some(node) = self.nodes.get_mut(&path) {
+                    (node.data, node.version, node.modified) = (data, version, modified);
+                }
+            }
+            Undo::Child {
+                parent,
+                name,
+                added,
+                cversion,
+            } => {
+                if let Some(node) = self.nodes.get_mut(&parent) {
+                    match added {
+                        true => node.children.remove(&name),
+                        false => node.children.insert(name),
+                    };
+                    node.cversion = cversion;
+                }
+            }
+            Undo::Ephemeral {
+                session,
+                path,
+                added,
+            } => {
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    match added {
+                        true => s.ephemerals.remove(&path),
+                        false => s.ephemerals.insert(path),
+                    };
+                }
+            }
         }
     }
 
@@ -463,7 +536,12 @@ impl Namespace {
     }
 
     /// One operation: checked in full before it changes anything.
-    fn one(&mut self, op: &Op, position: u64, undo: &mut Option<Undo>) -> Result<OpResult, Code> {
+    fn one(
+        &mut self,
+        op: &Op,
+        position: u64,
+        undo: &mut Option<Vec<Undo>>,
+    ) -> Result<OpResult, Code> {
         check_path(op.path()).map_err(|_| Code::BadArguments)?;
         match op {
             Op::Create {
@@ -493,10 +571,15 @@ impl Namespace {
                 if *session != 0 && !self.sessions.contains_key(session) {
                     return Err(Code::SessionExpired);
                 }
-                self.remember(undo, parent_path);
-                self.remember(undo, &path);
                 let name = split(&path).1.to_string();
                 let parent = self.nodes.get_mut(parent_path).expect("checked");
+                Namespace::remember(undo, || Undo::Child {
+                    parent: parent_path.to_string(),
+                    name: name.clone(),
+                    added: true,
+                    cversion: parent.cversion,
+                });
+                Namespace::remember(undo, || Undo::Created(path.clone()));
                 parent.children.insert(name);
                 parent.cversion += 1;
                 self.nodes.insert(
@@ -512,6 +595,11 @@ impl Namespace {
                 if *session != 0 {
                     let s = self.sessions.get_mut(session).expect("checked");
                     s.ephemerals.insert(path.clone());
+                    Namespace::remember(undo, || Undo::Ephemeral {
+                        session: *session,
+                        path: path.clone(),
+                        added: true,
+                    });
                 }
                 self.note(position, &path, ChangeKind::Created);
                 self.note(position, parent_path, ChangeKind::ChildrenChanged);
@@ -540,8 +628,13 @@ impl Namespace {
                 if !Namespace::version_ok(node.version, *version) {
                     return Err(Code::BadVersion);
                 }
-                self.remember(undo, path);
                 let node = self.nodes.get_mut(path).expect("checked");
+                Namespace::remember(undo, || Undo::Set {
+                    path: path.clone(),
+                    data: node.data.clone(),
+                    version: node.version,
+                    modified: node.modified,
+                });
                 node.data = data.clone();
                 node.version += 1;
                 node.modified = position;
@@ -560,18 +653,28 @@ impl Namespace {
     }
 
     /// Deletes a node known to exist and have no children.
-    fn delete(&mut self, path: &str, position: u64, undo: &mut Option<Undo>) {
+    fn delete(&mut self, path: &str, position: u64, undo: &mut Option<Vec<Undo>>) {
         let (parent_path, name) = split(path);
-        self.remember(undo, parent_path);
-        self.remember(undo, path);
         let node = self.nodes.remove(path).expect("a node to delete");
         if let Some(s) = self.sessions.get_mut(&node.ephemeral_owner) {
             s.ephemerals.remove(path);
+            Namespace::remember(undo, || Undo::Ephemeral {
+                session: node.ephemeral_owner,
+                path: path.to_string(),
+                added: false,
+            });
         }
         if let Some(parent) = self.nodes.get_mut(parent_path) {
+            Namespace::remember(undo, || Undo::Child {
+                parent: parent_path.to_string(),
+                name: name.to_string(),
+                added: false,
+                cversion: parent.cversion,
+            });
             parent.children.remove(name);
             parent.cversion += 1;
         }
+        Namespace::remember(undo, || Undo::Deleted(path.to_string(), node));
         self.note(position, path, ChangeKind::Deleted);
         self.note(position, parent_path, ChangeKind::ChildrenChanged);
     }
@@ -579,21 +682,14 @@ impl Namespace {
     /// All of `ops` or none: a failure rolls back what the earlier ones did.
     fn multi(&mut self, ops: &[Op], position: u64) -> Result<Vec<OpResult>, Failure> {
         let noted = self.noted;
-        let sessions = (ops.len() > 1).then(|| self.sessions.clone());
         let mut undo = (ops.len() > 1).then(Vec::new);
         let mut results = Vec::with_capacity(ops.len());
         for (index, op) in ops.iter().enumerate() {
             match self.one(op, position, &mut undo) {
                 Ok(result) => results.push(result),
                 Err(code) => {
-                    for (path, node) in undo.into_iter().flatten().rev() {
-                        match node {
-                            Some(node) => self.nodes.insert(path, node),
-                            None => self.nodes.remove(&path),
-                        };
-                    }
-                    if let Some(sessions) = sessions {
-                        self.sessions = sessions;
+                    for step in undo.into_iter().flatten().rev() {
+                        self.take_back(step);
                     }
                     // What the journal evicted meanwhile stays evicted: watches set
                     // before it fire conservatively.
@@ -931,9 +1027,16 @@ mod tests {
     #[test]
     fn a_multi_that_fails_changes_nothing() {
         let mut ns = Namespace::default();
-        run(&mut ns, 1, &[create("/a")]).unwrap();
+        ns.apply(None, &Update::open_session(1000, 0), 1).unwrap();
+        let ephemeral = |path: &str| Op::Create {
+            path: path.into(),
+            data: vec![],
+            session: 1,
+            sequential: false,
+        };
+        run(&mut ns, 2, &[create("/a"), ephemeral("/e")]).unwrap();
         let before = ns.checkpoint();
-        let journal = ns.journal.len();
+        let (journal, ephemerals) = (ns.journal.len(), ns.sessions()[&1].ephemerals.clone());
         let ops = [
             create("/b"),
             create("/b/c"),
@@ -946,17 +1049,24 @@ mod tests {
                 path: "/b/c".into(),
                 version: 0,
             },
+            Op::Delete {
+                path: "/e".into(),
+                version: 0,
+            },
+            ephemeral("/f"),
             Op::Check {
                 path: "/a".into(),
                 version: 0,
             },
         ];
-        let failure = run(&mut ns, 2, &ops).unwrap_err();
-        assert_eq!((failure.index, failure.code), (4, Code::BadVersion));
+        let failure = run(&mut ns, 3, &ops).unwrap_err();
+        assert_eq!((failure.index, failure.code), (6, Code::BadVersion));
         assert_eq!(ns.checkpoint()[8..], before[8..]);
         assert_eq!(ns.journal.len(), journal);
+        assert_eq!(ns.sessions()[&1].ephemerals, ephemerals);
         assert!(ns.exists("/b").is_none());
-        assert_eq!(ns.children("/").unwrap(), ["a"]);
+        assert_eq!(ns.children("/").unwrap(), ["a", "e"]);
+        assert_eq!(ns.exists("/").unwrap().cversion, 2);
     }
 
     #[test]

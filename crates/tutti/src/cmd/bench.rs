@@ -83,6 +83,9 @@ pub(crate) struct BenchObjectsArgs {
     /// A short pass: outstanding 1,16,64 for 1 s each.
     #[arg(long)]
     quick: bool,
+    /// The namespace on tutti only: do not start ZooKeeper and etcd.
+    #[arg(long)]
+    no_peers: bool,
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
     outstanding: Vec<usize>,
     /// Seconds per point.
@@ -316,6 +319,7 @@ mod measure {
             scratch: scratch.path().to_path_buf(),
             outstanding,
             seconds,
+            no_peers: a.no_peers,
         };
         let mut print = print_point;
         let result = tutti_bench::objects::run(&cfg, &mut print).await;

@@ -784,25 +784,13 @@ pub fn run(
         (Some(_), ChaosWorkload::Log) => {
             let names = log_clients.names();
             let proxy = rt.block_on(start_proxy(&mut local, names.clone(), true))?;
-            log_clients.flags = names
-                .into_iter()
-                .map(|n| {
-                    let flags = proxy.route_flags(&n);
-                    (n, flags)
-                })
-                .collect();
+            log_clients.flags = routes(&proxy, names);
             Some(proxy)
         }
         (Some(_), ChaosWorkload::Objects) => {
             let names = object_clients.names();
             let proxy = rt.block_on(start_proxy(&mut local, names.clone(), true))?;
-            object_clients.flags = names
-                .into_iter()
-                .map(|n| {
-                    let flags = proxy.route_flags(&n);
-                    (n, flags)
-                })
-                .collect();
+            object_clients.flags = routes(&proxy, names);
             Some(proxy)
         }
     };
@@ -953,17 +941,23 @@ async fn verify_objects(
     dir: &Path,
     report: &mut ChaosReport,
 ) -> Result<Cluster, Vec<String>> {
+    let (cluster, log) = healed_log(local, crate::objects_workload::LOG).await?;
+    report.objects = Some(crate::objects_workload::check(log, dir).await?);
+    cluster.flush().await.map_err(|e| vec![e.to_string()])?;
+    Ok(cluster)
+}
+
+/// The healed cluster (idle), and the log `name` on it for a final check.
+async fn healed_log(local: &LocalCluster, name: &str) -> Result<(Cluster, Log), Vec<String>> {
     let cluster = healed(local).await?;
     let opts = LogOptions {
         deadline: Duration::from_secs(60),
         ..LogOptions::default()
     };
-    let log = Log::open(&cluster, crate::objects_workload::LOG, opts)
+    let log = Log::open(&cluster, name, opts)
         .await
         .map_err(|e| vec![format!("open the log: {e}")])?;
-    report.objects = Some(crate::objects_workload::check(log, dir).await?);
-    cluster.flush().await.map_err(|e| vec![e.to_string()])?;
-    Ok(cluster)
+    Ok((cluster, log))
 }
 
 /// Once healed and the log's clients stopped: the cluster idle, then the log's final check.
@@ -972,18 +966,24 @@ async fn verify_log(
     clients: &LogClients,
     report: &mut ChaosReport,
 ) -> Result<Cluster, Vec<String>> {
-    let cluster = healed(local).await?;
-    let opts = LogOptions {
-        deadline: Duration::from_secs(60),
-        ..LogOptions::default()
-    };
-    let log = Log::open(&cluster, crate::log_workload::LOG, opts)
-        .await
-        .map_err(|e| vec![format!("open the log: {e}")])?;
+    let (cluster, log) = healed_log(local, crate::log_workload::LOG).await?;
     report.log = Some(crate::log_workload::check(&log, clients.history()).await?);
     // The final check's fills and reads leave decisions queued.
     cluster.flush().await.map_err(|e| vec![e.to_string()])?;
     Ok(cluster)
+}
+
+/// Each client's flags that route it through `proxy`, by name.
+fn routes(
+    proxy: &Proxy,
+    clients: Vec<Process>,
+) -> std::collections::BTreeMap<Process, Vec<String>> {
+    (clients.into_iter())
+        .map(|n| {
+            let flags = proxy.route_flags(&n);
+            (n, flags)
+        })
+        .collect()
 }
 
 /// Starts the partitioning proxy between every pair of processes (manager, nodes, the

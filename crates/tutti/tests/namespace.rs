@@ -7,23 +7,11 @@
 mod common;
 
 use std::time::Duration;
-use tutti_log::{Log, LogOptions, LogShape};
+use tutti_log::Log;
 use tutti_tango::{
     ChangeKind, Code, Kind, LedgerRef, NamespaceRef, Op, OpResult, Session, Tango, TangoError,
     TangoOptions, WatchKind, Watches, ANY_VERSION,
 };
-
-async fn log(cluster: &tutti_client::Cluster, name: &str) -> Log {
-    let shape = LogShape {
-        nodes: vec![1, 2, 3],
-        slot_bytes: 1024,
-        capacity_bytes: 4096 + 30_000 * 1024,
-        backpointers: 4,
-    };
-    Log::create(cluster, name, &shape, LogOptions::default())
-        .await
-        .expect("log created")
-}
 
 async fn open(log: &Log, objects: &[(&str, Kind)]) -> Tango {
     Tango::open(log.clone(), objects, TangoOptions::default())
@@ -54,7 +42,7 @@ fn versions_sequential_names_multi_and_errors_are_zookeepers() {
     let c = common::start("ns-semantics", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "tango").await;
+        let log = common::tango_log(&cluster, "tango").await;
         let a = open(&log, &[("zk", Kind::Namespace)]).await;
         let b = open(&log, &[("zk", Kind::Namespace)]).await;
         let ns = NamespaceRef(a.hosted_as("zk", Kind::Namespace).unwrap());
@@ -145,7 +133,7 @@ fn ephemerals_go_when_their_session_expires_even_if_its_client_was_only_paused()
     let c = common::start("ns-sessions", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "tango").await;
+        let log = common::tango_log(&cluster, "tango").await;
         let owner = open(&log, &[("zk", Kind::Namespace)]).await;
         let other = open(&log, &[("zk", Kind::Namespace)]).await;
         let ns = NamespaceRef(owner.hosted_as("zk", Kind::Namespace).unwrap());
@@ -211,7 +199,7 @@ fn watches_fire_once_and_in_log_order() {
     let c = common::start("ns-watches", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "tango").await;
+        let log = common::tango_log(&cluster, "tango").await;
         let writer = open(&log, &[("zk", Kind::Namespace)]).await;
         let watcher = open(&log, &[("zk", Kind::Namespace)]).await;
         let ns = NamespaceRef(writer.hosted_as("zk", Kind::Namespace).unwrap());
@@ -273,7 +261,7 @@ fn a_subtree_moves_between_namespaces_whole_or_not_at_all() {
     let c = common::start("ns-move", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "tango").await;
+        let log = common::tango_log(&cluster, "tango").await;
         let both = [("east", Kind::Namespace), ("west", Kind::Namespace)];
         let mover = open(&log, &both).await;
         let east = NamespaceRef(mover.hosted_as("east", Kind::Namespace).unwrap());
@@ -331,7 +319,7 @@ fn a_recovered_ledger_fences_its_writer_and_readers_stop_at_its_length() {
     let c = common::start("ledger-fence", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "tango").await;
+        let log = common::tango_log(&cluster, "tango").await;
         let w = open(&log, &[("wal", Kind::Ledger)]).await;
         let r = open(&log, &[("wal", Kind::Ledger)]).await;
         let ledger = LedgerRef(w.hosted_as("wal", Kind::Ledger).unwrap());

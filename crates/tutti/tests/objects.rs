@@ -7,25 +7,13 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tutti_log::{Log, LogOptions, LogShape};
+use tutti_log::Log;
 use tutti_tango::{
     CounterRef, Kind, Map, MapRef, QueueRef, Record, RegisterRef, Tango, TangoError, TangoOptions,
     Write,
 };
 
 type HashTable = std::collections::HashMap<Vec<u8>, Vec<u8>>;
-
-async fn log(cluster: &tutti_client::Cluster, name: &str) -> Log {
-    let shape = LogShape {
-        nodes: vec![1, 2, 3],
-        slot_bytes: 1024,
-        capacity_bytes: 4096 + 30_000 * 1024,
-        backpointers: 4,
-    };
-    Log::create(cluster, name, &shape, LogOptions::default())
-        .await
-        .expect("log created")
-}
 
 async fn open(log: &Log, objects: &[(&str, Kind)]) -> Tango {
     let opts = TangoOptions {
@@ -43,7 +31,7 @@ fn clients_with_their_own_views_see_each_others_updates() {
     let c = common::start("objects-views", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "tango").await;
+        let log = common::tango_log(&cluster, "tango").await;
         let objects = [
             ("reg", Kind::Register),
             ("count", Kind::Counter),
@@ -112,7 +100,7 @@ fn transfers_across_layered_partitions_conserve_money_and_commit_exactly_once() 
     let c = common::start("objects-bank", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "bank").await;
+        let log = common::tango_log(&cluster, "bank").await;
         let names: Vec<String> = (0..8).map(|i| format!("account-{i}")).collect();
         let all: Vec<(&str, Kind)> = names.iter().map(|n| (n.as_str(), Kind::Counter)).collect();
         let setup = open(&log, &[]).await;
@@ -183,7 +171,7 @@ fn a_missing_decision_record_blocks_no_one() {
     let c = common::start("objects-decisions", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "decisions").await;
+        let log = common::tango_log(&cluster, "decisions").await;
         let setup = open(&log, &[]).await;
         let read = setup.create("read", Kind::Register, false).await.unwrap();
         let written = setup.create("written", Kind::Register, true).await.unwrap();
@@ -237,7 +225,7 @@ fn checkpoints_rebuild_views_history_is_kept_and_forget_lets_the_log_be_trimmed(
     let c = common::start("objects-history", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "history").await;
+        let log = common::tango_log(&cluster, "history").await;
         let t = open(&log, &[("m", Kind::Map)]).await;
         let map: MapRef<HashTable> = MapRef::new(t.hosted_as("m", Kind::Map).unwrap());
         let mut positions = Vec::new();
@@ -289,7 +277,7 @@ fn bad_input_gets_its_own_error() {
     let c = common::start("objects-bad-input", 3, "log", &[], &[]);
     rt.block_on(async {
         let cluster = common::ready(&c).await;
-        let log = log(&cluster, "bad").await;
+        let log = common::tango_log(&cluster, "bad").await;
         let t = open(&log, &[("c", Kind::Counter)]).await;
         fn err<T>(r: Result<T, TangoError>) -> TangoError {
             r.err().expect("an error")

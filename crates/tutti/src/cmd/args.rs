@@ -47,6 +47,20 @@ impl ClusterArg {
         Duration::from_millis(self.deadline_ms)
     }
 
+    /// The existing log `name` on the cluster, with this deadline.
+    pub(crate) async fn open_log(
+        &self,
+        dialer: &Dialer,
+        name: &str,
+    ) -> Result<tutti_log::Log, String> {
+        let cluster = self.connect(dialer).await?;
+        let opts = tutti_log::LogOptions {
+            deadline: self.deadline(),
+            ..tutti_log::LogOptions::default()
+        };
+        (tutti_log::Log::open(&cluster, name, opts).await).map_err(|e| e.to_string())
+    }
+
     pub(crate) async fn connect(&self, dialer: &Dialer) -> Result<Cluster, String> {
         let addr = manager_addr(&self.cluster).map_err(|e| e.to_string())?;
         let opts = ClientOptions {

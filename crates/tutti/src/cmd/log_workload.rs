@@ -4,7 +4,6 @@
 
 use super::args::ClusterArg;
 use clap::Args;
-use tutti_log::{Log, LogOptions};
 use tutti_wire::Dialer;
 
 #[derive(Args)]
@@ -27,14 +26,7 @@ pub(crate) struct LogWorkloadArgs {
 }
 
 pub(crate) async fn run(a: LogWorkloadArgs, dialer: &Dialer) -> Result<(), String> {
-    let cluster = a.cluster.connect(dialer).await?;
-    let opts = LogOptions {
-        deadline: a.cluster.deadline(),
-        ..LogOptions::default()
-    };
-    let log = Log::open(&cluster, &a.log, opts)
-        .await
-        .map_err(|e| e.to_string())?;
+    let log = a.cluster.open_log(dialer, &a.log).await?;
     match (a.appender, a.reader) {
         (Some(id), _) => tutti_harness::log_workload::append_forever(log, id, a.incarnation).await,
         (_, Some(stream)) => tutti_harness::log_workload::read_forever(log, stream).await,

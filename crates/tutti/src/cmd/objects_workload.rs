@@ -5,7 +5,6 @@
 use super::args::ClusterArg;
 use clap::Args;
 use std::path::PathBuf;
-use tutti_log::{Log, LogOptions};
 use tutti_wire::Dialer;
 
 #[derive(Args)]
@@ -27,14 +26,7 @@ pub(crate) struct ObjectsWorkloadArgs {
 }
 
 pub(crate) async fn run(a: ObjectsWorkloadArgs, dialer: &Dialer) -> Result<(), String> {
-    let cluster = a.cluster.connect(dialer).await?;
-    let opts = LogOptions {
-        deadline: a.cluster.deadline(),
-        ..LogOptions::default()
-    };
-    let log = Log::open(&cluster, &a.log, opts)
-        .await
-        .map_err(|e| e.to_string())?;
+    let log = a.cluster.open_log(dialer, &a.log).await?;
     tutti_harness::objects_workload::run_client(log, a.client, a.incarnation, &a.history).await;
     Ok(())
 }

@@ -131,3 +131,16 @@ pub fn chaos(
     );
     report
 }
+
+/// A log for objects' tests: 1 KiB slots over nodes 1–3, 30,000 of them each.
+pub async fn tango_log(cluster: &Cluster, name: &str) -> tutti_log::Log {
+    let shape = tutti_log::LogShape {
+        nodes: vec![1, 2, 3],
+        slot_bytes: 1024,
+        capacity_bytes: 4096 + 30_000 * 1024,
+        backpointers: 4,
+    };
+    tutti_log::Log::create(cluster, name, &shape, tutti_log::LogOptions::default())
+        .await
+        .expect("log created")
+}

@@ -691,7 +691,7 @@ impl Workload {
                     Some(t) => t,
                     None => crate::objects_workload::maintainer(log.clone()).await?,
                 };
-                let trimmed = crate::objects_workload::maintain(&t).await;
+                let trimmed = t.compact().await.map(|(_, trim)| trim);
                 // A maintainer trimmed past (partitioned away) opens anew next time.
                 if !matches!(trimmed, Err(tutti_tango::TangoError::Trimmed { .. })) {
                     *maintainer = Some(t);

@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use tutti_log::Log;
-use tutti_tango::directory::DIRECTORY_NAME;
 use tutti_tango::{Kind, MapRef, RegisterRef, Tango, TangoError, TangoOptions};
 
 /// The log's name in a chaos run.
@@ -510,18 +509,6 @@ pub fn judge(
         }
     }
     violations
-}
-
-/// Checkpoints every object and the directory at one position, forgets their history
-/// below it and trims the log there (what a maintainer of a long-lived log does); returns
-/// the trim point.
-pub async fn maintain(t: &Tango) -> Result<u64, TangoError> {
-    let at = t.checkpoint_all().await?;
-    for (name, _) in objects() {
-        t.forget(&name, at).await?;
-    }
-    t.forget(DIRECTORY_NAME, at).await?;
-    t.trim().await
 }
 
 /// The maintainer's client: every object hosted.

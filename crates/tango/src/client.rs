@@ -588,6 +588,20 @@ impl Tango {
         Ok(position)
     }
 
+    /// Checkpoints every hosted object and the directory at one position, forgets their
+    /// history below it, and trims the log below every object's forget position (what a
+    /// maintainer of a long-lived log runs, `tutti obj maintain`): returns the checkpoints'
+    /// position and the trim point, which stays below objects this client does not host
+    /// until they are forgotten too.
+    pub async fn compact(&self) -> Result<(u64, u64), TangoError> {
+        let as_of = self.checkpoint_all().await?;
+        for name in self.inner.objects.keys() {
+            self.forget(name, as_of).await?;
+        }
+        self.forget(DIRECTORY_NAME, as_of).await?;
+        Ok((as_of, self.trim().await?))
+    }
+
     /// Trims the log below the lowest forget position over every object, the directory
     /// included (Tango §3.2); returns that position.
     pub async fn trim(&self) -> Result<u64, TangoError> {

@@ -396,4 +396,19 @@ fn the_command_line_prints_json_and_refuses_what_it_cannot_do() {
         !listed.contains("nothing"),
         "a failed read wrote nothing: {listed}"
     );
+    // Every object and the directory checkpointed at one position, the log trimmed there,
+    // and the views rebuilt from the checkpoints alone.
+    let (code, maintained, _) = obj(&["maintain"]);
+    assert_eq!(code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&maintained).unwrap();
+    assert_eq!(
+        (v["objects"].as_u64(), v["trim"].as_u64()),
+        (Some(3), v["as_of"].as_u64())
+    );
+    assert!(v["trim"].as_u64() > Some(0), "{maintained}");
+    assert_eq!(obj(&["counter", "get", "c"]).1, r#"{"value":2}"#);
+    assert_eq!(
+        obj(&["map", "get", "m", "k"]).1,
+        r#"{"data":"01","key":"k"}"#
+    );
 }

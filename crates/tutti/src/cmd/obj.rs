@@ -55,6 +55,14 @@ enum ObjCommand {
         #[arg(long)]
         trim: bool,
     },
+    /// Checkpoint every object and the directory at one position, forget their history
+    /// below it and trim the log there: {"as_of": P, "trim": T, "objects": N}. With
+    /// --every, again each period (a line each) until interrupted, taking in new objects.
+    Maintain {
+        /// Seconds between rounds (default: one round).
+        #[arg(long)]
+        every: Option<f64>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -180,6 +188,7 @@ pub(crate) async fn run(a: ObjArgs, dialer: &Dialer) -> Result<(), String> {
                 .collect();
             json!({ "objects": objects })
         }
+        ObjCommand::Maintain { every } => return maintain(log, every).await,
         ObjCommand::Checkpoint { name, forget, trim } => {
             let directory = Tango::open(log.clone(), &[], TangoOptions::default())
                 .await
@@ -263,4 +272,43 @@ async fn map(log: Log, op: MapOp) -> Result<Value, String> {
             json!({ "entries": entries })
         }
     })
+}
+
+/// One round of `maintain`: every object in the directory hosted, compacted.
+async fn compact(log: Log) -> Result<Value, String> {
+    let directory = Tango::open(log.clone(), &[], TangoOptions::default())
+        .await
+        .map_err(err)?;
+    let names = directory.names().await.map_err(err)?;
+    let objects: Vec<(&str, Kind)> = names.iter().map(|(n, m)| (n.as_str(), m.kind)).collect();
+    let tango = Tango::open(log, &objects, TangoOptions::default())
+        .await
+        .map_err(err)?;
+    let (as_of, trim) = tango.compact().await.map_err(err)?;
+    Ok(json!({ "as_of": as_of, "trim": trim, "objects": objects.len() }))
+}
+
+async fn maintain(log: Log, every: Option<f64>) -> Result<(), String> {
+    let Some(every) = every else {
+        println!("{}", compact(log).await?);
+        return Ok(());
+    };
+    let period = std::time::Duration::try_from_secs_f64(every)
+        .ok()
+        .filter(|p| !p.is_zero())
+        .ok_or_else(|| format!("--every {every}: a positive number of seconds"))?;
+    let shutdown = super::args::shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        // A round that fails (a node down, the deadline) is reported and tried again next
+        // period: the log keeps its history meanwhile.
+        match compact(log.clone()).await {
+            Ok(out) => println!("{out}"),
+            Err(e) => eprintln!("tutti: this round failed: {e}"),
+        }
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
 }

@@ -11,6 +11,7 @@ pub mod namespace;
 pub mod objects;
 pub mod peers;
 pub mod suite;
+pub mod transactions;
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};

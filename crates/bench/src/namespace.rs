@@ -20,7 +20,7 @@ pub const DATA_BYTES: usize = 64;
 pub const OPS: [&str; 4] = ["create", "set", "get", "multi"];
 /// Bytes of each memory node the namespace's log takes, and its slots (a multi of 3 with
 /// its headers fits).
-const CAPACITY_BYTES: u64 = 128 << 20;
+const CAPACITY_BYTES: u64 = 80 << 20;
 const SLOT_BYTES: u32 = 512;
 /// Targets on create and set at 64 outstanding: tutti's throughput over the peer's.
 pub const TARGETS: [(&str, f64); 2] = [("zookeeper", 3.0), ("etcd", 10.0)];

@@ -11,13 +11,14 @@ use std::time::Duration;
 use tutti_log::{Log, LogOptions, LogShape};
 use tutti_tango::{Kind, RegisterRef, Tango, TangoOptions};
 
-/// Bytes of each memory node the objects' log takes.
-const CAPACITY_BYTES: u64 = 128 << 20;
+/// Bytes of each memory node (256 MiB) the register's log takes; the map transactions'
+/// and the namespace's logs take 48 and 80 MiB.
+const CAPACITY_BYTES: u64 = 96 << 20;
 /// The register's value, in bytes.
 const VALUE_BYTES: usize = 64;
 /// Slots that hold a write with its headers (158 B), as a user sizes a log for its entries:
-/// 2 M positions over the 4 nodes, more than the writes of a run take, so nothing is
-/// trimmed.
+/// 1.5 M positions over the 4 nodes, more than the writes of a run take (about 1.2 M), so
+/// nothing is trimmed.
 const SLOT_BYTES: u32 = 256;
 /// Writes to the reads' register before they begin.
 const READ_REGISTER_WRITES: usize = 1000;
@@ -124,6 +125,7 @@ pub async fn run(
         progress(&p);
         points.push(p);
     }
+    points.extend(crate::transactions::run(&c.cluster, cfg.seconds, progress).await?);
     let (outstanding, seconds) = (&cfg.outstanding, cfg.seconds);
     points.extend(crate::namespace::tutti(&c.cluster, outstanding, seconds, progress).await?);
     drop(c);
@@ -185,6 +187,7 @@ pub fn section(cfg: &ObjectsBenchConfig, points: &[Point], command: &str) -> Str
         };
         let _ = writeln!(md, "- {op}s ≥ {target:.0}/s: {verdict}");
     }
+    md += &crate::transactions::section(points, cfg.seconds);
     md += &crate::namespace::section(points, &cfg.outstanding);
     let _ = write!(md, "\n{SECTION_END}");
     md

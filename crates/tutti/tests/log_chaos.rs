@@ -9,26 +9,13 @@
 mod common;
 
 use std::time::Duration;
-use tutti_harness::chaos::{self, ChaosConfig, ChaosWorkload, Mix};
+use tutti_harness::chaos::ChaosWorkload;
 use tutti_harness::log_workload;
 
 #[test]
 fn random_kills_of_the_sequencer_nodes_clients_and_manager_under_appends_and_reads() {
     let dir = common::scratch("log-chaos");
-    let seed = common::chaos_seed();
-    let cfg = ChaosConfig {
-        duration: Duration::from_secs(30),
-        workload: ChaosWorkload::Log,
-        clients: 4,
-        mix: Mix::TRANSFERS,
-        nodes: common::secs(1.0, 3.0),
-        clients_killer: common::secs(1.0, 3.0),
-        manager: common::secs(8.0, 12.0),
-        sequencer: common::secs(1.5, 4.0),
-        partitions: Some((common::secs(3.0, 6.0), common::secs(0.5, 3.0))),
-        linearizability_checker: chaos::default_checker(),
-        seed,
-    };
+    let cfg = common::log_chaos_config(ChaosWorkload::Log, Duration::from_secs(30));
     let report = common::chaos(&dir, &cfg);
     assert!(
         report.sequencer_kills >= 5

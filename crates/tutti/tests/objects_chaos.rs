@@ -10,25 +10,12 @@
 mod common;
 
 use std::time::Duration;
-use tutti_harness::chaos::{self, ChaosConfig, ChaosWorkload, Mix};
+use tutti_harness::chaos::ChaosWorkload;
 
 #[test]
 fn random_kills_and_partitions_under_transactions_across_partitions_and_register_traffic() {
     let dir = common::scratch("objects-chaos");
-    let seed = common::chaos_seed();
-    let cfg = ChaosConfig {
-        duration: Duration::from_secs(25),
-        workload: ChaosWorkload::Objects,
-        clients: 4,
-        mix: Mix::TRANSFERS,
-        nodes: common::secs(1.0, 3.0),
-        clients_killer: common::secs(1.0, 3.0),
-        manager: common::secs(8.0, 12.0),
-        sequencer: common::secs(1.5, 4.0),
-        partitions: Some((common::secs(3.0, 6.0), common::secs(0.5, 3.0))),
-        linearizability_checker: chaos::default_checker(),
-        seed,
-    };
+    let cfg = common::log_chaos_config(ChaosWorkload::Objects, Duration::from_secs(25));
     let report = common::chaos(&dir, &cfg);
     assert!(
         report.sequencer_kills >= 4

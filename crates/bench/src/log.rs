@@ -103,19 +103,20 @@ pub async fn closed_loop<O: Op, F: Future<Output = Result<O, String>>>(
     Ok(p)
 }
 
-/// `closed_loop` at each count of `cfg.outstanding`, sessions from `open`, each point
-/// labelled by `label(outstanding)`, completed by `finish` and handed to `progress` as it
-/// is measured.
-async fn sweep<O: Op, F: Future<Output = Result<O, String>>>(
-    cfg: &LogBenchConfig,
+/// `closed_loop` for `duration` at each count of `outstanding`, sessions from `open`, each
+/// point labelled by `label(outstanding)`, completed by `finish` and handed to `progress`
+/// as it is measured.
+pub(crate) async fn sweep<O: Op, F: Future<Output = Result<O, String>>>(
+    outstanding: &[usize],
+    duration: Duration,
     label: impl Fn(usize) -> Point,
     mut open: impl FnMut(usize) -> F,
     mut finish: impl FnMut(&mut Point),
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
     let mut points = Vec::new();
-    for &n in &cfg.outstanding {
-        let mut p = closed_loop(label(n), n, cfg.duration(), &mut open).await?;
+    for &n in outstanding {
+        let mut p = closed_loop(label(n), n, duration, &mut open).await?;
         finish(&mut p);
         progress(&p);
         points.push(p);
@@ -290,7 +291,8 @@ async fn tutti(
         let trimmer = Trimmer::start(&log, log.layout().period() / 2);
         let op = size_name(size);
         let appends = sweep(
-            cfg,
+            &cfg.outstanding,
+            cfg.duration(),
             |n| label("log-append", "tutti", "log", n, &op),
             |i| {
                 let log = log.clone();
@@ -318,7 +320,8 @@ async fn tutti(
         if below > from {
             let op = size_name(*size);
             let reads = sweep(
-                cfg,
+                &cfg.outstanding,
+                cfg.duration(),
                 |n| label("log-read", "tutti", "log", n, &op),
                 |_| {
                     let log = log.clone();
@@ -355,7 +358,8 @@ async fn sequencer(
     let mut points = Vec::new();
     for (asks, name) in [(1, "1 per frame"), (ASKS_PER_FRAME, "1024 per frame")] {
         let positions = sweep(
-            cfg,
+            &cfg.outstanding,
+            cfg.duration(),
             |n| label("log-sequencer", "tutti", "-", n, name),
             |_| async move {
                 Ok(SequencerAsk {
@@ -580,7 +584,8 @@ async fn peers(
     for &size in &cfg.sizes {
         let op = size_name(size);
         let appends = sweep(
-            cfg,
+            &cfg.outstanding,
+            cfg.duration(),
             |n| label("log-append", "redis", "always", n, &op),
             |i| {
                 let con = sessions[i % sessions.len()].con.clone();
@@ -602,7 +607,8 @@ async fn peers(
         let op = size_name(size);
         let payload = super::peers::b64_bytes(&vec![0xa5; size]);
         let appends = sweep(
-            cfg,
+            &cfg.outstanding,
+            cfg.duration(),
             |n| label("log-append", "etcd", "fsync", n, &op),
             |i| {
                 let (session, payload) = (session.clone(), payload.clone());
@@ -625,7 +631,8 @@ async fn peers(
     for &size in &cfg.sizes {
         let op = size_name(size);
         let appends = sweep(
-            cfg,
+            &cfg.outstanding,
+            cfg.duration(),
             |n| label("log-append", "zookeeper", "forceSync", n, &op),
             |_| {
                 let addr = addr.clone();

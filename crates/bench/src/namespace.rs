@@ -4,7 +4,7 @@
 //! `sync` then `getData`; etcd: a range in a Txn) and a multi of 3 operations (create, set,
 //! check). Targets from the issue: ≥ 3 × ZooKeeper and ≥ 10 × etcd on create and set.
 
-use crate::log::{closed_loop, label, Op};
+use crate::log::{label, sweep, Op};
 use crate::peers::{b64, b64_bytes, etcd, EtcdSession};
 use crate::Point;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,7 +60,7 @@ fn data() -> Vec<u8> {
 
 /// Every operation at every count of outstanding on `system`, each session with its node
 /// `/s/SESSION` (created beforehand by `setup`).
-async fn sweep<S: System>(
+async fn every_op<S: System>(
     system: S,
     name: &str,
     mode: &str,
@@ -71,27 +71,25 @@ async fn sweep<S: System>(
     let names = Arc::new(AtomicU64::new(0));
     let mut points = Vec::new();
     for op in OPS {
-        for &n in outstanding {
-            let p = closed_loop(
-                label("namespace", name, mode, n, op),
-                n,
-                Duration::from_secs_f64(seconds),
-                |session| {
-                    let (system, names) = (system.clone(), names.clone());
-                    async move {
-                        Ok(Session {
-                            system,
-                            op,
-                            session,
-                            names,
-                        })
-                    }
-                },
-            )
-            .await?;
-            progress(&p);
-            points.push(p);
-        }
+        let swept = sweep(
+            outstanding,
+            Duration::from_secs_f64(seconds),
+            |n| label("namespace", name, mode, n, op),
+            |session| {
+                let (system, names) = (system.clone(), names.clone());
+                async move {
+                    Ok(Session {
+                        system,
+                        op,
+                        session,
+                        names,
+                    })
+                }
+            },
+            |_| {},
+            progress,
+        );
+        points.extend(swept.await?);
     }
     Ok(points)
 }
@@ -170,7 +168,7 @@ pub async fn tutti(
     for path in paths {
         (ns.create(&tango, &path, &data(), None, false).await).map_err(|e| e.to_string())?;
     }
-    sweep(
+    every_op(
         Tutti { tango, ns },
         "tutti",
         "log",
@@ -250,7 +248,7 @@ pub async fn zookeeper(
     let system = ZooKeeper {
         clients: Arc::new(clients),
     };
-    sweep(
+    every_op(
         system,
         "zookeeper",
         "forceSync",
@@ -311,7 +309,7 @@ pub async fn etcd_points(
             .collect();
         session.txn(serde_json::json!({ "success": puts })).await?;
     }
-    sweep(
+    every_op(
         Etcd { session },
         "etcd",
         "fsync",

@@ -3,7 +3,7 @@
 //! plays) and writes (each one append), against outstanding operations, on a 4-node `log`
 //! cluster. Targets from the issue: 135,000 reads/s and 40,000 writes/s with one view.
 
-use crate::log::{closed_loop, label, write_results, Op};
+use crate::log::{label, sweep, write_results, Op};
 use crate::suite::ScratchCluster;
 use crate::Point;
 use std::path::{Path, PathBuf};
@@ -98,16 +98,18 @@ pub async fn run(
     let duration = Duration::from_secs_f64(cfg.seconds);
     let mut points = Vec::new();
     let (tango, register) = open("written").await?;
-    for &n in &cfg.outstanding {
-        let label = label("objects-register", "tutti", "log", n, "write");
-        let p = closed_loop(label, n, duration, |_| {
+    let writes = sweep(
+        &cfg.outstanding,
+        duration,
+        |n| label("objects-register", "tutti", "log", n, "write"),
+        |_| {
             let tango = tango.clone();
             async move { Ok(Write { tango, register }) }
-        })
-        .await?;
-        progress(&p);
-        points.push(p);
-    }
+        },
+        |_| {},
+        progress,
+    );
+    points.extend(writes.await?);
     let (tango, register) = open("read").await?;
     for _ in 0..READ_REGISTER_WRITES {
         register
@@ -115,16 +117,18 @@ pub async fn run(
             .await
             .map_err(|e| e.to_string())?;
     }
-    for &n in &cfg.outstanding {
-        let label = label("objects-register", "tutti", "log", n, "read");
-        let p = closed_loop(label, n, duration, |_| {
+    let reads = sweep(
+        &cfg.outstanding,
+        duration,
+        |n| label("objects-register", "tutti", "log", n, "read"),
+        |_| {
             let tango = tango.clone();
             async move { Ok(Read { tango, register }) }
-        })
-        .await?;
-        progress(&p);
-        points.push(p);
-    }
+        },
+        |_| {},
+        progress,
+    );
+    points.extend(reads.await?);
     points.extend(crate::transactions::run(&c.cluster, cfg.seconds, progress).await?);
     let (outstanding, seconds) = (&cfg.outstanding, cfg.seconds);
     points.extend(crate::namespace::tutti(&c.cluster, outstanding, seconds, progress).await?);

@@ -461,8 +461,12 @@ impl Namespace {
     /// The changes after `position`, in log order; `None` when the journal no longer
     /// reaches back that far.
     pub fn changes_after(&self, position: u64) -> Option<impl Iterator<Item = &Change>> {
-        (position >= self.journal_from)
-            .then(|| self.journal.iter().filter(move |c| c.position > position))
+        // The journal is in log order: find where the changes after `position` begin
+        // rather than filter all 65,536 on every poll.
+        (position >= self.journal_from).then(|| {
+            let first = self.journal.partition_point(|c| c.position <= position);
+            self.journal.range(first..)
+        })
     }
 
     fn note(&mut self, position: u64, path: &str, kind: ChangeKind) {

@@ -44,6 +44,10 @@ fn checked(path: &str) -> Result<(), TangoError> {
     })
 }
 
+fn checked_ops(ops: &[Op]) -> Result<(), TangoError> {
+    ops.iter().try_for_each(|op| checked(op.path()))
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct NamespaceRef(pub Oid);
 
@@ -51,9 +55,7 @@ impl NamespaceRef {
     /// Runs `ops` all or none (ZooKeeper's multi); a failure names the first operation
     /// that failed and why.
     pub async fn multi(&self, t: &Tango, ops: &[Op]) -> Result<Vec<OpResult>, TangoError> {
-        for op in ops {
-            checked(op.path())?;
-        }
+        checked_ops(ops)?;
         let (position, reply) = t.update_reply(self.0, None, Update::multi(ops)).await?;
         let results = Update::multi_reply(&reply)
             .map_err(|e| TangoError::Malformed { position, why: e.0 })?;
@@ -181,9 +183,7 @@ impl NamespaceRef {
     /// Buffers `ops` in `tx`: they run all or none when it commits, and `tx`'s replies
     /// carry their results (`Update::multi_reply`).
     pub fn multi_in(&self, tx: &mut Tx, ops: &[Op]) -> Result<(), TangoError> {
-        for op in ops {
-            checked(op.path())?;
-        }
+        checked_ops(ops)?;
         tx.write(self.0, None, Update::multi(ops));
         Ok(())
     }
@@ -379,11 +379,7 @@ impl Watches {
         let (stat, from) = t
             .query(self.ns.0, |ns: &Namespace| (ns.exists(path), ns.applied()))
             .await?;
-        self.set.push(Watch {
-            path: path.into(),
-            kind,
-            from,
-        });
+        self.watch_after(path, kind, from);
         Ok(stat)
     }
 

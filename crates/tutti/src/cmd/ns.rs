@@ -4,18 +4,18 @@
 
 use super::args::{shutdown_signal, ClusterArg};
 use super::items::{hex, to_hex};
-use super::obj::{err, open_log};
+use super::obj::{err, host_named, open_log};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tutti_log::LogOptions;
 use tutti_tango::{
     version_or_any, Change, ChangeKind, Code, Kind, Namespace, NamespaceRef, Session, Stat, Tango,
-    TangoError, TangoOptions,
+    TangoError,
 };
 use tutti_wire::Dialer;
 
-/// How often `watch` and `create --hold` look at the log.
+/// How often `watch` looks at the log.
 const POLL_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Args)]
@@ -124,12 +124,13 @@ pub(crate) async fn run(a: NsArgs, dialer: &Dialer) -> Result<(), String> {
     };
     let creates = matches!(a.command, NsCommand::Create { .. });
     let client = match open_log(&cluster, &a.log, opts, creates).await? {
-        Some(log) => host(log, &a.namespace, creates).await?,
+        Some(log) => host_named(log, &a.namespace, Kind::Namespace, creates).await?,
         None => None,
     };
-    let Some((t, ns)) = client else {
+    let Some((t, oid)) = client else {
         return empty(a.command).map_err(failure);
     };
+    let ns = NamespaceRef(oid);
     ns.expire_overdue(&t).await.map_err(err)?;
     let out = match a.command {
         NsCommand::Create {
@@ -184,32 +185,6 @@ pub(crate) async fn run(a: NsArgs, dialer: &Dialer) -> Result<(), String> {
     Ok(())
 }
 
-/// A client hosting the namespace; `None` when it does not exist and `create` is false.
-async fn host(
-    log: tutti_log::Log,
-    name: &str,
-    create: bool,
-) -> Result<Option<(Tango, NamespaceRef)>, String> {
-    let opts = TangoOptions::default();
-    if !create {
-        let directory = Tango::open(log.clone(), &[], opts.clone()).await;
-        if directory
-            .map_err(err)?
-            .lookup(name)
-            .await
-            .map_err(err)?
-            .is_none()
-        {
-            return Ok(None);
-        }
-    }
-    let t = Tango::open(log, &[(name, Kind::Namespace)], opts)
-        .await
-        .map_err(err)?;
-    let ns = NamespaceRef(t.hosted_as(name, Kind::Namespace).map_err(err)?);
-    Ok(Some((t, ns)))
-}
-
 /// Answers a read on a namespace nobody has written yet (no log, or no such object): it
 /// has the root only, and reading it writes nothing.
 fn empty(command: NsCommand) -> Result<(), TangoError> {
@@ -251,22 +226,18 @@ fn empty(command: NsCommand) -> Result<(), TangoError> {
 /// Keeps `session` alive until interrupted, then closes it; fails if it expires first (the
 /// process was paused past its timeout, or lost the cluster that long).
 async fn hold_session(t: &Tango, ns: NamespaceRef, session: Session) -> Result<(), String> {
-    let beating = session.keep_alive(t, ns);
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = tokio::time::sleep(POLL_EVERY) => {
-                if !session.is_alive() {
-                    println!("{}", json!({ "error": Code::SessionExpired.name(), "session": session.id }));
-                    return Err(format!("session {} expired", session.id));
-                }
-            }
+    // The beating task ends only when a beat finds the session expired.
+    let mut beating = session.keep_alive(t, ns);
+    tokio::select! {
+        _ = shutdown_signal() => {
+            beating.abort();
+            session.close(t, ns).await.map_err(err)
+        }
+        _ = &mut beating => {
+            println!("{}", json!({ "error": Code::SessionExpired.name(), "session": session.id }));
+            Err(format!("session {} expired", session.id))
         }
     }
-    beating.abort();
-    session.close(t, ns).await.map_err(err)
 }
 
 /// Prints every change to `path`'s data and children, in log order, until interrupted.

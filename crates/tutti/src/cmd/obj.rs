@@ -131,18 +131,30 @@ pub(crate) async fn open_log(
 /// A client hosting `name` of `kind`. `create`: make the object if it does not exist;
 /// otherwise a missing name is an error and nothing is written.
 async fn host(log: Log, name: &str, kind: Kind, create: bool) -> Result<(Tango, u32), String> {
+    (host_named(log, name, kind, create).await?)
+        .ok_or_else(|| err(TangoError::NoSuchObject(name.into())))
+}
+
+/// A client hosting `name` of `kind`, made if it does not exist and `create`; `None` when it
+/// does not exist and not `create` (nothing written then).
+pub(crate) async fn host_named(
+    log: Log,
+    name: &str,
+    kind: Kind,
+    create: bool,
+) -> Result<Option<(Tango, u32)>, String> {
     let opts = TangoOptions::default();
     if !create {
         let directory = Tango::open(log.clone(), &[], opts.clone())
             .await
             .map_err(err)?;
         if directory.lookup(name).await.map_err(err)?.is_none() {
-            return Err(err(TangoError::NoSuchObject(name.into())));
+            return Ok(None);
         }
     }
     let tango = Tango::open(log, &[(name, kind)], opts).await.map_err(err)?;
     let oid = tango.hosted_as(name, kind).map_err(err)?;
-    Ok((tango, oid))
+    Ok(Some((tango, oid)))
 }
 
 fn opt_hex(bytes: Option<Vec<u8>>) -> Value {

@@ -7,7 +7,8 @@
 //! register tasks read and write `reg` and `kv`'s keys, recorded as a history of per-key
 //! registers (key 0 is `reg`, key K the map's `kK`) that Porcupine checks; its bank tasks
 //! move money between accounts of its maps in transactions, each leaving a receipt in the
-//! source map, so that the final check can account for every unit.
+//! source map, so that the final check can account for every unit; every fourth is large
+//! enough to need speculative entries, so that kills leave orphans behind.
 
 use crate::registers::{now_ns, Event, History, Op, Out};
 use crate::supervisor::Supervisor;
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use tutti_log::Log;
-use tutti_tango::{Kind, MapRef, RegisterRef, Tango, TangoError, TangoOptions};
+use tutti_tango::{Kind, MapRef, RegisterRef, Tango, TangoError, TangoOptions, Tx};
 
 /// The log's name in a chaos run.
 pub const LOG: &str = "objects";
@@ -29,6 +30,9 @@ pub const OPENING: i64 = 1000;
 pub const KV_KEYS: u64 = 8;
 const REGISTER_TASKS: usize = 2;
 const BANK_TASKS: usize = 2;
+/// Every this many transfers of a task, one carries pads that put it in speculative entries.
+const PADDED_EVERY: u64 = 4;
+const PAD_BYTES: usize = 600;
 
 type Table = std::collections::HashMap<Vec<u8>, Vec<u8>>;
 
@@ -228,7 +232,8 @@ async fn bank_task(views: &Views, client: u64, tag: String) {
         let amount = rng.gen_range(1..=10i64);
         let tag = format!("{tag}.{seq}");
         println!("begin {tag}");
-        match transfer(&t, from, to, amount, &tag).await {
+        let padded = (seq % PADDED_EVERY == PADDED_EVERY - 1).then_some(client);
+        match transfer(&t, from, to, amount, &tag, padded).await {
             Ok(true) => println!("committed {tag}"),
             Ok(false) => println!("aborted {tag}"),
             Err(e) => {
@@ -260,12 +265,16 @@ fn parse_receipt(bytes: &[u8]) -> Option<Receipt> {
     ))
 }
 
+/// One transfer as a transaction. `padded`: the client's two pads in the source map are
+/// rewritten around the transfer's writes, so that they go in a speculative entry ahead of
+/// the commit record (the chaos log's 1 KiB slots hold neither whole).
 async fn transfer(
     t: &Tango,
     from: Account,
     to: Account,
     amount: i64,
     tag: &str,
+    padded: Option<u64>,
 ) -> Result<bool, TangoError> {
     let map = |m: u32| t.hosted_as(&bank(m), Kind::Map).map(MapRef::<Table>::new);
     let (fm, tm) = (map(from.0)?, map(to.0)?);
@@ -273,10 +282,19 @@ async fn transfer(
     let mut tx = t.begin();
     let a = decode_i64(fm.get_in(t, &mut tx, &account(from.1))?).unwrap_or(0);
     let b = decode_i64(tm.get_in(t, &mut tx, &account(to.1))?).unwrap_or(0);
+    let pad = |tx: &mut Tx, client: u64, n: u32| {
+        fm.put_in(tx, format!("p/{client}/{n}").as_bytes(), &[b'.'; PAD_BYTES]);
+    };
+    if let Some(client) = padded {
+        pad(&mut tx, client, 1);
+    }
     fm.put_in(&mut tx, &account(from.1), &(a - amount).to_le_bytes());
     tm.put_in(&mut tx, &account(to.1), &(b + amount).to_le_bytes());
     let receipt_key = format!("r/{tag}").into_bytes();
     fm.put_in(&mut tx, &receipt_key, &receipt(from, to, amount));
+    if let Some(client) = padded {
+        pad(&mut tx, client, 2);
+    }
     Ok(t.end(tx).await?.committed)
 }
 

@@ -19,7 +19,7 @@ use tutti_tango::directory::DIRECTORY_NAME;
 use tutti_tango::play::Views;
 use tutti_tango::{
     Applied, Directory, Kind, Load, LoadStep, Object, Oid, PlayStep, Player, Rebuild, RebuildStep,
-    Record, Reply, Runtime, Synced, TangoError, Tx, Write, DIRECTORY_OID,
+    Record, Reply, Runtime, Speculated, Synced, TangoError, Tx, Write, DIRECTORY_OID,
 };
 
 /// The bank's accounts: objects 1 to 4.
@@ -33,6 +33,9 @@ const HISTORY_TRIES_MAX: u32 = 5;
 /// Pause between two transfers, or two rounds of the maintainer, or two looks at whether
 /// everyone is done.
 const PAUSE_US: u64 = 4_000;
+/// The share of transfers whose first write goes in a speculative entry ahead of the
+/// commit record (a client that crashes in between leaves an orphan).
+const SPECULATIVE_SHARE: f64 = 0.3;
 
 /// An account: its balance, and the lowest it ever was (part of the view, so every view
 /// that played the same entries holds the same).
@@ -144,6 +147,12 @@ enum Purpose {
     LoadSync(usize),
     LoadParts,
     PlaySync(usize),
+    /// The speculative entry holding a transfer's first write; its commit record follows.
+    Speculative {
+        tx: Tx,
+        decision: Option<Vec<Oid>>,
+        streams: Vec<StreamId>,
+    },
     Commit {
         tx: u64,
         decision: Option<Vec<Oid>>,
@@ -608,14 +617,36 @@ impl SimTangoClient {
                 committed: None,
             },
         );
-        let record = tx.commit_record(decision.is_some()).encode();
-        let id = self.op(Purpose::Commit {
-            tx: tx_id,
-            decision,
-        });
         let mut streams = vec![from as StreamId, to as StreamId];
         streams.sort_unstable();
-        self.io.append(ctx, id, record, &streams);
+        if ctx.rng().gen_bool(SPECULATIVE_SHARE) {
+            let entry = tx.speculative(0..1).encode();
+            let id = self.op(Purpose::Speculative {
+                tx,
+                decision,
+                streams,
+            });
+            self.io.append(ctx, id, entry, &[from as StreamId]);
+            return;
+        }
+        self.commit(ctx, &tx, &[], decision, &streams);
+    }
+
+    /// Appends `tx`'s commit record, after its speculative entries `speculated`.
+    fn commit(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        tx: &Tx,
+        speculated: &[Speculated],
+        decision: Option<Vec<Oid>>,
+        streams: &[StreamId],
+    ) {
+        let record = tx.commit_record_after(decision.is_some(), speculated);
+        let id = self.op(Purpose::Commit {
+            tx: tx.id,
+            decision,
+        });
+        self.io.append(ctx, id, record.encode(), streams);
     }
 
     fn outcome(
@@ -847,6 +878,21 @@ impl SimTangoClient {
                     let step = self.player.on_synced(runtime, synced, Self::now(ctx));
                     self.play_step(ctx, step);
                 }
+            }
+            (
+                Purpose::Speculative {
+                    tx,
+                    decision,
+                    streams,
+                },
+                Done::Appended(Ok(position)),
+            ) => {
+                let speculated = Speculated {
+                    position,
+                    oids: vec![tx.writes[0].oid],
+                    writes: 1,
+                };
+                self.commit(ctx, &tx, &[speculated], decision, &streams);
             }
             (Purpose::Commit { tx, decision }, Done::Appended(Ok(position))) => {
                 let reloads = self.reloads;

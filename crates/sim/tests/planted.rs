@@ -185,6 +185,13 @@ fn a_trim_below_an_objects_forget_position_is_caught() {
     eprintln!("caught: {found:?}");
 }
 
+#[test]
+fn applying_speculative_writes_before_their_commit_is_caught() {
+    let found = first_failing_tango_seed(tango_bug(tutti_tango::Bug::ApplySpeculativeOnSight));
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
 /// A stream sync that takes a replaced sequencer's tail for current reads a stale view:
 /// the clients' views disagree, or a client misses its own commit.
 #[test]

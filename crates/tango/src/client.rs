@@ -8,8 +8,8 @@ use crate::error::TangoError;
 use crate::object::Object;
 use crate::objects::Kind;
 use crate::play::{Load, LoadStep, PlayStep, Player, Rebuild, RebuildStep, Synced, Views};
-use crate::record::{sorted_oids, Oid, Record, Write};
-use crate::runtime::{Reply, Runtime, Tx};
+use crate::record::{sorted_oids, Oid, Record, Speculated, Write};
+use crate::runtime::{fresh, Reply, Runtime, TooLarge, Tx};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -289,7 +289,7 @@ impl Tango {
                     let loaded = load(&self.inner.log, views, Some(until), Some(start_by)).await?;
                     step = rebuild.on_loaded(loaded.runtime)?;
                 }
-                RebuildStep::Done(runtime) => return Ok(runtime),
+                RebuildStep::Done(runtime) => return Ok(*runtime),
             }
         }
     }
@@ -407,7 +407,9 @@ impl Tango {
     /// its reads are still current; a write-only one appends its commit record and is
     /// committed; any other appends its commit record to the streams of every object it
     /// read or wrote, plays to it, and appends the decision record if an object written
-    /// asks for one.
+    /// asks for one. Writes that do not fit in the commit record go first, in parallel, into
+    /// speculative entries that it names (Tango §3.2; the buffer is flushed here rather than
+    /// as it fills, as no one plays speculative entries before their commit record).
     pub async fn end(&self, tx: Tx) -> Result<TxOutcome, TangoError> {
         if tx.writes.is_empty() {
             self.sync().await?;
@@ -426,12 +428,14 @@ impl Tango {
                 .map(|r| r.oid)
                 .chain(written.iter().copied()),
         );
-        let record = tx.commit_record(decision_follows).encode();
-        self.check_fits(record.len(), streams.len())?;
+        let speculated = self.speculate(&tx, streams.len()).await?;
+        let record = tx
+            .commit_record_after(decision_follows, &speculated)
+            .encode();
         if tx.reads.is_empty() {
             let position = self.inner.log.append(record, &streams).await?;
             return Ok(TxOutcome {
-                committed: true,
+                committed: fresh(position, &speculated),
                 position: Some(position),
                 replies: vec![],
             });
@@ -491,19 +495,37 @@ impl Tango {
         .await
     }
 
-    fn check_fits(&self, bytes: usize, streams: usize) -> Result<(), TangoError> {
-        if streams > STREAMS_PER_ENTRY_MAX {
-            return Err(TangoError::TxTooManyObjects(streams));
+    /// Appends the speculative entries `tx` needs for its commit record (in
+    /// `commit_streams` streams) to fit in one entry; what its commit record names.
+    async fn speculate(
+        &self,
+        tx: &Tx,
+        commit_streams: usize,
+    ) -> Result<Vec<Speculated>, TangoError> {
+        if commit_streams > STREAMS_PER_ENTRY_MAX {
+            return Err(TangoError::TxTooManyObjects(commit_streams));
         }
-        let max = self.payload_max(streams);
-        if bytes > max {
-            return Err(TangoError::TxTooLarge {
+        let ranges = (tx.split(commit_streams, |n| self.payload_max(n))).map_err(
+            |TooLarge { bytes, streams }| TangoError::TxTooLarge {
                 bytes,
-                max,
+                max: self.payload_max(streams),
                 streams,
-            });
-        }
-        Ok(())
+            },
+        )?;
+        let appends = ranges.into_iter().map(|range| {
+            let writes = range.len() as u32;
+            let record = tx.speculative(range);
+            let oids = record.streams();
+            async move {
+                let position = self.inner.log.append(record.encode(), &oids).await?;
+                Ok::<_, TangoError>(Speculated {
+                    position,
+                    oids,
+                    writes,
+                })
+            }
+        });
+        futures::future::try_join_all(appends).await
     }
 
     /// The bytes of payload one entry in `streams` streams holds.

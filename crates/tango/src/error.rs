@@ -22,7 +22,8 @@ pub enum TangoError {
     },
     #[error("bad object name {0:?}: 1 to 255 bytes of UTF-8, and not \".\"")]
     BadName(String),
-    #[error("the transaction's commit record is {bytes} bytes; a log entry holds {max} with its {streams} streams (write less in one transaction)")]
+    /// One write, or the commit record's reads, do not fit in one log entry.
+    #[error("part of the transaction is {bytes} bytes in one log entry; an entry holds {max} with its {streams} streams (a write or the read set is too large)")]
     TxTooLarge {
         bytes: usize,
         max: usize,

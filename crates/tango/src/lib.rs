@@ -21,6 +21,9 @@ pub enum Bug {
     /// The log is trimmed below the highest forget position instead of the lowest,
     /// below some object's forget position.
     TrimBelowForget,
+    /// A speculative entry's writes are applied when it is played, not when its commit
+    /// record commits: an aborted or orphaned transaction's writes show.
+    ApplySpeculativeOnSight,
 }
 
 tutti_wire::planted_bugs!(Bug);
@@ -50,5 +53,5 @@ pub use namespace_ref::{now_ms, version_or_any, Event, NamespaceRef, Session, Wa
 pub use object::{Applied, Object};
 pub use objects::{Counter, Kind, Map, Queue, Register, SortedMap};
 pub use play::{Load, LoadStep, PlayStep, Player, Rebuild, RebuildStep, Synced};
-pub use record::{Oid, Read, Record, Write};
-pub use runtime::{Progress, Reply, Runtime, Tx, ViewError};
+pub use record::{Oid, Read, Record, Speculated, Write};
+pub use runtime::{Progress, Reply, Runtime, TooLarge, Tx, ViewError};

@@ -366,7 +366,7 @@ pub enum RebuildStep {
         start_by: u64,
     },
     /// The views, played as of `until`.
-    Done(Runtime),
+    Done(Box<Runtime>),
 }
 
 /// Rebuilds the views of `oids` as of `until` (every entry below it played): for a commit's
@@ -398,7 +398,7 @@ impl Rebuild {
     /// The loaded views (the `Load`'s runtime, not played yet).
     pub fn on_loaded(&mut self, mut runtime: Runtime) -> Result<RebuildStep, TangoError> {
         match runtime.play(self.until) {
-            Progress::Played(_) => Ok(RebuildStep::Done(runtime)),
+            Progress::Played(_) => Ok(RebuildStep::Done(Box::new(runtime))),
             Progress::Blocked { commit, reads, .. } => {
                 let hosted = self.oids.len();
                 self.oids =

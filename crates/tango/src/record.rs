@@ -1,6 +1,7 @@
 //! The records a tango runtime writes into log entries (docs/objects.md, "Records"): an
 //! update of one object; a transaction's commit record, carrying its read set and its
-//! writes; the decision record that may follow it; and a checkpoint, in parts.
+//! writes, and the speculative entries holding the writes that did not fit in it; the
+//! decision record that may follow it; and a checkpoint, in parts.
 
 use crate::codec::{Malformed, Reader, Writer};
 
@@ -12,6 +13,7 @@ const COMMIT: u8 = 2;
 const DECISION: u8 = 3;
 const CHECKPOINT_PART: u8 = 4;
 const CHECKPOINT: u8 = 5;
+const SPECULATIVE: u8 = 6;
 
 /// One change to one object: what its mutator wrote, for its `apply`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,15 +32,73 @@ pub struct Read {
     pub version: u64,
 }
 
+impl Write {
+    /// Its length in a record's encoding.
+    pub fn encoded_len(&self) -> usize {
+        4 + 1 + self.key.as_ref().map_or(0, |k| 4 + k.len()) + 4 + self.data.len()
+    }
+}
+
+impl Read {
+    /// Its length in a commit record's encoding.
+    pub fn encoded_len(&self) -> usize {
+        4 + 1 + self.key.as_ref().map_or(0, |k| 4 + k.len()) + 8
+    }
+}
+
+/// The length of a speculative record holding `writes`.
+pub fn speculative_len(writes: &[Write]) -> usize {
+    1 + 8 + 4 + writes.iter().map(Write::encoded_len).sum::<usize>()
+}
+
+/// The length of a commit record with these reads, speculative entries and writes.
+pub fn commit_len(reads: &[Read], speculative: &[Speculated], writes: &[Write]) -> usize {
+    1 + 8
+        + 1
+        + 4
+        + reads.iter().map(Read::encoded_len).sum::<usize>()
+        + 4
+        + writes.iter().map(Write::encoded_len).sum::<usize>()
+        + 4
+        + speculative
+            .iter()
+            .map(Speculated::encoded_len)
+            .sum::<usize>()
+}
+
+/// A speculative entry of a transaction, as its commit record names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Speculated {
+    pub position: u64,
+    /// The objects it writes (its streams).
+    pub oids: Vec<Oid>,
+    /// How many writes it holds.
+    pub writes: u32,
+}
+
+impl Speculated {
+    /// Its length in a commit record's encoding.
+    pub fn encoded_len(&self) -> usize {
+        8 + 4 + 4 * self.oids.len() + 4
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     /// A write outside any transaction. `nonce` lets the writer find its reply (0: none).
     Update { nonce: u64, write: Write },
+    /// Writes of transaction `tx` that did not fit in its commit record (Tango §3.2), in
+    /// the streams of the objects they write: played only when the commit record naming
+    /// them commits.
+    Speculative { tx: u64, writes: Vec<Write> },
     /// A transaction's commit record, in the streams of every object it writes. It commits
-    /// if every read's version is still current at its position.
+    /// if every read's version is still current at its position and its speculative entries
+    /// are recent enough (`runtime::SPECULATIVE_WINDOW`). Its writes are those of its
+    /// speculative entries, in their order here, then its own.
     Commit {
         tx: u64,
         reads: Vec<Read>,
+        speculative: Vec<Speculated>,
         writes: Vec<Write>,
         /// A decision record follows (some object written needs one, Tango §4.1).
         decision_follows: bool,
@@ -61,18 +121,27 @@ fn put_key(w: &mut Writer, key: &Option<Vec<u8>>) {
     w.opt_bytes(key.as_deref());
 }
 
-fn write_encode(w: &mut Writer, write: &Write) {
+pub(crate) fn write_encode(w: &mut Writer, write: &Write) {
     w.u32(write.oid);
     put_key(w, &write.key);
     w.bytes(&write.data);
 }
 
-fn write_decode(r: &mut Reader<'_>) -> Result<Write, Malformed> {
+pub(crate) fn write_decode(r: &mut Reader<'_>) -> Result<Write, Malformed> {
     Ok(Write {
         oid: r.u32("write's object")?,
         key: r.opt_bytes("write's key")?.map(<[u8]>::to_vec),
         data: r.bytes("write's data")?.to_vec(),
     })
+}
+
+fn writes_decode(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<Write>, Malformed> {
+    let n = r.count(what, 9)?;
+    let mut writes = Vec::with_capacity(n);
+    for _ in 0..n {
+        writes.push(write_decode(r)?);
+    }
+    Ok(writes)
 }
 
 impl Record {
@@ -83,9 +152,16 @@ impl Record {
                 w.u8(UPDATE).u64(*nonce);
                 write_encode(&mut w, write);
             }
+            Record::Speculative { tx, writes } => {
+                w.u8(SPECULATIVE).u64(*tx).u32(writes.len() as u32);
+                for write in writes {
+                    write_encode(&mut w, write);
+                }
+            }
             Record::Commit {
                 tx,
                 reads,
+                speculative,
                 writes,
                 decision_follows,
             } => {
@@ -99,6 +175,14 @@ impl Record {
                 w.u32(writes.len() as u32);
                 for write in writes {
                     write_encode(&mut w, write);
+                }
+                w.u32(speculative.len() as u32);
+                for s in speculative {
+                    w.u64(s.position).u32(s.oids.len() as u32);
+                    for oid in &s.oids {
+                        w.u32(*oid);
+                    }
+                    w.u32(s.writes);
                 }
             }
             Record::Decision { commit, committed } => {
@@ -143,18 +227,34 @@ impl Record {
                         version: r.u64("read's version")?,
                     });
                 }
-                let n = r.count("commit's writes", 9)?;
-                let mut writes = Vec::with_capacity(n);
+                let writes = writes_decode(&mut r, "commit's writes")?;
+                let n = r.count("commit's speculative entries", 16)?;
+                let mut speculative = Vec::with_capacity(n);
                 for _ in 0..n {
-                    writes.push(write_decode(&mut r)?);
+                    let position = r.u64("speculative entry's position")?;
+                    let oids = r.count("speculative entry's objects", 4)?;
+                    let oids = (0..oids)
+                        .map(|_| r.u32("speculative entry's object"))
+                        .collect::<Result<_, _>>()?;
+                    let writes = r.u32("speculative entry's writes")?;
+                    speculative.push(Speculated {
+                        position,
+                        oids,
+                        writes,
+                    });
                 }
                 Record::Commit {
                     tx,
                     reads,
+                    speculative,
                     writes,
                     decision_follows,
                 }
             }
+            SPECULATIVE => Record::Speculative {
+                tx: r.u64("speculative entry's tx")?,
+                writes: writes_decode(&mut r, "speculative entry's writes")?,
+            },
             DECISION => Record::Decision {
                 commit: r.u64("decision's commit")?,
                 committed: r.u8("decision")? == 1,
@@ -182,11 +282,22 @@ impl Record {
     pub fn streams(&self) -> Vec<Oid> {
         match self {
             Record::Update { write, .. } => vec![write.oid],
-            Record::Commit { writes, .. } => sorted_oids(writes.iter().map(|w| w.oid)),
+            Record::Speculative { writes, .. } => sorted_oids(writes.iter().map(|w| w.oid)),
+            Record::Commit {
+                writes,
+                speculative,
+                ..
+            } => written(writes, speculative),
             Record::Decision { .. } | Record::CheckpointPart { .. } => vec![],
             Record::Checkpoint { oid, .. } => vec![*oid],
         }
     }
+}
+
+/// The objects a commit record writes, itself or through its speculative entries.
+pub fn written(writes: &[Write], speculative: &[Speculated]) -> Vec<Oid> {
+    let in_speculative = speculative.iter().flat_map(|s| s.oids.iter().copied());
+    sorted_oids(writes.iter().map(|w| w.oid).chain(in_speculative))
 }
 
 /// `oids` in order, each once.
@@ -219,8 +330,13 @@ mod tests {
                     key: None,
                     version: 44,
                 }],
+                speculative: vec![Speculated {
+                    position: 40,
+                    oids: vec![3, 5],
+                    writes: 2,
+                }],
                 writes: vec![
-                    write,
+                    write.clone(),
                     Write {
                         oid: 2,
                         key: None,
@@ -228,6 +344,10 @@ mod tests {
                     },
                 ],
                 decision_follows: true,
+            },
+            Record::Speculative {
+                tx: 3,
+                writes: vec![write],
             },
             Record::Decision {
                 commit: 12,
@@ -249,6 +369,23 @@ mod tests {
     fn records_round_trip() {
         for record in samples() {
             assert_eq!(Record::decode(&record.encode()), Ok(record));
+        }
+    }
+
+    #[test]
+    fn lengths_are_those_of_the_encodings() {
+        for record in samples() {
+            let len = match &record {
+                Record::Speculative { writes, .. } => speculative_len(writes),
+                Record::Commit {
+                    reads,
+                    speculative,
+                    writes,
+                    ..
+                } => commit_len(reads, speculative, writes),
+                _ => continue,
+            };
+            assert_eq!(len, record.encode().len(), "{record:?}");
         }
     }
 

@@ -6,15 +6,31 @@
 
 use crate::codec::{Malformed, Reader, Writer};
 use crate::object::Object;
-use crate::record::{sorted_oids, Oid, Read, Record, Write};
+use crate::record::{
+    commit_len, speculative_len, write_decode, write_encode, written, Oid, Read, Record,
+    Speculated, Write,
+};
 use crate::{planted, Bug};
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
 
 /// Malformed entries remembered for `malformed`, at most (the oldest are dropped).
 pub const MALFORMED_KEPT_MAX: usize = 64;
 /// Decisions remembered for `take_decisions`, at most (the oldest are dropped).
 pub const DECISIONS_KEPT_MAX: usize = 4096;
+/// A commit record more than this many positions after one of its speculative entries
+/// aborts, and a view drops a speculative entry this far below what it played: an entry
+/// whose writer died before its commit record (an orphan) is aborted and forgotten.
+pub const SPECULATIVE_WINDOW: u64 = 1 << 20;
+
+/// Whether the speculative entries of the commit record at `commit` are all below it and
+/// within `SPECULATIVE_WINDOW` of it (if not, it aborts, the same on every client).
+pub fn fresh(commit: u64, speculative: &[Speculated]) -> bool {
+    speculative
+        .iter()
+        .all(|s| s.position < commit && commit - s.position <= SPECULATIVE_WINDOW)
+}
 
 /// One hosted object.
 struct Hosted {
@@ -102,15 +118,87 @@ impl Tx {
         });
     }
 
-    /// The commit record that ends the transaction.
+    /// The commit record that ends the transaction, all its writes in it.
     pub fn commit_record(&self, decision_follows: bool) -> Record {
+        self.commit_record_after(decision_follows, &[])
+    }
+
+    /// The commit record that ends the transaction, its first writes in the speculative
+    /// entries `speculated` (appended from `speculative`, in order).
+    pub fn commit_record_after(&self, decision_follows: bool, speculated: &[Speculated]) -> Record {
+        let skip: usize = speculated.iter().map(|s| s.writes as usize).sum();
         Record::Commit {
             tx: self.id,
             reads: self.reads.clone(),
-            writes: self.writes.clone(),
+            speculative: speculated.to_vec(),
+            writes: self.writes[skip..].to_vec(),
             decision_follows,
         }
     }
+
+    /// The speculative entry holding the writes in `range`.
+    pub fn speculative(&self, range: Range<usize>) -> Record {
+        Record::Speculative {
+            tx: self.id,
+            writes: self.writes[range].to_vec(),
+        }
+    }
+
+    /// How the writes go into speculative entries so that the commit record fits in one
+    /// entry (Tango §3.2): the writes of each speculative entry, in order, filled greedily
+    /// from the first write; none when the commit record fits as it is. An entry in `n`
+    /// streams holds `payload_max(n)` bytes; the commit record goes in `commit_streams`.
+    pub fn split(
+        &self,
+        commit_streams: usize,
+        payload_max: impl Fn(usize) -> usize,
+    ) -> Result<Vec<Range<usize>>, TooLarge> {
+        let commit_max = payload_max(commit_streams);
+        let (mut ranges, mut speculated) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        loop {
+            let bytes = commit_len(&self.reads, &speculated, &self.writes[start..]);
+            if bytes <= commit_max {
+                return Ok(ranges);
+            }
+            if start == self.writes.len() {
+                return Err(TooLarge {
+                    bytes,
+                    streams: commit_streams,
+                });
+            }
+            let (mut end, mut oids, mut bytes) = (start, BTreeSet::new(), speculative_len(&[]));
+            while let Some(w) = self.writes.get(end) {
+                let streams = oids.len() + usize::from(!oids.contains(&w.oid));
+                if bytes + w.encoded_len() > payload_max(streams) {
+                    break;
+                }
+                bytes += w.encoded_len();
+                oids.insert(w.oid);
+                end += 1;
+            }
+            if end == start {
+                return Err(TooLarge {
+                    bytes: speculative_len(&self.writes[start..=start]),
+                    streams: 1,
+                });
+            }
+            speculated.push(Speculated {
+                position: 0,
+                oids: oids.into_iter().collect(),
+                writes: (end - start) as u32,
+            });
+            ranges.push(start..end);
+            start = end;
+        }
+    }
+}
+
+/// Part of a transaction that fits in no log entry: `bytes` long, in `streams` streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooLarge {
+    pub bytes: usize,
+    pub streams: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -130,6 +218,9 @@ pub struct Runtime {
     offered: BTreeMap<u64, Result<Record, Malformed>>,
     /// Outcomes from decision records, for commits at or above `played`.
     decisions: HashMap<u64, bool>,
+    /// Speculative entries played that write a hosted object, by position, until their
+    /// commit record is played or they leave `SPECULATIVE_WINDOW`.
+    speculative: BTreeMap<u64, Vec<Write>>,
     owed: BTreeMap<u64, Owed>,
     /// Replies kept for the nonces and transaction ids mutators wait on.
     awaited: HashMap<u64, Option<Reply>>,
@@ -255,15 +346,21 @@ impl Runtime {
             if position >= floor {
                 break;
             }
-            if let Ok(Record::Commit { reads, writes, .. }) = entry {
-                let affects_views = writes
-                    .iter()
-                    .any(|w| (self.hosted.get(&w.oid)).is_some_and(|h| h.from <= position));
+            if let Ok(Record::Commit {
+                reads,
+                writes,
+                speculative,
+                ..
+            }) = entry
+            {
+                let streams = written(writes, speculative);
+                let affects_views = (streams.iter())
+                    .any(|oid| (self.hosted.get(oid)).is_some_and(|h| h.from <= position));
                 if affects_views
                     && !self.decisions.contains_key(&position)
+                    && fresh(position, speculative)
                     && !self.decidable(position, reads)
                 {
-                    let streams = sorted_oids(writes.iter().map(|w| w.oid));
                     let reads = reads.clone();
                     self.played = position;
                     return Progress::Blocked {
@@ -281,6 +378,12 @@ impl Runtime {
             }
         }
         self.played = self.played.max(floor);
+        while let Some((&position, _)) = self.speculative.first_key_value() {
+            if position + SPECULATIVE_WINDOW >= self.played {
+                break;
+            }
+            self.speculative.pop_first();
+        }
         Progress::Played(self.played)
     }
 
@@ -312,36 +415,59 @@ impl Runtime {
                     self.reply(nonce, reply);
                 }
             }
+            Record::Speculative { writes, .. } => {
+                if planted(Bug::ApplySpeculativeOnSight) {
+                    for write in &writes {
+                        self.apply(position, write);
+                    }
+                    return;
+                }
+                let hosts_one = (writes.iter())
+                    .any(|w| (self.hosted.get(&w.oid)).is_some_and(|h| h.from <= position));
+                if hosts_one {
+                    self.speculative.insert(position, writes);
+                }
+            }
             Record::Commit {
                 tx,
                 reads,
+                speculative,
                 writes,
                 decision_follows,
             } => {
                 let decided = self.decisions.remove(&position);
-                if decided.is_none() && !self.decidable(position, &reads) {
+                let fresh = fresh(position, &speculative);
+                if decided.is_none() && fresh && !self.decidable(position, &reads) {
                     // It writes nothing hosted here (`play` checked): nothing to decide.
                     return;
                 }
                 let committed = match decided {
                     Some(committed) => committed,
                     None => {
-                        let committed = self.validate(&reads);
-                        if decision_follows {
-                            let streams = sorted_oids(writes.iter().map(|w| w.oid));
+                        let committed = fresh && self.validate(&reads);
+                        if decision_follows && fresh {
+                            let streams = written(&writes, &speculative);
                             self.owed.insert(position, Owed { committed, streams });
                         }
                         committed
                     }
                 };
                 let mut replies = Vec::new();
-                if committed {
-                    for write in &writes {
-                        match self.apply(position, write) {
-                            Some(Reply::Applied(reply)) => replies.push(reply),
-                            _ => replies.push(Vec::new()),
-                        }
+                for s in &speculative {
+                    let held = self.speculative.remove(&s.position);
+                    if !committed {
+                        continue;
                     }
+                    match held {
+                        Some(held) => {
+                            replies.extend(held.iter().map(|w| self.reply_of(position, w)))
+                        }
+                        // It writes nothing hosted here.
+                        None => replies.extend((0..s.writes).map(|_| Vec::new())),
+                    }
+                }
+                if committed {
+                    replies.extend(writes.iter().map(|w| self.reply_of(position, w)));
                 }
                 if self.decided.len() == DECISIONS_KEPT_MAX {
                     self.decided.pop_front();
@@ -351,6 +477,15 @@ impl Runtime {
             }
             Record::Decision { .. } | Record::CheckpointPart { .. } | Record::Checkpoint { .. } => {
             }
+        }
+    }
+
+    /// Applies one write of a committed transaction: the object's reply, empty if the
+    /// object is not hosted here or could not parse it.
+    fn reply_of(&mut self, position: u64, write: &Write) -> Vec<u8> {
+        match self.apply(position, write) {
+            Some(Reply::Applied(reply)) => reply,
+            _ => Vec::new(),
         }
     }
 
@@ -428,6 +563,16 @@ impl Runtime {
         for (key, version) in keys {
             w.bytes(key).u64(*version);
         }
+        let pending: Vec<_> = (self.speculative.iter())
+            .filter(|(_, writes)| writes.iter().any(|w| w.oid == oid))
+            .collect();
+        w.u32(pending.len() as u32);
+        for (position, writes) in pending {
+            w.u64(*position).u32(writes.len() as u32);
+            for write in writes {
+                write_encode(&mut w, write);
+            }
+        }
         w.bytes(&h.view.checkpoint());
         Ok(w.finish())
     }
@@ -450,11 +595,24 @@ impl Runtime {
             let key = r.bytes("checkpoint's key")?.to_vec();
             keys.insert(key, r.u64("checkpoint's key version")?);
         }
+        let n = r.count("checkpoint's speculative entries", 12)?;
+        let mut pending = Vec::with_capacity(n);
+        for _ in 0..n {
+            let position = r.u64("speculative entry's position")?;
+            let writes = r.count("speculative entry's writes", 9)?;
+            let writes = (0..writes)
+                .map(|_| write_decode(&mut r))
+                .collect::<Result<Vec<_>, _>>()?;
+            pending.push((position, writes));
+        }
         view.restore(r.bytes("checkpoint's view")?)?;
         r.end("checkpoint")?;
         self.host(oid, view, as_of);
         let h = self.hosted.get_mut(&oid).expect("just hosted");
         (h.version, h.whole, h.keys) = (version, whole, keys);
+        for (position, writes) in pending {
+            self.speculative.entry(position).or_insert(writes);
+        }
         Ok(())
     }
 }
@@ -647,6 +805,143 @@ mod tests {
         restored.offer(1, &update(put(1, "b", "old")));
         restored.play(2);
         assert_eq!(get(&restored, 1, "b"), Some(b"y".to_vec()));
+    }
+
+    /// A transaction with every write but the last in speculative entries (1 write each).
+    fn speculated_tx(id: u64, writes: &[Write]) -> (Vec<Vec<u8>>, Tx) {
+        let mut tx = Tx::new(id);
+        tx.writes = writes.to_vec();
+        let entries = (0..writes.len() - 1)
+            .map(|i| tx.speculative(i..i + 1).encode())
+            .collect();
+        (entries, tx)
+    }
+
+    fn speculated(position: u64, oid: Oid) -> Speculated {
+        Speculated {
+            position,
+            oids: vec![oid],
+            writes: 1,
+        }
+    }
+
+    #[test]
+    fn speculative_writes_show_only_when_their_commit_record_commits() {
+        let mut rt = hosting(&[(1, Kind::Map), (2, Kind::Map)]);
+        let (entries, mut tx) =
+            speculated_tx(5, &[put(1, "a", "x"), put(2, "b", "y"), put(1, "c", "z")]);
+        rt.view_in(&mut tx, 1, Some(b"guard"), |_: &Map| ())
+            .unwrap();
+        for (i, entry) in entries.iter().enumerate() {
+            rt.offer(i as u64, entry);
+        }
+        rt.play(2);
+        assert_eq!(get(&rt, 1, "a"), None, "not before the commit record");
+        rt.await_reply(5);
+        let commit = tx.commit_record_after(false, &[speculated(0, 1), speculated(1, 2)]);
+        rt.offer(2, &commit.encode());
+        rt.play(3);
+        assert_eq!(
+            rt.take_reply(5),
+            Some(Reply::Tx {
+                committed: true,
+                replies: vec![vec![0], vec![0], vec![0]],
+            })
+        );
+        assert_eq!(get(&rt, 1, "a"), Some(b"x".to_vec()));
+        assert_eq!(get(&rt, 2, "b"), Some(b"y".to_vec()));
+        assert_eq!(get(&rt, 1, "c"), Some(b"z".to_vec()));
+
+        // The same again with a stale read: nothing shows.
+        let (entries, mut stale) = speculated_tx(6, &[put(1, "a", "no"), put(2, "b", "no")]);
+        rt.view_in(&mut stale, 1, Some(b"c"), |_: &Map| ()).unwrap();
+        rt.offer(3, &entries[0]);
+        rt.offer(4, &update(put(1, "c", "moved")));
+        rt.offer(
+            5,
+            &stale
+                .commit_record_after(false, &[speculated(3, 1)])
+                .encode(),
+        );
+        rt.play(6);
+        assert_eq!(get(&rt, 1, "a"), Some(b"x".to_vec()));
+        assert_eq!(get(&rt, 2, "b"), Some(b"y".to_vec()));
+        assert!(
+            rt.speculative.is_empty(),
+            "an aborted transaction's entries are dropped"
+        );
+    }
+
+    #[test]
+    fn an_orphaned_speculative_entry_is_dropped_and_a_late_commit_aborts() {
+        let mut rt = hosting(&[(1, Kind::Map)]);
+        let (entries, tx) = speculated_tx(5, &[put(1, "a", "x"), put(1, "b", "y")]);
+        rt.offer(10, &entries[0]);
+        rt.play(11);
+        assert_eq!(rt.speculative.len(), 1);
+        let late = 10 + SPECULATIVE_WINDOW + 1;
+        rt.offer(
+            late,
+            &tx.commit_record_after(false, &[speculated(10, 1)]).encode(),
+        );
+        rt.play(late + 1);
+        assert!(rt.speculative.is_empty());
+        assert_eq!(get(&rt, 1, "a"), None);
+        assert_eq!(get(&rt, 1, "b"), None, "the late commit record aborted");
+        assert_eq!(rt.take_decisions(), vec![(late, false)]);
+        assert!(
+            !fresh(3, &[speculated(3, 1)]),
+            "an entry at the commit's own position"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_carries_speculative_entries_its_commit_has_not_met() {
+        let mut rt = hosting(&[(1, Kind::Map)]);
+        let (entries, tx) = speculated_tx(5, &[put(1, "a", "x"), put(1, "b", "y")]);
+        rt.offer(0, &entries[0]);
+        rt.play(1);
+        let bytes = rt.checkpoint(1).unwrap();
+        let mut restored = Runtime::new();
+        restored
+            .host_restored(1, Kind::Map.view(), 1, &bytes)
+            .unwrap();
+        restored.offer(
+            1,
+            &tx.commit_record_after(false, &[speculated(0, 1)]).encode(),
+        );
+        restored.play(2);
+        assert_eq!(get(&restored, 1, "a"), Some(b"x".to_vec()));
+        assert_eq!(get(&restored, 1, "b"), Some(b"y".to_vec()));
+    }
+
+    #[test]
+    fn split_fills_speculative_entries_until_the_commit_record_fits() {
+        let mut tx = Tx::new(1);
+        for i in 0..10 {
+            tx.writes
+                .push(put(1 + i % 2, &format!("k{i}"), &"v".repeat(40)));
+        }
+        // 10 writes of 60 bytes; 200 bytes an entry: 3 writes a speculative entry.
+        let ranges = tx.split(2, |_| 200).unwrap();
+        assert_eq!(ranges, vec![0..3, 3..6, 6..9]);
+        let speculated: Vec<Speculated> = (ranges.iter())
+            .map(|r| Speculated {
+                position: 0,
+                oids: vec![1, 2],
+                writes: r.len() as u32,
+            })
+            .collect();
+        assert!(tx.commit_record_after(false, &speculated).encode().len() <= 200);
+        assert_eq!(tx.split(2, |_| 4096).unwrap(), Vec::<Range<usize>>::new());
+        assert_eq!(
+            tx.split(2, |_| 60),
+            Err(TooLarge {
+                bytes: 73,
+                streams: 1
+            }),
+            "one write larger than an entry"
+        );
     }
 
     #[test]

@@ -341,6 +341,63 @@ fn bad_input_gets_its_own_error() {
     });
 }
 
+/// A transaction whose writes fill several log entries (1 KiB slots here) commits through
+/// speculative entries: every write shows at once on a client hosting one of the two maps
+/// only; one aborted by a stale read shows none of them.
+#[test]
+fn a_transaction_larger_than_an_entry_commits_or_aborts_whole() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("objects-speculative", 3, "log", &[], &[]);
+    rt.block_on(async {
+        let cluster = common::ready(&c).await;
+        let log = common::tango_log(&cluster, "speculative").await;
+        let both = [("left", Kind::Map), ("right", Kind::Map)];
+        let writer = open(&log, &both).await;
+        let right_only = open(&log, &[("right", Kind::Map)]).await;
+        let left: MapRef<HashTable> = MapRef::new(writer.hosted_as("left", Kind::Map).unwrap());
+        let right: MapRef<HashTable> = MapRef::new(writer.hosted_as("right", Kind::Map).unwrap());
+        let value = vec![7u8; 100];
+        let keys: Vec<Vec<u8>> = (0..40)
+            .map(|i| format!("key-{i:02}").into_bytes())
+            .collect();
+
+        let mut tx = writer.begin();
+        left.get_in(&writer, &mut tx, b"guard").unwrap();
+        for key in &keys {
+            left.put_in(&mut tx, key, &value);
+            right.put_in(&mut tx, key, &value);
+        }
+        let first = log.check().await.unwrap().tail;
+        let outcome = writer.end(tx).await.unwrap();
+        assert!(outcome.committed);
+        assert_eq!(outcome.replies.len(), 80, "a reply for every write");
+        let position = outcome.position.unwrap();
+        assert!(
+            position - first >= 8,
+            "8 KB of writes went into speculative entries before the commit at {position}"
+        );
+        let seen = right.list(&right_only).await.unwrap();
+        assert_eq!(seen.len(), 40);
+        assert!(seen.iter().all(|(_, v)| *v == value));
+        assert_eq!(left.list(&writer).await.unwrap().len(), 40);
+
+        let mut stale = writer.begin();
+        left.get_in(&writer, &mut stale, b"guard").unwrap();
+        for key in &keys {
+            right.put_in(&mut stale, key, b"never");
+        }
+        left.put(&writer, b"guard", b"moved").await.unwrap();
+        let outcome = writer.end(stale).await.unwrap();
+        assert!(!outcome.committed);
+        let seen = right.list(&right_only).await.unwrap();
+        assert!(
+            seen.iter().all(|(_, v)| *v == value),
+            "nothing of the aborted one"
+        );
+    });
+}
+
 /// `tutti obj` as scripts use it: one JSON object per call, exit 0; a clear message and
 /// exit 1 on a missing object or a name of another kind, with nothing written.
 #[test]

@@ -3,15 +3,18 @@
 //! every point in one JSON record format.
 
 pub mod driver;
+pub mod history;
 pub mod limits;
 pub mod log;
 pub mod memory;
 pub mod minitx;
 pub mod namespace;
 pub mod objects;
+pub mod partitions;
 pub mod peers;
 pub mod suite;
 pub mod transactions;
+pub mod views;
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -80,6 +83,25 @@ pub struct Point {
     pub trims: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trim_max_us: Option<u64>,
+    /// Objects: the client processes with their own views that served the point, and the
+    /// writes per second a writer made meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub views: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_writes_per_s: Option<f64>,
+    /// Objects' history: seconds of updates so far, positions appended, the log's trim
+    /// point, and how long a new client took to rebuild the view (`rss_bytes`: its peak
+    /// resident set; `rss_before_bytes`: its resident set before it opened the view).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_positions: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trimmed_below: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_before_bytes: Option<u64>,
 }
 
 impl Point {
@@ -119,6 +141,13 @@ impl Point {
             log_sync_max_is_bound: false,
             trims: None,
             trim_max_us: None,
+            views: None,
+            background_writes_per_s: None,
+            elapsed_s: None,
+            history_positions: None,
+            trimmed_below: None,
+            replay_us: None,
+            rss_before_bytes: None,
         }
     }
 

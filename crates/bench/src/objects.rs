@@ -15,7 +15,7 @@ use tutti_tango::{Kind, RegisterRef, Tango, TangoOptions};
 /// and the namespace's logs take 48 and 80 MiB.
 const CAPACITY_BYTES: u64 = 96 << 20;
 /// The register's value, in bytes.
-const VALUE_BYTES: usize = 64;
+pub(crate) const VALUE_BYTES: usize = 64;
 /// Slots that hold a write with its headers (158 B), as a user sizes a log for its entries:
 /// 1.5 M positions over the 4 nodes, more than the writes of a run take (about 1.2 M), so
 /// nothing is trimmed.
@@ -37,6 +37,26 @@ pub struct ObjectsBenchConfig {
     pub seconds: f64,
     /// Measure tutti's namespace only, not ZooKeeper's and etcd's.
     pub no_peers: bool,
+    /// The experiments to run (`PARTS`); all when empty.
+    pub only: Vec<String>,
+    /// How long the history experiment updates its map.
+    pub history_minutes: u64,
+}
+
+/// The experiments, in the order they run.
+pub const PARTS: [&str; 6] = [
+    "register",
+    "transactions",
+    "namespace",
+    "views",
+    "partitions",
+    "history",
+];
+
+impl ObjectsBenchConfig {
+    fn runs(&self, part: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == part)
+    }
 }
 
 struct Write {
@@ -52,9 +72,9 @@ impl Op for Write {
     }
 }
 
-struct Read {
-    tango: Tango,
-    register: RegisterRef,
+pub(crate) struct Read {
+    pub(crate) tango: Tango,
+    pub(crate) register: RegisterRef,
 }
 
 impl Op for Read {
@@ -64,19 +84,69 @@ impl Op for Read {
     }
 }
 
-/// Writes, then reads (of what the writes left), at each count of outstanding operations,
-/// all on one view.
+/// Every experiment of `cfg.only` (all by default): the register, the map transactions
+/// and tutti's namespace on one cluster; the N views and the layered partitions on a second;
+/// the history on a third; then the namespace on ZooKeeper and etcd.
 pub async fn run(
     cfg: &ObjectsBenchConfig,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
-    let dir = cfg.scratch.join("tutti-objects");
-    let c = ScratchCluster::start(&cfg.exe, dir, 4, "log").await?;
+    if let Some(unknown) = cfg.only.iter().find(|p| !PARTS.contains(&p.as_str())) {
+        return Err(format!(
+            "no experiment {unknown:?}: --only takes {}",
+            PARTS.join(", ")
+        ));
+    }
+    let (outstanding, seconds) = (&cfg.outstanding, cfg.seconds);
+    let mut points = Vec::new();
+    if cfg.runs("register") || cfg.runs("transactions") || cfg.runs("namespace") {
+        let dir = cfg.scratch.join("tutti-objects");
+        let c = ScratchCluster::start(&cfg.exe, dir, 4, "log").await?;
+        if cfg.runs("register") {
+            points.extend(register(cfg, &c.cluster, progress).await?);
+        }
+        if cfg.runs("transactions") {
+            points.extend(crate::transactions::run(&c.cluster, seconds, progress).await?);
+        }
+        if cfg.runs("namespace") {
+            points
+                .extend(crate::namespace::tutti(&c.cluster, outstanding, seconds, progress).await?);
+        }
+    }
+    if cfg.runs("views") || cfg.runs("partitions") {
+        let dir = cfg.scratch.join("tutti-views");
+        let c = ScratchCluster::start(&cfg.exe, dir, 4, "log").await?;
+        if cfg.runs("views") {
+            points.extend(crate::views::run(&cfg.exe, &c, seconds, progress).await?);
+        }
+        if cfg.runs("partitions") {
+            points.extend(crate::partitions::run(&c.cluster, seconds, progress).await?);
+        }
+    }
+    if cfg.runs("history") {
+        let (exe, scratch, minutes) = (&cfg.exe, &cfg.scratch, cfg.history_minutes);
+        points.extend(crate::history::run(exe, scratch, minutes, progress).await?);
+    }
+    if cfg.runs("namespace") && !cfg.no_peers {
+        let root = &cfg.scratch;
+        points.extend(crate::namespace::zookeeper(root, outstanding, seconds, progress).await?);
+        points.extend(crate::namespace::etcd_points(root, outstanding, seconds, progress).await?);
+    }
+    Ok(points)
+}
+
+/// Writes, then reads (of what the writes left), at each count of outstanding operations,
+/// all on one view.
+async fn register(
+    cfg: &ObjectsBenchConfig,
+    cluster: &tutti_client::Cluster,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
     let shape = LogShape {
         slot_bytes: SLOT_BYTES,
         ..LogShape::new(vec![1, 2, 3, 4], CAPACITY_BYTES)
     };
-    let log = Log::create(&c.cluster, "objects", &shape, LogOptions::default())
+    let log = Log::create(cluster, "objects", &shape, LogOptions::default())
         .await
         .map_err(|e| format!("create log: {e}"))?;
     // Two clients, each hosting one register (layered partitions): the writes' register
@@ -129,15 +199,6 @@ pub async fn run(
         progress,
     );
     points.extend(reads.await?);
-    points.extend(crate::transactions::run(&c.cluster, cfg.seconds, progress).await?);
-    let (outstanding, seconds) = (&cfg.outstanding, cfg.seconds);
-    points.extend(crate::namespace::tutti(&c.cluster, outstanding, seconds, progress).await?);
-    drop(c);
-    if !cfg.no_peers {
-        let root = &cfg.scratch;
-        points.extend(crate::namespace::zookeeper(root, outstanding, seconds, progress).await?);
-        points.extend(crate::namespace::etcd_points(root, outstanding, seconds, progress).await?);
-    }
     Ok(points)
 }
 
@@ -192,6 +253,9 @@ pub fn section(cfg: &ObjectsBenchConfig, points: &[Point], command: &str) -> Str
         let _ = writeln!(md, "- {op}s ≥ {target:.0}/s: {verdict}");
     }
     md += &crate::transactions::section(points, cfg.seconds);
+    md += &crate::views::section(points, cfg.seconds);
+    md += &crate::partitions::section(points, cfg.seconds);
+    md += &crate::history::section(points);
     md += &crate::namespace::section(points, &cfg.outstanding);
     let _ = write!(md, "\n{SECTION_END}");
     md

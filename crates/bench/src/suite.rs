@@ -110,6 +110,11 @@ impl Drop for ScratchCluster {
 }
 
 impl ScratchCluster {
+    /// Its data directory, which `--cluster` takes.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub async fn start(exe: &Path, dir: PathBuf, nodes: usize, mode: &str) -> Result<Self, String> {
         let _ = std::fs::remove_dir_all(&dir);
         let layout = Layout {

@@ -22,6 +22,9 @@ use tutti_log::{Log, Stream};
 /// set's views and decides itself, and how long a commit decided here may go without its
 /// decision record before this client appends it for the others.
 pub const DECISION_TIMEOUT_DEFAULT: Duration = Duration::from_millis(500);
+/// Loads of the views an open makes when trims keep passing them (a maintainer trimming
+/// faster than the views load), before it gives up with `Trimmed`.
+const LOAD_TRIES_MAX: u32 = 5;
 
 #[derive(Clone, Debug)]
 pub struct TangoOptions {
@@ -117,9 +120,16 @@ impl Tango {
         objects: BTreeMap<String, Meta>,
         opts: TangoOptions,
     ) -> Result<Tango, TangoError> {
-        let mut views: Views = vec![(DIRECTORY_OID, Box::new(Directory::default()))];
-        views.extend(objects.values().map(|m| (m.oid, m.kind.view())));
-        let loaded = load(&log, views, None, None).await?;
+        let mut tries = 1;
+        let loaded = loop {
+            let mut views: Views = vec![(DIRECTORY_OID, Box::new(Directory::default()))];
+            views.extend(objects.values().map(|m| (m.oid, m.kind.view())));
+            match load(&log, views, None, None).await {
+                // A trim passed the load: start again from the new trim point.
+                Err(TangoError::Trimmed { .. }) if tries < LOAD_TRIES_MAX => tries += 1,
+                loaded => break loaded?,
+            }
+        };
         let decision_timeout = opts.decision_timeout;
         let tango = Tango {
             inner: Arc::new(Inner {
@@ -456,7 +466,9 @@ impl Tango {
         let Some(Reply::Tx { committed, replies }) = reply else {
             unreachable!("the commit record at {position} played to {reply:?}");
         };
-        if decision_follows {
+        // Unless the player appended it while blocked, or another client's came first.
+        let owed = self.runtime().owed().contains_key(&position);
+        if decision_follows && owed {
             let record = Record::Decision {
                 commit: position,
                 committed,

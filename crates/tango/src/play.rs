@@ -275,6 +275,9 @@ pub struct Player {
     replaying: Option<(u64, Vec<Oid>)>,
     /// Blocked commits decided by replay, to append for the others.
     replayed: BTreeMap<u64, (bool, Vec<Oid>)>,
+    /// A decision of this client's own is being appended while play is blocked: sync
+    /// again once it is.
+    blocked: bool,
 }
 
 impl Player {
@@ -284,6 +287,7 @@ impl Player {
             since: HashMap::new(),
             replaying: None,
             replayed: BTreeMap::new(),
+            blocked: false,
         }
     }
 
@@ -304,6 +308,18 @@ impl Player {
             streams,
         } = progress
         {
+            // A blocked client appends its own transactions' decisions at once (their
+            // writers do so after playing to the tail, which it cannot reach now): the
+            // writer of the commit it waits on may itself be blocked on one of them.
+            let own = (runtime.owed().iter()).find(|(_, o)| o.own);
+            if let Some((&commit, o)) = own {
+                self.blocked = true;
+                return PlayStep::AppendDecision {
+                    commit,
+                    committed: o.committed,
+                    streams: o.streams.clone(),
+                };
+            }
             let since = *self.since.entry(commit).or_insert(now);
             if now.saturating_sub(since) < self.decision_timeout {
                 return PlayStep::Pause(DECISION_POLL);
@@ -353,6 +369,9 @@ impl Player {
         self.replayed.remove(&commit);
         self.since.remove(&commit);
         runtime.settle_owed(commit);
+        if std::mem::take(&mut self.blocked) {
+            return PlayStep::Sync;
+        }
         self.next(runtime, Progress::Played(runtime.played()), now)
     }
 }
@@ -489,6 +508,41 @@ mod tests {
             rt.view(2, |r: &crate::Register| r.value.clone()).unwrap(),
             b"v"
         );
+    }
+
+    /// Client A's own commit at 0 (read 1, wrote 2) is decided; B's commit at 1 wrote 1 and
+    /// read 3, which A does not host: blocked there, A appends its own decision at once (B
+    /// may be blocked at 0, waiting for it), then syncs again.
+    #[test]
+    fn a_blocked_client_appends_its_own_decisions_at_once() {
+        let mut rt = hosting(&[1, 2]);
+        rt.await_reply(5);
+        let mut theirs = Tx::new(6);
+        theirs.reads.push(Read {
+            oid: 3,
+            key: None,
+            version: 0,
+        });
+        theirs.write(1, None, b"w".to_vec());
+        let mut synced = commit();
+        synced
+            .entries
+            .insert(1, theirs.commit_record(true).encode());
+        synced.floor = 2;
+        let mut player = Player::new(TIMEOUT);
+        let step = player.on_synced(&mut rt, vec![synced], ms(0)).unwrap();
+        let own = PlayStep::AppendDecision {
+            commit: 0,
+            committed: true,
+            streams: vec![2],
+        };
+        assert_eq!(step, own);
+        assert_eq!(
+            player.on_decision_appended(&mut rt, 0, ms(1)),
+            PlayStep::Sync
+        );
+        let step = player.on_synced(&mut rt, vec![], ms(2)).unwrap();
+        assert_eq!(step, PlayStep::Pause(DECISION_POLL), "still blocked at 1");
     }
 
     #[test]

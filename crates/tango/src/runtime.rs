@@ -91,6 +91,8 @@ pub enum Progress {
 pub struct Owed {
     pub committed: bool,
     pub streams: Vec<Oid>,
+    /// The transaction is one this client awaits the outcome of (its own).
+    pub own: bool,
 }
 
 /// A transaction's context (Tango §3.2): the versions its accessors saw and the writes its
@@ -447,7 +449,13 @@ impl Runtime {
                         let committed = fresh && self.validate(&reads);
                         if decision_follows && fresh {
                             let streams = written(&writes, &speculative);
-                            self.owed.insert(position, Owed { committed, streams });
+                            let own = self.awaited.contains_key(&tx);
+                            let owed = Owed {
+                                committed,
+                                streams,
+                                own,
+                            };
+                            self.owed.insert(position, owed);
                         }
                         committed
                     }

@@ -24,10 +24,17 @@ pub(crate) enum BenchCommand {
     /// set over minutes of appends and trims. Writes results/log.json and the log's section
     /// of RESULTS.md under --out.
     Log(BenchLogArgs),
-    /// Tango's objects over the shared log on a 4-node `log` cluster: a register with one
-    /// view, writes and linearizable reads, outstanding swept (Tango §6.1). Writes
-    /// results/objects.json and the objects' section of RESULTS.md under --out.
+    /// Tango's objects over the shared log on 4-node `log` clusters (Tango §6): a register
+    /// with one view (writes and linearizable reads, outstanding swept); linearizable reads
+    /// with 1, 2, 4 and 8 views in processes of their own; map transactions against key
+    /// count (uniform and zipf); layered partitions with a growing share of cross-partition
+    /// transactions; a view rebuilt every minute while a map takes 10 minutes of updates with
+    /// checkpoints and trims; the namespace against ZooKeeper 3.8 and etcd, each started
+    /// here. Writes results/objects.json and the objects' section of RESULTS.md under --out.
     Objects(BenchObjectsArgs),
+    /// The client processes of `objects`, each with its own views.
+    #[command(hide = true)]
+    ObjectsClient(BenchObjectsClientArgs),
     /// The physical limits alone, as `all` measures them: the 64-byte loopback round trip
     /// (1 and 16 connections) and 4 KiB writes each followed by fdatasync (appending, on a
     /// preallocated file, and four preallocated streams at once), with p99.9 and max. Run it
@@ -86,6 +93,14 @@ pub(crate) struct BenchObjectsArgs {
     /// The namespace on tutti only: do not start ZooKeeper and etcd.
     #[arg(long)]
     no_peers: bool,
+    /// Run only these experiments (comma-separated: register, transactions, namespace,
+    /// views, partitions, history); all by default. What is written under --out then holds
+    /// only them.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Minutes of updates in the history experiment (--quick: 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    history_minutes: u64,
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
     outstanding: Vec<usize>,
     /// Seconds per point.
@@ -94,6 +109,33 @@ pub(crate) struct BenchObjectsArgs {
     /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
     #[arg(long, default_value_os_t = tutti_harness::source_tree().join("bench"))]
     out: PathBuf,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchObjectsClientArgs {
+    #[command(flatten)]
+    cluster: super::args::ClusterArg,
+    #[command(subcommand)]
+    role: ObjectsClientRole,
+}
+
+#[derive(Subcommand)]
+enum ObjectsClientRole {
+    /// Open the register's view, print `ready`, wait for a line on stdin, read for
+    /// --seconds with --outstanding reads in flight, print the point as JSON.
+    Reads {
+        #[arg(long)]
+        log: String,
+        #[arg(long)]
+        outstanding: usize,
+        #[arg(long)]
+        seconds: f64,
+    },
+    /// Rebuild the history map's view; print how long it took and the memory it took.
+    Replay {
+        #[arg(long)]
+        log: String,
+    },
 }
 
 #[derive(Args)]
@@ -162,6 +204,7 @@ pub(crate) async fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::All(a) => measure::all(a).await,
         BenchCommand::Log(a) => measure::log(a).await,
         BenchCommand::Objects(a) => measure::objects(a).await,
+        BenchCommand::ObjectsClient(a) => measure::objects_client(a).await,
         BenchCommand::Limits(a) => measure::limits(a).await,
     }
 }
@@ -178,7 +221,8 @@ pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
 #[cfg(feature = "bench")]
 mod measure {
     use super::{
-        BenchAllArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs, BenchObjectsArgs, Layout2,
+        BenchAllArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs, BenchObjectsArgs,
+        BenchObjectsClientArgs, Layout2, ObjectsClientRole,
     };
     use std::path::Path;
     use std::time::Duration;
@@ -320,6 +364,8 @@ mod measure {
             outstanding,
             seconds,
             no_peers: a.no_peers,
+            only: a.only,
+            history_minutes: if a.quick { 1 } else { a.history_minutes },
         };
         let mut print = print_point;
         let result = tutti_bench::objects::run(&cfg, &mut print).await;
@@ -328,6 +374,24 @@ mod measure {
         tutti_bench::objects::write(&a.out, &cfg, &points, &command_line(None))?;
         report_written(&points, &a.out, "objects");
         Ok(())
+    }
+
+    pub(super) async fn objects_client(a: BenchObjectsClientArgs) -> Result<(), String> {
+        let dialer = tutti_wire::Dialer::with_routes(Default::default());
+        match a.role {
+            ObjectsClientRole::Reads {
+                log,
+                outstanding,
+                seconds,
+            } => {
+                let log = a.cluster.open_log(&dialer, &log).await?;
+                tutti_bench::views::reader(log, outstanding, seconds).await
+            }
+            ObjectsClientRole::Replay { log } => {
+                let log = a.cluster.open_log(&dialer, &log).await?;
+                tutti_bench::history::rebuild(log).await
+            }
+        }
     }
 
     pub(super) async fn log(a: BenchLogArgs) -> Result<(), String> {

@@ -5,7 +5,7 @@
 
 use crate::log::label;
 use crate::suite::ScratchCluster;
-use crate::views::paced;
+use crate::views::{hosting_one, paced};
 use crate::Point;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tutti_log::{Log, LogOptions, LogShape};
+use tutti_log::{Log, LogShape};
 use tutti_tango::{Kind, MapRef, Tango, TangoOptions};
 
 pub const UPDATES_PER_S: u64 = 10_000;
@@ -110,12 +110,8 @@ pub async fn run(
         backpointers: 16,
         ..LogShape::new(vec![1, 2, 3, 4], 160 << 20)
     };
-    let log = Log::create(&c.cluster, LOG, &shape, LogOptions::default())
-        .await
-        .map_err(|e| format!("create log: {e}"))?;
-    let tango = (Tango::open(log.clone(), &[(MAP, Kind::Map)], TangoOptions::default()).await)
-        .map_err(|e| e.to_string())?;
-    let map = MapRef::<Table>::new((tango.hosted_as(MAP, Kind::Map)).map_err(|e| e.to_string())?);
+    let (log, tango, oid) = hosting_one(&c.cluster, LOG, &shape, MAP, Kind::Map).await?;
+    let map = MapRef::<Table>::new(oid);
     let writer_tango = tango.clone();
     let writer = paced(UPDATES_PER_S, move || {
         let tango = writer_tango.clone();

@@ -56,11 +56,7 @@ impl Op for Transaction {
             };
             map.put_in(&mut tx, &key, &[0x5a; VALUE_BYTES]);
         }
-        let outcome = t.end(tx).await.map_err(|e| e.to_string())?;
-        if !outcome.committed {
-            self.aborted.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(u64::from(outcome.committed))
+        crate::transactions::end(&t, tx, &self.aborted).await
     }
 }
 

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tutti_tango::{Kind, MapRef, Tango};
+use tutti_tango::{Kind, MapRef, Tango, Tx};
 
 /// Keys in the map, one point each.
 pub const KEY_COUNTS: [u64; 4] = [100, 1_000, 10_000, 100_000];
@@ -69,12 +69,17 @@ impl Op for Transaction {
             let key = self.keys.draw(&mut self.rng);
             self.map.put_in(&mut tx, &key, &[0x5a; VALUE_BYTES]);
         }
-        let outcome = t.end(tx).await.map_err(|e| e.to_string())?;
-        if !outcome.committed {
-            self.aborted.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(u64::from(outcome.committed))
+        end(t, tx, &self.aborted).await
     }
+}
+
+/// Ends `tx`: 1 if it committed; counts it in `aborted` if not.
+pub(crate) async fn end(t: &Tango, tx: Tx, aborted: &AtomicU64) -> Result<u64, String> {
+    let outcome = t.end(tx).await.map_err(|e| e.to_string())?;
+    if !outcome.committed {
+        aborted.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(u64::from(outcome.committed))
 }
 
 /// Every distribution at every key count, each on a map of its own in a log of their own

@@ -79,6 +79,24 @@ where
     Paced { task, done }
 }
 
+/// A new log `name` of `shape` and a client hosting its one object `object`: the log, the
+/// client and the object's id.
+pub(crate) async fn hosting_one(
+    cluster: &tutti_client::Cluster,
+    name: &str,
+    shape: &LogShape,
+    object: &str,
+    kind: Kind,
+) -> Result<(Log, Tango, u32), String> {
+    let log = Log::create(cluster, name, shape, LogOptions::default())
+        .await
+        .map_err(|e| format!("create log: {e}"))?;
+    let tango = (Tango::open(log.clone(), &[(object, kind)], TangoOptions::default()).await)
+        .map_err(|e| e.to_string())?;
+    let oid = tango.hosted_as(object, kind).map_err(|e| e.to_string())?;
+    Ok((log, tango, oid))
+}
+
 /// A view's process (`tutti bench objects-client reads`): opens the register, prints `ready`,
 /// waits for a line on stdin, reads with `outstanding` in flight for `seconds` and prints
 /// its point as JSON.
@@ -173,13 +191,8 @@ pub async fn run(
         backpointers: 16,
         ..LogShape::new(vec![1, 2, 3, 4], 128 << 20)
     };
-    let log = Log::create(&c.cluster, LOG, &shape, LogOptions::default())
-        .await
-        .map_err(|e| format!("create log: {e}"))?;
-    let tango = (Tango::open(log, &[(REGISTER, Kind::Register)], TangoOptions::default()).await)
-        .map_err(|e| e.to_string())?;
-    let register =
-        RegisterRef((tango.hosted_as(REGISTER, Kind::Register)).map_err(|e| e.to_string())?);
+    let (_, tango, oid) = hosting_one(&c.cluster, LOG, &shape, REGISTER, Kind::Register).await?;
+    let register = RegisterRef(oid);
     let writer = paced(WRITES_PER_S, move || {
         let tango = tango.clone();
         async move { register.set(&tango, &[0x5a; VALUE_BYTES]).await.is_ok() }

@@ -68,7 +68,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
     // deciding without the read set (decision records, and rebuilding it) run.
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x7a6e_6f00);
     let decisions: BTreeSet<Oid> = ACCOUNTS.into_iter().filter(|_| rng.gen_bool(0.5)).collect();
-    let partitions: [Vec<Oid>; 3] = [vec![1, 2], vec![3, 4], ACCOUNTS.to_vec()];
+    let partitions: [Vec<Oid>; 3] = [vec![1, 2, 3, 4], vec![5, 6, 7, 8], ACCOUNTS.to_vec()];
     let history = Rc::new(RefCell::new(TangoHistory {
         transfer_clients: partitions.len(),
         ..TangoHistory::default()

@@ -22,8 +22,8 @@ use tutti_tango::{
     Record, Reply, Runtime, Speculated, Synced, TangoError, Tx, Write, DIRECTORY_OID,
 };
 
-/// The bank's accounts: objects 1 to 4.
-pub(crate) const ACCOUNTS: [Oid; 4] = [1, 2, 3, 4];
+/// The bank's accounts: objects 1 to 8, each in its own stream.
+pub(crate) const ACCOUNTS: [Oid; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 /// A transfer moves money only out of an account holding at least this much, and at most
 /// `AMOUNT_MAX`: serially, no balance ever goes below `BALANCE_MIN - AMOUNT_MAX`.
 pub(crate) const BALANCE_MIN: i64 = -20;

@@ -4,8 +4,9 @@
 //! replay time and peak memory stay flat while the history keeps growing.
 
 use crate::log::label;
+use crate::objects::{four_node_log, host_one};
 use crate::suite::ScratchCluster;
-use crate::views::{hosting_one, paced};
+use crate::views::paced;
 use crate::Point;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -13,8 +14,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tutti_log::{Log, LogShape};
-use tutti_tango::{Kind, MapRef, Tango, TangoOptions};
+use tutti_log::Log;
+use tutti_tango::{Kind, MapRef};
 
 pub const UPDATES_PER_S: u64 = 10_000;
 /// The map's keys: its view (and checkpoint) holds at most this many values.
@@ -53,10 +54,9 @@ fn status_bytes(field: &str) -> Result<u64, String> {
 pub async fn rebuild(log: Log) -> Result<(), String> {
     let rss_before_bytes = status_bytes("VmRSS")?;
     let start = Instant::now();
-    let tango = (Tango::open(log, &[(MAP, Kind::Map)], TangoOptions::default()).await)
-        .map_err(|e| e.to_string())?;
+    let (tango, oid) = host_one(&log, MAP, Kind::Map).await?;
     let replay_us = start.elapsed().as_micros() as u64;
-    let map = MapRef::<Table>::new((tango.hosted_as(MAP, Kind::Map)).map_err(|e| e.to_string())?);
+    let map = MapRef::<Table>::new(oid);
     let keys = map.list(&tango).await.map_err(|e| e.to_string())?.len() as u64;
     let rebuilt = Rebuilt {
         replay_us,
@@ -105,12 +105,8 @@ pub async fn run(
     // 2 KiB slots hold the map's checkpoint (about 190 KB) in at most 245 parts; 160 MiB of
     // each node holds 320 K positions, six rounds of compaction at the update rate. 16
     // backpointers: a new view walks the stream from the trim point 16 entries a round.
-    let shape = LogShape {
-        slot_bytes: 2048,
-        backpointers: 16,
-        ..LogShape::new(vec![1, 2, 3, 4], 160 << 20)
-    };
-    let (log, tango, oid) = hosting_one(&c.cluster, LOG, &shape, MAP, Kind::Map).await?;
+    let log = four_node_log(&c.cluster, LOG, 2048, 160 << 20, Some(16)).await?;
+    let (tango, oid) = host_one(&log, MAP, Kind::Map).await?;
     let map = MapRef::<Table>::new(oid);
     let writer_tango = tango.clone();
     let writer = paced(UPDATES_PER_S, move || {

@@ -5,14 +5,14 @@
 //! check). Targets from the issue: ≥ 3 × ZooKeeper and ≥ 10 × etcd on create and set.
 
 use crate::log::{label, sweep, Op};
+use crate::objects::{four_node_log, host_one};
 use crate::peers::{b64, b64_bytes, etcd, EtcdSession};
 use crate::Point;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_client::Cluster;
-use tutti_log::{Log, LogOptions, LogShape};
-use tutti_tango::{Kind, NamespaceRef, Op as NsOp, Tango, TangoOptions, ANY_VERSION};
+use tutti_tango::{Kind, NamespaceRef, Op as NsOp, Tango, ANY_VERSION};
 
 /// Each node's data, in bytes.
 pub const DATA_BYTES: usize = 64;
@@ -146,21 +146,9 @@ pub async fn tutti(
     seconds: f64,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
-    let shape = LogShape {
-        slot_bytes: SLOT_BYTES,
-        ..LogShape::new(vec![1, 2, 3, 4], CAPACITY_BYTES)
-    };
-    let log = Log::create(cluster, "namespace", &shape, LogOptions::default())
-        .await
-        .map_err(|e| format!("create log: {e}"))?;
-    let tango = Tango::open(log, &[("ns", Kind::Namespace)], TangoOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    let ns = NamespaceRef(
-        tango
-            .hosted_as("ns", Kind::Namespace)
-            .map_err(|e| e.to_string())?,
-    );
+    let log = four_node_log(cluster, "namespace", SLOT_BYTES, CAPACITY_BYTES, None).await?;
+    let (tango, oid) = host_one(&log, "ns", Kind::Namespace).await?;
+    let ns = NamespaceRef(oid);
     let max = outstanding.iter().copied().max().unwrap_or(1);
     let paths = ["/c".to_string(), "/m".into(), "/s".into()]
         .into_iter()

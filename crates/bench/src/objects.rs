@@ -84,6 +84,31 @@ impl Op for Read {
     }
 }
 
+/// A new log `name` over the 4 nodes of a bench cluster, `capacity_bytes` of each, with
+/// `backpointers` per stream (none: the log's default).
+pub(crate) async fn four_node_log(
+    cluster: &tutti_client::Cluster,
+    name: &str,
+    slot_bytes: u32,
+    capacity_bytes: u64,
+    backpointers: Option<u8>,
+) -> Result<Log, String> {
+    let mut shape = LogShape::new(vec![1, 2, 3, 4], capacity_bytes);
+    shape.slot_bytes = slot_bytes;
+    shape.backpointers = backpointers.unwrap_or(shape.backpointers);
+    Log::create(cluster, name, &shape, LogOptions::default())
+        .await
+        .map_err(|e| format!("create log {name}: {e}"))
+}
+
+/// A client of `log` hosting its object `object` only (created if new), and the object's id.
+pub(crate) async fn host_one(log: &Log, object: &str, kind: Kind) -> Result<(Tango, u32), String> {
+    let tango = (Tango::open(log.clone(), &[(object, kind)], TangoOptions::default()).await)
+        .map_err(|e| e.to_string())?;
+    let oid = tango.hosted_as(object, kind).map_err(|e| e.to_string())?;
+    Ok((tango, oid))
+}
+
 /// Every experiment of `cfg.only` (all by default): the register, the map transactions
 /// and tutti's namespace on one cluster; the N views and the layered partitions on a second;
 /// the history on a third; then the namespace on ZooKeeper and etcd.
@@ -142,27 +167,14 @@ async fn register(
     cluster: &tutti_client::Cluster,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
-    let shape = LogShape {
-        slot_bytes: SLOT_BYTES,
-        ..LogShape::new(vec![1, 2, 3, 4], CAPACITY_BYTES)
-    };
-    let log = Log::create(cluster, "objects", &shape, LogOptions::default())
-        .await
-        .map_err(|e| format!("create log: {e}"))?;
+    let log = four_node_log(cluster, "objects", SLOT_BYTES, CAPACITY_BYTES, None).await?;
     // Two clients, each hosting one register (layered partitions): the writes' register
     // receives over a million updates, which the reads' view does not play.
     let open = |name: &'static str| {
         let log = log.clone();
         async move {
-            let tango = Tango::open(log, &[(name, Kind::Register)], TangoOptions::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let register = RegisterRef(
-                tango
-                    .hosted_as(name, Kind::Register)
-                    .map_err(|e| e.to_string())?,
-            );
-            Ok::<_, String>((tango, register))
+            let (tango, oid) = host_one(&log, name, Kind::Register).await?;
+            Ok::<_, String>((tango, RegisterRef(oid)))
         }
     };
     let duration = Duration::from_secs_f64(cfg.seconds);

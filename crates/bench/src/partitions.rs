@@ -70,13 +70,7 @@ pub async fn run(
 ) -> Result<Vec<Point>, String> {
     // A commit record of 3 reads and 3 writes in up to 2 streams, with its headers, takes
     // about 300 B; 40 MiB of each node holds the 300 K or so the points append.
-    let shape = tutti_log::LogShape {
-        slot_bytes: 512,
-        ..tutti_log::LogShape::new(vec![1, 2, 3, 4], 40 << 20)
-    };
-    let log = tutti_log::Log::create(cluster, LOG, &shape, Default::default())
-        .await
-        .map_err(|e| format!("create log: {e}"))?;
+    let log = crate::objects::four_node_log(cluster, LOG, 512, 40 << 20, None).await?;
     let names: Vec<String> = (0..CLIENTS).map(|c| format!("partition-{c}")).collect();
     let opts = TangoOptions::default();
     let directory =

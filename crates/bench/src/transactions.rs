@@ -92,13 +92,7 @@ pub async fn run(
 ) -> Result<Vec<Point>, String> {
     // A commit record of 3 reads and 3 writes with its headers takes about 300 B; 48 MiB
     // of each node holds the 400 K or so a run appends.
-    let shape = tutti_log::LogShape {
-        slot_bytes: 512,
-        ..tutti_log::LogShape::new(vec![1, 2, 3, 4], 48 << 20)
-    };
-    let log = tutti_log::Log::create(cluster, "transactions", &shape, Default::default())
-        .await
-        .map_err(|e| format!("create log: {e}"))?;
+    let log = crate::objects::four_node_log(cluster, "transactions", 512, 48 << 20, None).await?;
     let mut points = Vec::new();
     for distribution in DISTRIBUTIONS {
         for count in KEY_COUNTS {

@@ -4,7 +4,7 @@
 //! Also the paced writer that the history experiment uses.
 
 use crate::log::{closed_loop, label};
-use crate::objects::{Read, VALUE_BYTES};
+use crate::objects::{four_node_log, host_one, Read, VALUE_BYTES};
 use crate::suite::ScratchCluster;
 use crate::Point;
 use std::future::Future;
@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tutti_log::{Log, LogOptions, LogShape};
-use tutti_tango::{Kind, RegisterRef, Tango, TangoOptions};
+use tutti_log::Log;
+use tutti_tango::{Kind, RegisterRef};
 
 pub const VIEW_COUNTS: [usize; 4] = [1, 2, 4, 8];
 /// The writes the register takes meanwhile. Tango's figure has 10 K writes/s on 18 servers;
@@ -79,32 +79,12 @@ where
     Paced { task, done }
 }
 
-/// A new log `name` of `shape` and a client hosting its one object `object`: the log, the
-/// client and the object's id.
-pub(crate) async fn hosting_one(
-    cluster: &tutti_client::Cluster,
-    name: &str,
-    shape: &LogShape,
-    object: &str,
-    kind: Kind,
-) -> Result<(Log, Tango, u32), String> {
-    let log = Log::create(cluster, name, shape, LogOptions::default())
-        .await
-        .map_err(|e| format!("create log: {e}"))?;
-    let tango = (Tango::open(log.clone(), &[(object, kind)], TangoOptions::default()).await)
-        .map_err(|e| e.to_string())?;
-    let oid = tango.hosted_as(object, kind).map_err(|e| e.to_string())?;
-    Ok((log, tango, oid))
-}
-
 /// A view's process (`tutti bench objects-client reads`): opens the register, prints `ready`,
 /// waits for a line on stdin, reads with `outstanding` in flight for `seconds` and prints
 /// its point as JSON.
 pub async fn reader(log: Log, outstanding: usize, seconds: f64) -> Result<(), String> {
-    let tango = (Tango::open(log, &[(REGISTER, Kind::Register)], TangoOptions::default()).await)
-        .map_err(|e| e.to_string())?;
-    let register =
-        RegisterRef((tango.hosted_as(REGISTER, Kind::Register)).map_err(|e| e.to_string())?);
+    let (tango, oid) = host_one(&log, REGISTER, Kind::Register).await?;
+    let register = RegisterRef(oid);
     println!("ready");
     let go = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new()));
     go.await
@@ -186,12 +166,8 @@ pub async fn run(
     seconds: f64,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
-    let shape = LogShape {
-        slot_bytes: 512,
-        backpointers: 16,
-        ..LogShape::new(vec![1, 2, 3, 4], 128 << 20)
-    };
-    let (_, tango, oid) = hosting_one(&c.cluster, LOG, &shape, REGISTER, Kind::Register).await?;
+    let log = four_node_log(&c.cluster, LOG, 512, 128 << 20, Some(16)).await?;
+    let (tango, oid) = host_one(&log, REGISTER, Kind::Register).await?;
     let register = RegisterRef(oid);
     let writer = paced(WRITES_PER_S, move || {
         let tango = tango.clone();

@@ -382,6 +382,15 @@ impl Default for Namespace {
     }
 }
 
+/// Undoes `item`'s addition to `set` (or its removal, if it was not `added`).
+fn take_back(set: &mut BTreeSet<String>, item: String, added: bool) {
+    if added {
+        set.remove(&item);
+    } else {
+        set.insert(item);
+    }
+}
+
 /// What a multi takes back, last first, when a later operation fails: each step undoes one
 /// change, without copying a parent's children.
 enum Undo {
@@ -513,10 +522,7 @@ impl Namespace {
                 cversion,
             } => {
                 if let Some(node) = self.nodes.get_mut(&parent) {
-                    match added {
-                        true => node.children.remove(&name),
-                        false => node.children.insert(name),
-                    };
+                    take_back(&mut node.children, name, added);
                     node.cversion = cversion;
                 }
             }
@@ -526,10 +532,7 @@ impl Namespace {
                 added,
             } => {
                 if let Some(s) = self.sessions.get_mut(&session) {
-                    match added {
-                        true => s.ephemerals.remove(&path),
-                        false => s.ephemerals.insert(path),
-                    };
+                    take_back(&mut s.ephemerals, path, added);
                 }
             }
         }

@@ -8,6 +8,7 @@ use crate::entry::{check_fits, Content, Entry, StreamHeader, StreamId};
 use crate::error::LogError;
 use crate::layout::LogLayout;
 use crate::minitxs::{Refusal, SlotWrite, Written};
+use crate::read::Found;
 use tutti_wire::{Answer, Ask};
 
 /// What the driver does next.
@@ -71,6 +72,22 @@ impl Append {
 
     pub fn min_epoch(&self) -> u64 {
         self.min_epoch
+    }
+
+    /// The number this append writes under (`Entry::writer`).
+    pub fn writer(&self) -> u64 {
+        self.entry.writer
+    }
+
+    /// What a read of its position finds once it is written.
+    pub fn found(&self) -> Found {
+        match &self.entry.content {
+            Content::Data { streams, payload } => Found::Data {
+                streams: streams.clone(),
+                payload: payload.clone(),
+            },
+            Content::Junk => Found::Junk,
+        }
     }
 
     /// The position being written, once one was granted.

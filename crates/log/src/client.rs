@@ -10,6 +10,7 @@ use crate::entry::StreamId;
 use crate::error::LogError;
 use crate::layout::{LogLayout, BACKPOINTERS_DEFAULT, SLOT_BYTES_DEFAULT};
 use crate::minitxs::{self, SlotWrite, Words, Written};
+use crate::own::{Own, OwnEntries};
 use crate::read::{Found, Hole, ReadAt, ReadStep, HOLE_TIMEOUT_DEFAULT};
 use crate::stream::{Sync, SyncStep};
 use crate::takeover::{SlowCheck, Step};
@@ -109,6 +110,7 @@ struct Inner {
     opts: LogOptions,
     asks: mpsc::Sender<Pending>,
     writes: Mutex<Batcher<oneshot::Sender<WriteResult>>>,
+    own: Mutex<OwnEntries<oneshot::Sender<()>>>,
 }
 
 /// What one append's write became.
@@ -183,6 +185,7 @@ impl Log {
                 opts,
                 asks,
                 writes: Mutex::default(),
+                own: Mutex::default(),
             }),
         })
     }
@@ -206,32 +209,50 @@ impl Log {
         let until = self.until();
         let layout = &self.inner.layout;
         let writer = rand::random::<u64>() | 1;
-        let (mut append, mut step) = Append::new(layout, streams, payload, writer)?;
+        let (mut append, first) = Append::new(layout, streams, payload, writer)?;
         let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
+        let mut step = Ok(first);
         loop {
-            step = match step {
-                AppendStep::Ask(ask) => {
-                    let answer = self.ask(ask, append.min_epoch(), until).await?;
-                    append.on_answer(layout, answer)?
-                }
-                AppendStep::Write(write) => {
-                    let position = write.position;
-                    let unknown = |why| LogError::OutcomeUnknown { position, why };
-                    let written = match timeout_at(until, self.write(write)).await {
-                        Ok(WriteResult::Written(written)) => written,
-                        Ok(WriteResult::Failed(why)) => return Err(LogError::Cluster(why)),
-                        Ok(WriteResult::Unknown(why)) => {
-                            if !backoff.pause_before(until.into_std()).await {
-                                return Err(unknown(why));
-                            }
-                            Written::Unknown
-                        }
-                        Err(_) => return Err(unknown("no outcome from the memory nodes".into())),
-                    };
-                    append.on_written(layout, written)?
-                }
+            let woken = (self.inner.own.lock())
+                .expect("own entries poisoned")
+                .on_step(&append, &step);
+            for waiter in woken {
+                let _ = waiter.send(());
+            }
+            step = match step? {
+                AppendStep::Ask(ask) => match self.ask(ask, append.min_epoch(), until).await {
+                    Ok(answer) => append.on_answer(layout, answer),
+                    Err(e) => Err(e),
+                },
+                AppendStep::Write(write) => match self.write_once(write, until, &mut backoff).await
+                {
+                    Ok(written) => append.on_written(layout, written),
+                    Err(e) => Err(e),
+                },
                 AppendStep::Done(position) => return Ok(position),
             }
+        }
+    }
+
+    /// Writes `write` once; a batch with no outcome pauses first and counts as `Unknown`.
+    async fn write_once(
+        &self,
+        write: SlotWrite,
+        until: Instant,
+        backoff: &mut Backoff,
+    ) -> Result<Written, LogError> {
+        let position = write.position;
+        let unknown = |why| LogError::OutcomeUnknown { position, why };
+        match timeout_at(until, self.write(write)).await {
+            Ok(WriteResult::Written(written)) => Ok(written),
+            Ok(WriteResult::Failed(why)) => Err(LogError::Cluster(why)),
+            Ok(WriteResult::Unknown(why)) => {
+                if !backoff.pause_before(until.into_std()).await {
+                    return Err(unknown(why));
+                }
+                Ok(Written::Unknown)
+            }
+            Err(_) => Err(unknown("no outcome from the memory nodes".into())),
         }
     }
 
@@ -269,6 +290,9 @@ impl Log {
         hole: Hole,
         until: Instant,
     ) -> Result<Found, LogError> {
+        if let Some(found) = self.own_entry(position, until).await {
+            return Ok(found);
+        }
         let layout = &self.inner.layout;
         let cluster = &self.inner.cluster;
         let (mut read, mut step) = ReadAt::new(layout, position, hole);
@@ -284,9 +308,40 @@ impl Log {
                     read.on_waited(layout)
                 }
                 ReadStep::Fill(tx) => read.on_fill(layout, &run(cluster, &tx, until).await?)?,
-                ReadStep::Done(found) => return Ok(found),
+                ReadStep::Done(found) => {
+                    if let Found::Trimmed { trim } = found {
+                        self.trimmed(trim);
+                    }
+                    return Ok(found);
+                }
             }
         }
+    }
+
+    /// What one of this client's appends wrote at `position`, once it is written; `None`
+    /// when none wrote it (or gave it up), for a read from the memory nodes.
+    async fn own_entry(&self, position: u64, until: Instant) -> Option<Found> {
+        loop {
+            let (waiter, woken) = oneshot::channel();
+            let own = (self.inner.own.lock())
+                .expect("own entries poisoned")
+                .look(position, || waiter);
+            match own {
+                Own::Found(found) => return Some(found),
+                Own::Read => return None,
+                Own::Wait => {
+                    if timeout_at(until, woken).await.is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn trimmed(&self, trim: u64) {
+        (self.inner.own.lock())
+            .expect("own entries poisoned")
+            .trimmed(trim);
     }
 
     /// The fast check: the tail as the sequencer knows it, once the log's epoch shows that
@@ -355,15 +410,18 @@ impl Log {
             &minitxs::trim(&self.inner.layout, prefix),
             self.until(),
         )
-        .await
-        .map(|_| ())
+        .await?;
+        self.trimmed(prefix);
+        Ok(())
     }
 
     /// The position below which the log is trimmed.
     pub async fn trim_point(&self) -> Result<u64, LogError> {
         let tx = minitxs::words(&self.inner.layout);
         let outcome = run(&self.inner.cluster, &tx, self.until()).await?;
-        Ok((minitxs::words_result(&outcome).iter().map(|w| w.trim)).fold(0, u64::max))
+        let trim = (minitxs::words_result(&outcome).iter().map(|w| w.trim)).fold(0, u64::max);
+        self.trimmed(trim);
+        Ok(trim)
     }
 
     /// The log's control words on every node, and the tail.

@@ -14,6 +14,7 @@ pub mod entry;
 mod error;
 pub mod layout;
 pub mod minitxs;
+pub mod own;
 pub mod read;
 pub mod sequencer;
 pub mod server;
@@ -45,6 +46,9 @@ pub enum Bug {
     /// checking that its epoch is still the log's: a replaced sequencer's stale tail
     /// passes for current.
     UnfencedTail,
+    /// An append that gives up its position (another entry took it, or the log moved on)
+    /// leaves its entry among the client's own entries at that position.
+    OwnEntryKeptWhenMoved,
 }
 
 tutti_wire::planted_bugs!(Bug);
@@ -55,6 +59,7 @@ pub use client::{Log, LogOptions, LogShape, Stat, Stream, Tail, REGION_KIND};
 pub use entry::{Content, Entry, EntryError, StreamHeader, StreamId};
 pub use error::LogError;
 pub use layout::{LayoutError, LogLayout, Slot};
+pub use own::{Own, OwnEntries};
 pub use read::{Found, Hole, ReadAt, ReadStep, HOLE_TIMEOUT_DEFAULT};
 pub use sequencer::{Answer, Ask, Reservation, Sequencer};
 pub use stream::{Sync, SyncStep};

@@ -15,8 +15,8 @@ use std::rc::Rc;
 use std::time::Duration;
 use tutti_client::Minitx;
 use tutti_log::{
-    minitxs, Append, AppendStep, Batch, Batcher, Found, Hole, LogError, LogLayout, ReadAt,
-    ReadStep, StreamId, Sync, SyncStep,
+    minitxs, Append, AppendStep, Batch, Batcher, Found, Hole, LogError, LogLayout, Own, OwnEntries,
+    ReadAt, ReadStep, StreamId, Sync, SyncStep,
 };
 use tutti_wire::{Answer, Ask, Request, Response};
 
@@ -71,7 +71,7 @@ enum Op {
     Sync(Sync, Reading),
     Read(Reading),
     Words,
-    Trim,
+    Trim(u64),
 }
 
 pub(crate) struct LogIo {
@@ -85,6 +85,8 @@ pub(crate) struct LogIo {
     minitxs: BTreeMap<Handle, (Target, Minitx, bool)>,
     batcher: Batcher<OpId>,
     batches: BTreeMap<Handle, Batch<OpId>>,
+    /// What this process's appends wrote, and the reads waiting on those under way.
+    own: OwnEntries<(OpId, u64)>,
     done: Vec<(OpId, Done)>,
 }
 
@@ -108,6 +110,7 @@ impl LogIo {
             minitxs: BTreeMap::new(),
             batcher: Batcher::default(),
             batches: BTreeMap::new(),
+            own: OwnEntries::default(),
             done: Vec::new(),
         }
     }
@@ -147,7 +150,6 @@ impl LogIo {
     pub(crate) fn read(&mut self, ctx: &mut Ctx<'_>, id: OpId, positions: Vec<u64>) {
         self.ops.insert(id, Op::Read(Reading::default()));
         self.start_reads(ctx, id, positions);
-        self.reads_done(ctx, id);
     }
 
     pub(crate) fn trim_point(&mut self, ctx: &mut Ctx<'_>, id: OpId) {
@@ -156,7 +158,7 @@ impl LogIo {
     }
 
     pub(crate) fn trim(&mut self, ctx: &mut Ctx<'_>, id: OpId, prefix: u64) {
-        self.ops.insert(id, Op::Trim);
+        self.ops.insert(id, Op::Trim(prefix));
         self.run(
             ctx,
             Target::Trim(id),
@@ -187,6 +189,22 @@ impl LogIo {
     }
 
     fn append_step(&mut self, ctx: &mut Ctx<'_>, id: OpId, step: Result<AppendStep, LogError>) {
+        let woken = match self.ops.get(&id) {
+            Some(Op::Append(append)) => self.own.on_step(append, &step),
+            _ => Vec::new(),
+        };
+        self.append_step_taken(ctx, id, step);
+        for (reader, p) in woken {
+            self.read_own(ctx, reader, p);
+        }
+    }
+
+    fn append_step_taken(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: OpId,
+        step: Result<AppendStep, LogError>,
+    ) {
         match step {
             Ok(AppendStep::Ask(ask)) => {
                 let Some(Op::Append(append)) = self.ops.get(&id) else {
@@ -262,18 +280,51 @@ impl LogIo {
         let hole = Hole::FillAfter(self.hole_timeout);
         let mut steps = Vec::new();
         let layout = self.layout.clone();
-        let Some(r) = self.reading(id) else {
+        let Some(Op::Sync(_, r) | Op::Read(r)) = self.ops.get_mut(&id) else {
             return;
         };
         for p in positions {
-            let (read, step) = ReadAt::new(&layout, p, hole);
-            r.reads.insert(p, read);
             r.order.push(p);
-            steps.push((p, step));
+            match self.own.look(p, || (id, p)) {
+                Own::Found(found) => {
+                    r.found.insert(p, found);
+                }
+                Own::Wait => {
+                    r.reads.insert(p, ReadAt::new(&layout, p, hole).0);
+                }
+                Own::Read => {
+                    let (read, step) = ReadAt::new(&layout, p, hole);
+                    r.reads.insert(p, read);
+                    steps.push((p, step));
+                }
+            }
         }
         for (p, step) in steps {
             self.read_step(ctx, id, p, Ok(step));
         }
+        self.reads_done(ctx, id);
+    }
+
+    /// The append that held `p` ended: what it wrote there, or a read of the slot.
+    fn read_own(&mut self, ctx: &mut Ctx<'_>, id: OpId, p: u64) {
+        let hole = Hole::FillAfter(self.hole_timeout);
+        let layout = self.layout.clone();
+        let Some(Op::Sync(_, r) | Op::Read(r)) = self.ops.get_mut(&id) else {
+            return;
+        };
+        let Some(read) = r.reads.get_mut(&p) else {
+            return;
+        };
+        let step = match self.own.look(p, || (id, p)) {
+            Own::Found(found) => ReadStep::Done(found),
+            Own::Wait => return,
+            Own::Read => {
+                let (fresh, step) = ReadAt::new(&layout, p, hole);
+                *read = fresh;
+                step
+            }
+        };
+        self.read_step(ctx, id, p, Ok(step));
     }
 
     fn read_step(&mut self, ctx: &mut Ctx<'_>, id: OpId, p: u64, step: Result<ReadStep, LogError>) {
@@ -298,6 +349,9 @@ impl LogIo {
                 ctx.set_timer(pause.as_micros() as u64, LogIoTimer::HoleWait(id, p));
             }
             ReadStep::Done(found) => {
+                if let Found::Trimmed { trim } = found {
+                    self.own.trimmed(trim);
+                }
                 let Some(r) = self.reading(id) else {
                     return;
                 };
@@ -384,11 +438,14 @@ impl LogIo {
             Target::Words(id) => {
                 self.ops.remove(&id);
                 let trim = minitxs::words_result(&outcome).iter().map(|w| w.trim).max();
-                self.done
-                    .push((id, Done::TrimPoint(trim.unwrap_or_default())));
+                let trim = trim.unwrap_or_default();
+                self.own.trimmed(trim);
+                self.done.push((id, Done::TrimPoint(trim)));
             }
             Target::Trim(id) => {
-                self.ops.remove(&id);
+                if let Some(Op::Trim(prefix)) = self.ops.remove(&id) {
+                    self.own.trimmed(prefix);
+                }
                 self.done.push((id, Done::Trimmed));
             }
             Target::Fence(id) => {
@@ -477,6 +534,7 @@ impl LogIo {
         self.minitxs.clear();
         self.batcher.clear();
         self.batches.clear();
+        self.own = OwnEntries::default();
         self.done.clear();
     }
 

@@ -149,7 +149,44 @@ fn check(h: &TangoHistory) -> Vec<Violation> {
         violations.push(Violation::new("money conserved", format!("{balances:?}")));
     }
     violations.extend(check_outcomes(h, &balances));
+    violations.extend(check_reads(h));
     violations
+}
+
+/// Serializability in log order (Tango's commit order): replaying the committed transfers
+/// by their commit records' positions, each read the balance its account held just before
+/// it. A transfer's outcome is what it learned, or else what the clients decided at its
+/// commit record; a run where some transfer may have committed at a position no one knows
+/// is not checked.
+fn check_reads(h: &TangoHistory) -> Vec<Violation> {
+    let mut committed = BTreeMap::new();
+    for t in h.transfers.values() {
+        let decided = t
+            .position
+            .and_then(|p| h.decisions.get(&p))
+            .map(|&(c, _)| c);
+        match (t.committed.or(decided), t.position) {
+            (Some(true), Some(position)) => {
+                committed.insert(position, t);
+            }
+            (Some(false), _) => {}
+            _ => return vec![],
+        }
+    }
+    let mut balances: BTreeMap<Oid, i64> = ACCOUNTS.iter().map(|&a| (a, 0)).collect();
+    for (position, t) in committed {
+        let held = balances[&t.from];
+        if t.read != held {
+            let why = format!(
+                "the transfer committed at {position} read {} in account {}, which held {held} there",
+                t.read, t.from
+            );
+            return vec![Violation::new("serializable transfers", why)];
+        }
+        *balances.get_mut(&t.from).expect("an account") -= t.amount;
+        *balances.get_mut(&t.to).expect("an account") += t.amount;
+    }
+    vec![]
 }
 
 /// The balances are the committed transfers' sum, with some subset of those whose

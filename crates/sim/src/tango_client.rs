@@ -89,6 +89,10 @@ pub(crate) struct Transfer {
     pub(crate) from: Oid,
     pub(crate) to: Oid,
     pub(crate) amount: i64,
+    /// The balance of `from` it read.
+    pub(crate) read: i64,
+    /// Where its commit record is, once its append was acknowledged.
+    pub(crate) position: Option<u64>,
     /// None: the client crashed before it learned the outcome.
     pub(crate) committed: Option<bool>,
 }
@@ -596,7 +600,8 @@ impl SimTangoClient {
         self.samples.push((from, runtime.played(), seen));
         let mut tx = Tx::new(tx_id);
         let balance = runtime.view_in(&mut tx, from, None, |a: &Account| a.balance);
-        if balance.expect("a hosted account") < BALANCE_MIN {
+        let balance = balance.expect("a hosted account");
+        if balance < BALANCE_MIN {
             // Too poor: a read-only transaction, nothing to append.
             ctx.set_timer(PAUSE_US, Tick::Next);
             return;
@@ -614,6 +619,8 @@ impl SimTangoClient {
                 from,
                 to,
                 amount,
+                read: balance,
+                position: None,
                 committed: None,
             },
         );
@@ -895,6 +902,9 @@ impl SimTangoClient {
                 self.commit(ctx, &tx, &[speculated], decision, &streams);
             }
             (Purpose::Commit { tx, decision }, Done::Appended(Ok(position))) => {
+                if let Some(t) = self.history.borrow_mut().transfers.get_mut(&tx) {
+                    t.position = Some(position);
+                }
                 let reloads = self.reloads;
                 let then = Then::Outcome {
                     tx,

@@ -201,3 +201,12 @@ fn a_fast_check_without_the_epoch_fence_is_caught() {
     assert!(found.is_some(), "not caught in 1,000 seeds");
     eprintln!("caught: {found:?}");
 }
+
+#[test]
+fn an_own_entry_kept_at_a_position_its_append_gave_up_is_caught() {
+    let found = first_failing_tango_seed(|on| {
+        tutti_log::plant(on.then_some(tutti_log::Bug::OwnEntryKeptWhenMoved))
+    });
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}

@@ -39,11 +39,13 @@ struct Hosted {
     /// checkpoint taken there): they are not applied again, and its versions below it are
     /// unknown, so commits there that read it are not decided from them.
     from: u64,
-    /// Position of the last committed write to the object (0: none).
+    /// One past the position of the last committed write to the object (0: none; a write
+    /// at position 0 must not look like no write).
     version: u64,
-    /// Position of the last committed write without a key (it changes every key).
+    /// One past the position of the last committed write without a key (it changes every
+    /// key).
     whole: u64,
-    /// Position of the last committed write of each key still in the view.
+    /// One past the position of the last committed write of each key still in the view.
     keys: HashMap<Vec<u8>, u64>,
 }
 
@@ -508,14 +510,15 @@ impl Runtime {
             .apply(write.key.as_deref(), &write.data, position)
         {
             Ok(applied) => {
-                hosted.version = position;
+                let version = position + 1;
+                hosted.version = version;
                 match &write.key {
-                    None => hosted.whole = position,
+                    None => hosted.whole = version,
                     Some(key) if applied.key_removed => {
                         hosted.keys.remove(key);
                     }
                     Some(key) => {
-                        hosted.keys.insert(key.clone(), position);
+                        hosted.keys.insert(key.clone(), version);
                     }
                 }
                 Some(Reply::Applied(applied.reply))

@@ -145,12 +145,7 @@ mod tests {
 
     /// Two nodes of 8 slots: even positions on node 1, odd on node 2.
     fn layout() -> LogLayout {
-        LogLayout {
-            nodes: vec![(1, 0), (2, 0)],
-            slot_bytes: 256,
-            slots_per_node: 8,
-            backpointers: 4,
-        }
+        crate::layout::two_nodes(256, 8)
     }
 
     fn write(position: u64, epoch: u64) -> SlotWrite {

@@ -322,18 +322,23 @@ impl Log {
     /// when none wrote it (or gave it up), for a read from the memory nodes.
     async fn own_entry(&self, position: u64, until: Instant) -> Option<Found> {
         loop {
-            let (waiter, woken) = oneshot::channel();
+            // The channel is made only for a read that waits: most find or miss at once.
+            let mut woken = None;
             let own = (self.inner.own.lock())
                 .expect("own entries poisoned")
-                .look(position, || waiter);
-            match own {
-                Own::Found(found) => return Some(found),
-                Own::Read => return None,
-                Own::Wait => {
+                .look(position, || {
+                    let (waiter, rx) = oneshot::channel();
+                    woken = Some(rx);
+                    waiter
+                });
+            match (own, woken) {
+                (Own::Found(found), _) => return Some(found),
+                (Own::Wait, Some(woken)) => {
                     if timeout_at(until, woken).await.is_err() {
                         return None;
                     }
                 }
+                _ => return None,
             }
         }
     }

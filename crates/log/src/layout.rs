@@ -160,6 +160,18 @@ impl LogLayout {
     }
 }
 
+/// Two nodes at address 0 with 4 backpointers: even positions on node 1, odd on node 2
+/// (the other modules' tests).
+#[cfg(test)]
+pub(crate) fn two_nodes(slot_bytes: u32, slots_per_node: u64) -> LogLayout {
+    LogLayout {
+        nodes: vec![(1, 0), (2, 0)],
+        slot_bytes,
+        slots_per_node,
+        backpointers: 4,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

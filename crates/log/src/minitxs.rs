@@ -324,12 +324,7 @@ pub(crate) mod tests {
 
     /// Two nodes of 5 slots: a period of 10 positions.
     fn layout() -> LogLayout {
-        LogLayout {
-            nodes: vec![(1, 0), (2, 0)],
-            slot_bytes: 4096,
-            slots_per_node: 5,
-            backpointers: 4,
-        }
+        crate::layout::two_nodes(4096, 5)
     }
 
     fn bytes(words: &[u64]) -> Vec<u8> {

@@ -136,12 +136,7 @@ mod tests {
     use tutti_wire::Answer;
 
     fn layout() -> LogLayout {
-        LogLayout {
-            nodes: vec![(1, 0), (2, 0)],
-            slot_bytes: 256,
-            slots_per_node: 1 << 16,
-            backpointers: 4,
-        }
+        crate::layout::two_nodes(256, 1 << 16)
     }
 
     fn granted(position: u64) -> Answer {

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_client::Cluster;
+use tutti_log::Log;
 use tutti_tango::{Kind, NamespaceRef, Op as NsOp, Tango, ANY_VERSION};
 
 /// Each node's data, in bytes.
@@ -35,6 +36,11 @@ trait System: Clone + Send + Sync + 'static {
         session: usize,
         seq: u64,
     ) -> impl std::future::Future<Output = Result<(), String>> + Send;
+
+    /// Runs before each point's sessions start.
+    fn before_point(&self) -> impl std::future::Future<Output = Result<(), String>> + Send {
+        async { Ok(()) }
+    }
 }
 
 struct Session<S: System> {
@@ -78,6 +84,9 @@ async fn every_op<S: System>(
             |session| {
                 let (system, names) = (system.clone(), names.clone());
                 async move {
+                    if session == 0 {
+                        system.before_point().await?;
+                    }
                     Ok(Session {
                         system,
                         op,
@@ -96,6 +105,7 @@ async fn every_op<S: System>(
 
 #[derive(Clone)]
 struct Tutti {
+    log: Log,
     tango: Tango,
     ns: NamespaceRef,
 }
@@ -137,6 +147,16 @@ impl System for Tutti {
             }
         }
     }
+
+    /// A point at 256 outstanding appends about 275 K entries: the log is trimmed below
+    /// the tail before each point (after a checkpoint of the directory), so that the whole
+    /// sweep fits. The one view has played everything below and reads none of it again.
+    async fn before_point(&self) -> Result<(), String> {
+        let e = |e: tutti_tango::TangoError| e.to_string();
+        let as_of = (self.tango.checkpoint(tutti_tango::DIRECTORY_OID).await).map_err(e)?;
+        (self.tango.forget(".", as_of).await).map_err(e)?;
+        self.log.trim(as_of).await.map_err(|e| e.to_string())
+    }
 }
 
 /// tutti's namespace on `cluster`: a log of its own, one client (one view) for every session.
@@ -157,7 +177,7 @@ pub async fn tutti(
         (ns.create(&tango, &path, &data(), None, false).await).map_err(|e| e.to_string())?;
     }
     every_op(
-        Tutti { tango, ns },
+        Tutti { log, tango, ns },
         "tutti",
         "log",
         outstanding,

@@ -65,6 +65,11 @@ enum Command {
     /// node-exists, bad-version, not-empty, no-children-for-ephemerals, session-expired,
     /// bad-arguments. See docs/objects.md.
     Ns(cmd::ns::NsArgs),
+    /// tutti-fs, a cluster file system on the memory nodes: mkfs, mount (FUSE), fsck, df.
+    ///
+    /// Any number of mounts, on any machines, share a volume; every operation is one
+    /// minitransaction. See docs/fs.md.
+    Fs(cmd::fs::FsArgs),
     /// Print the load statistics of every memory node.
     Stats(cmd::stats::StatsArgs),
     /// Benchmarks; print JSON.
@@ -187,6 +192,10 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         Command::Txn(a) => {
             init_tracing("error");
             cmd::txn::run(a, &dialer).await
+        }
+        Command::Fs(a) => {
+            init_tracing("warn");
+            cmd::fs::run(a, &dialer).await
         }
         Command::Stats(a) => {
             init_tracing("error");

@@ -4,6 +4,7 @@
 pub(crate) mod args;
 pub(crate) mod bench;
 pub(crate) mod chaos;
+pub(crate) mod fs;
 mod items;
 pub(crate) mod log;
 pub(crate) mod log_workload;

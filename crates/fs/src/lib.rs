@@ -1,0 +1,21 @@
+//! tutti-fs: a cluster file system on memory nodes (SinfoniaFS, Sinfonia §5). Inodes,
+//! bitmaps, directory hash tables and file blocks live in one region on every memory node;
+//! every operation is one minitransaction that validates what the mount cached with compare
+//! items. Any number of mounts share a volume with no protocol of their own. This crate
+//! owns the layout, the operations (sans-I/O, in `ops` over `txn`), their driver, fsck and
+//! the FUSE adapter; the CLI's `tutti fs` drives it. It uses only the minitransaction client.
+
+pub mod blockmap;
+pub mod dir;
+pub mod fsck;
+pub mod inode;
+pub mod layout;
+pub mod mount;
+pub mod ops;
+pub mod rename;
+pub mod txn;
+pub mod volume;
+
+pub use layout::{BlockRef, Ino};
+pub use mount::{Mount, MountOptions};
+pub use volume::{FileSystem, FsError, Shape, Usage};

@@ -1,0 +1,754 @@
+//! The FUSE adapter (fuser 0.18): maps the kernel's requests onto `FileSystem` operations,
+//! keeps this mount's open files and its write-back buffers. With the default `cache_ms` of
+//! 0 the kernel caches no attributes or entries, so every stat and lookup is validated
+//! against the memory nodes and other mounts' changes show at once.
+
+use crate::inode::{Inode, Time, FLAG_ORPHAN, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::layout::Ino;
+use crate::ops::{Caller, NewFile, SetAttr};
+use crate::volume::FileSystem;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    WriteFlags,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::runtime::Handle;
+
+/// Bytes of writes one open file buffers before they go out as one minitransaction.
+pub const WRITE_BACK_BYTES_DEFAULT: usize = 4 << 20;
+/// Separate extents one file buffers at most (random writes flush sooner).
+const WRITE_BACK_EXTENTS_MAX: usize = 256;
+/// Largest write the kernel sends in one request.
+const MAX_WRITE_BYTES: u32 = 1 << 20;
+
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// How long the kernel may trust attributes and entries; 0 validates every one.
+    pub cache_ms: u64,
+    /// Threads reading requests from the kernel.
+    pub threads: usize,
+    /// Let every user in, not only the mounting one.
+    pub allow_other: bool,
+    pub write_back_bytes: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            cache_ms: 0,
+            threads: 4,
+            allow_other: true,
+            write_back_bytes: WRITE_BACK_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// Writes accepted but not yet on the memory nodes, for one file.
+#[derive(Default)]
+struct Dirty {
+    extents: Vec<(u64, Vec<u8>)>,
+    bytes: usize,
+}
+
+struct OpenFile {
+    ino: Ino,
+    append: bool,
+}
+
+#[derive(Default)]
+struct Handles {
+    next: u64,
+    files: HashMap<u64, OpenFile>,
+    /// Open handles per file: an unlinked file stays until its last close here.
+    open: HashMap<Ino, usize>,
+    dirs: HashMap<u64, Vec<(u64, FileType, Vec<u8>)>>,
+}
+
+/// One mount of a volume.
+pub struct Mount {
+    fs: Arc<FileSystem>,
+    rt: Handle,
+    ttl: Duration,
+    write_back_bytes: usize,
+    handles: Mutex<Handles>,
+    dirty: Mutex<HashMap<Ino, Arc<tokio::sync::Mutex<Dirty>>>>,
+}
+
+fn err(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+fn system_time(t: Time) -> SystemTime {
+    if t.s >= 0 {
+        UNIX_EPOCH + Duration::new(t.s as u64, t.ns)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.s.unsigned_abs()) + Duration::from_nanos(t.ns as u64)
+    }
+}
+
+fn time_of(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Time {
+            s: d.as_secs() as i64,
+            ns: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let (mut s, mut ns) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if ns > 0 {
+                s -= 1;
+                ns = 1_000_000_000 - ns;
+            }
+            Time { s, ns }
+        }
+    }
+}
+
+fn kind(mode: u32) -> FileType {
+    match mode & S_IFMT {
+        S_IFDIR => FileType::Directory,
+        S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+impl Mount {
+    pub fn new(fs: Arc<FileSystem>, rt: Handle, opts: &MountOptions) -> Mount {
+        Mount {
+            fs,
+            rt,
+            ttl: Duration::from_millis(opts.cache_ms),
+            write_back_bytes: opts.write_back_bytes,
+            handles: Mutex::default(),
+            dirty: Mutex::default(),
+        }
+    }
+
+    /// The kernel's inode number for `ino` (the root is 1).
+    fn kernel_ino(&self, ino: Ino) -> INodeNo {
+        if ino == self.fs.root() {
+            INodeNo(1)
+        } else {
+            INodeNo(ino.0)
+        }
+    }
+
+    fn ino(&self, k: INodeNo) -> Ino {
+        if k.0 == 1 {
+            self.fs.root()
+        } else {
+            Ino(k.0)
+        }
+    }
+
+    fn attr(&self, ino: Ino, i: &Inode) -> FileAttr {
+        let bs = self.fs.volume().geometry.block_bytes;
+        let size = if i.is_dir() {
+            i.blocks * bs as u64
+        } else {
+            i.size
+        };
+        FileAttr {
+            ino: self.kernel_ino(ino),
+            size,
+            blocks: i.blocks * (bs as u64 / 512),
+            atime: system_time(i.atime),
+            mtime: system_time(i.mtime),
+            ctime: system_time(i.ctime),
+            crtime: system_time(i.ctime),
+            kind: kind(i.mode),
+            perm: (i.mode & 0o7777) as u16,
+            nlink: i.nlink.min(u32::MAX as u64) as u32,
+            uid: i.uid,
+            gid: i.gid,
+            rdev: i.rdev,
+            blksize: bs,
+            flags: 0,
+        }
+    }
+
+    fn is_open(&self) -> impl Fn(Ino) -> bool + Sync + '_ {
+        |ino| {
+            self.handles
+                .lock()
+                .expect("handles poisoned")
+                .open
+                .contains_key(&ino)
+        }
+    }
+
+    fn dirty_of(&self, ino: Ino) -> Option<Arc<tokio::sync::Mutex<Dirty>>> {
+        self.dirty
+            .lock()
+            .expect("dirty poisoned")
+            .get(&ino)
+            .cloned()
+    }
+
+    /// Sends `ino`'s buffered writes to the memory nodes.
+    async fn flush(&self, ino: Ino) -> Result<(), i32> {
+        let Some(d) = self.dirty_of(ino) else {
+            return Ok(());
+        };
+        let mut d = d.lock().await;
+        self.flush_locked(ino, &mut d).await
+    }
+
+    async fn flush_locked(&self, ino: Ino, d: &mut Dirty) -> Result<(), i32> {
+        let mut extents = std::mem::take(&mut d.extents);
+        d.bytes = 0;
+        extents.sort_by_key(|(off, _)| *off);
+        let mut batch: Vec<(u64, Vec<u8>)> = vec![];
+        let mut bytes = 0;
+        for e in extents {
+            bytes += e.1.len();
+            batch.push(e);
+            if bytes >= self.write_back_bytes {
+                self.fs.write(ino, &batch, false, true).await?;
+                batch.clear();
+                bytes = 0;
+            }
+        }
+        if !batch.is_empty() {
+            self.fs.write(ino, &batch, false, true).await?;
+        }
+        Ok(())
+    }
+
+    async fn buffer_write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<(), i32> {
+        let d = {
+            let mut all = self.dirty.lock().expect("dirty poisoned");
+            all.entry(ino).or_default().clone()
+        };
+        let mut d = d.lock().await;
+        let end = offset + data.len() as u64;
+        let overlaps = d
+            .extents
+            .iter()
+            .any(|(o, b)| offset < o + b.len() as u64 && *o < end);
+        if overlaps || d.extents.len() >= WRITE_BACK_EXTENTS_MAX {
+            self.flush_locked(ino, &mut d).await?;
+        }
+        match d.extents.last_mut() {
+            Some((o, b)) if *o + b.len() as u64 == offset => b.extend_from_slice(data),
+            _ => d.extents.push((offset, data.to_vec())),
+        }
+        d.bytes += data.len();
+        if d.bytes >= self.write_back_bytes {
+            self.flush_locked(ino, &mut d).await?;
+        }
+        Ok(())
+    }
+
+    async fn getattr_fresh(&self, ino: Ino) -> Result<Inode, i32> {
+        self.flush(ino).await?;
+        self.fs.getattr(ino).await
+    }
+
+    fn new_handle(&self, ino: Ino, append: bool) -> u64 {
+        let mut h = self.handles.lock().expect("handles poisoned");
+        h.next += 1;
+        let fh = h.next;
+        h.files.insert(fh, OpenFile { ino, append });
+        *h.open.entry(ino).or_default() += 1;
+        fh
+    }
+
+    /// Closes handle `fh`; the last close of an unlinked file frees it.
+    async fn close(&self, fh: u64) -> Result<(), i32> {
+        let ino = {
+            let mut h = self.handles.lock().expect("handles poisoned");
+            let Some(f) = h.files.remove(&fh) else {
+                return Ok(());
+            };
+            let count = h.open.get_mut(&f.ino).expect("counted");
+            *count -= 1;
+            if *count > 0 {
+                return Ok(());
+            }
+            h.open.remove(&f.ino);
+            f.ino
+        };
+        let flushed = self.flush(ino).await;
+        self.dirty.lock().expect("dirty poisoned").remove(&ino);
+        match self.fs.getattr(ino).await {
+            Ok(i) if i.nlink == 0 && i.flags & FLAG_ORPHAN != 0 => self.fs.reclaim(ino).await?,
+            _ => {}
+        }
+        flushed
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    fn entry(&self, reply: ReplyEntry, r: Result<(Ino, Inode), i32>) {
+        match r {
+            Ok((ino, i)) => reply.entry(&self.ttl, &self.attr(ino, &i), Generation(i.igeneration)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn make(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        new: NewFile,
+    ) -> Result<(Ino, Inode), i32> {
+        let who = Caller {
+            uid: req.uid(),
+            gid: req.gid(),
+        };
+        self.block_on(self.fs.make(self.ino(parent), name.as_bytes(), &new, who))
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), i32>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+impl Filesystem for Mount {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE_BYTES);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = self.block_on(async {
+            let (ino, i) = self.fs.lookup(self.ino(parent), name.as_bytes()).await?;
+            if self.dirty_of(ino).is_some() {
+                return Ok((ino, self.getattr_fresh(ino).await?));
+            }
+            Ok((ino, i))
+        });
+        self.entry(reply, r);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let i = self.ino(ino);
+        match self.block_on(self.getattr_fresh(i)) {
+            Ok(inode) => reply.attr(&self.ttl, &self.attr(i, &inode)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let now = crate::volume::now();
+        let at = |t: Option<TimeOrNow>| {
+            t.map(|t| match t {
+                TimeOrNow::Now => now,
+                TimeOrNow::SpecificTime(s) => time_of(s),
+            })
+        };
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: at(atime),
+            mtime: at(mtime),
+            ctime: ctime.map(time_of),
+        };
+        let i = self.ino(ino);
+        let r = self.block_on(async {
+            self.flush(i).await?;
+            self.fs.setattr(i, &set, req.uid() == 0).await
+        });
+        match r {
+            Ok(inode) => reply.attr(&self.ttl, &self.attr(i, &inode)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.block_on(self.fs.readlink(self.ino(ino))) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let mode = if mode & S_IFMT == 0 {
+            mode | S_IFREG
+        } else {
+            mode
+        };
+        if matches!(mode & S_IFMT, S_IFDIR | S_IFLNK) {
+            return reply.error(Errno::EINVAL);
+        }
+        let new = NewFile {
+            mode: mode & !umask,
+            rdev,
+            target: vec![],
+        };
+        let r = self.make(req, parent, name, new);
+        self.entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let new = NewFile {
+            mode: S_IFDIR | (mode & !umask & 0o7777),
+            rdev: 0,
+            target: vec![],
+        };
+        let r = self.make(req, parent, name, new);
+        self.entry(reply, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.block_on(
+            self.fs
+                .unlink(self.ino(parent), name.as_bytes(), &self.is_open()),
+        );
+        empty(reply, r);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(
+            reply,
+            self.block_on(self.fs.rmdir(self.ino(parent), name.as_bytes())),
+        );
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let new = NewFile {
+            mode: S_IFLNK | 0o777,
+            rdev: 0,
+            target: target.as_os_str().as_bytes().to_vec(),
+        };
+        let r = self.make(req, parent, link_name, new);
+        self.entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.block_on(self.fs.rename(
+            self.ino(parent),
+            name.as_bytes(),
+            self.ino(newparent),
+            newname.as_bytes(),
+            flags.bits(),
+            &self.is_open(),
+        ));
+        empty(reply, r);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let i = self.ino(ino);
+        let r = self.block_on(self.fs.link(i, self.ino(newparent), newname.as_bytes()));
+        self.entry(reply, r.map(|inode| (i, inode)));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let i = self.ino(ino);
+        match self.block_on(self.fs.getattr(i)) {
+            Ok(inode) if inode.is_dir() => reply.error(Errno::EISDIR),
+            Ok(_) => {
+                let fh = self.new_handle(i, flags.0 & libc::O_APPEND != 0);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let i = self.ino(ino);
+        let r = self.block_on(async {
+            self.flush(i).await?;
+            self.fs.read(i, offset, size).await
+        });
+        match r {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let i = self.ino(ino);
+        let append = (self
+            .handles
+            .lock()
+            .expect("handles poisoned")
+            .files
+            .get(&fh.0))
+        .is_some_and(|f| f.append);
+        let r = self.block_on(async {
+            if append {
+                self.flush(i).await?;
+                return self
+                    .fs
+                    .write(i, &[(offset, data.to_vec())], true, req.uid() == 0)
+                    .await
+                    .map(|_| ());
+            }
+            let inode = self.fs.getattr(i).await?;
+            let suid = inode.mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+            if suid && req.uid() != 0 {
+                // The write must clear setuid/setgid now, not at the flush.
+                self.flush(i).await?;
+                return self
+                    .fs
+                    .write(i, &[(offset, data.to_vec())], false, false)
+                    .await
+                    .map(|_| ());
+            }
+            self.buffer_write(i, offset, data).await
+        });
+        match r {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.block_on(Mount::flush(self, self.ino(ino))));
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.block_on(self.close(fh.0)));
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // A committed minitransaction is durable on its memory nodes (log mode): flushing
+        // the buffered writes is all fsync needs.
+        empty(reply, self.block_on(Mount::flush(self, self.ino(ino))));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let i = self.ino(ino);
+        match self.block_on(self.fs.list(i)) {
+            Ok((dir, entries)) => {
+                let mut items = vec![
+                    (self.kernel_ino(i).0, FileType::Directory, b".".to_vec()),
+                    (
+                        self.kernel_ino(dir.parent).0,
+                        FileType::Directory,
+                        b"..".to_vec(),
+                    ),
+                ];
+                for e in entries {
+                    items.push((
+                        self.kernel_ino(e.ino).0,
+                        kind((e.kind as u32) << 12),
+                        e.name,
+                    ));
+                }
+                let mut h = self.handles.lock().expect("handles poisoned");
+                h.next += 1;
+                let fh = h.next;
+                h.dirs.insert(fh, items);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let h = self.handles.lock().expect("handles poisoned");
+        let Some(items) = h.dirs.get(&fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, (ino, kind, name)) in items.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.handles
+            .lock()
+            .expect("handles poisoned")
+            .dirs
+            .remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Directory changes are committed when their operation returns.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.block_on(self.fs.usage()) {
+            Ok(u) => reply.statfs(
+                u.blocks,
+                u.blocks_free,
+                u.blocks_free,
+                u.inodes,
+                u.inodes_free,
+                u.block_bytes,
+                crate::dir::NAME_BYTES_MAX as u32,
+                u.block_bytes,
+            ),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let new = NewFile {
+            mode: S_IFREG | (mode & !umask & 0o7777),
+            rdev: 0,
+            target: vec![],
+        };
+        match self.make(req, parent, name, new) {
+            Ok((ino, i)) => {
+                let fh = self.new_handle(ino, flags & libc::O_APPEND != 0);
+                reply.created(
+                    &self.ttl,
+                    &self.attr(ino, &i),
+                    Generation(i.igeneration),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                );
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+}

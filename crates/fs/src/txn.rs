@@ -1,0 +1,641 @@
+//! The optimistic transaction every file-system operation runs in (SinfoniaFS, Sinfonia §5.2):
+//! an operation reads inodes, directory blocks and bitmap words from the mount's `Cache`,
+//! records a compare item for each thing it relied on and stages its changes; `Txn::finish`
+//! turns that into one minitransaction. A failed compare drops the stale objects and the
+//! operation runs again. Sans-I/O: the mount's driver and the simulator run the plans.
+
+use crate::layout::{BlockRef, Ino, Volume};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use tutti_client::Minitx;
+use tutti_wire::NodeId;
+
+/// Bytes of cached objects (inodes, directory blocks, bitmap pages) a mount keeps before it
+/// starts over with an empty cache; pointer blocks count too.
+pub const CACHE_BYTES_MAX: usize = 256 << 20;
+/// Bitmaps are cached and compared in pages of this many bytes (512 words).
+pub const BITMAP_PAGE_BYTES: u64 = 4096;
+/// Nearby inode slots fetched with one that an allocation needs, so that a run of creates
+/// does not wait for a fetch each.
+pub const INODE_PREFETCH: u64 = 16;
+
+/// Why an operation stopped before it could be planned: something it needs is not cached,
+/// or the answer is an error (which is validated like any result).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Miss,
+    Errno(i32),
+}
+
+pub type OpResult<T> = Result<T, Stop>;
+
+/// Pointer blocks of one file, valid while its inode's `iversion` is the one they were read
+/// under (every change to a file's block map raises its `iversion`).
+#[derive(Default)]
+struct FilePointers {
+    iversion: u64,
+    blocks: HashMap<BlockRef, Vec<u8>>,
+}
+
+/// What one mount knows of the volume. Everything in it may be stale; compares find out.
+#[derive(Default)]
+pub struct Cache {
+    objects: BTreeMap<(NodeId, u64), Vec<u8>>,
+    pointers: HashMap<Ino, FilePointers>,
+    bytes: usize,
+}
+
+/// Where a fetched object goes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Dest {
+    Object,
+    /// A pointer block of `ino`, read under its `iversion`.
+    Pointers(Ino, u64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Fetch {
+    pub node: NodeId,
+    pub addr: u64,
+    pub len: u32,
+    pub dest: Dest,
+    pub block: BlockRef,
+}
+
+impl Cache {
+    pub fn object(&self, node: NodeId, addr: u64) -> Option<&Vec<u8>> {
+        self.objects.get(&(node, addr))
+    }
+
+    /// The cached object that holds byte `addr` of `node`, if any.
+    fn containing(&self, node: NodeId, addr: u64) -> Option<(u64, usize)> {
+        let (&(n, at), obj) = self.objects.range(..=(node, addr)).next_back()?;
+        (n == node && addr < at + obj.len() as u64).then_some((at, obj.len()))
+    }
+
+    fn insert(&mut self, node: NodeId, addr: u64, bytes: Vec<u8>) {
+        if self.bytes > CACHE_BYTES_MAX {
+            *self = Cache::default();
+        }
+        self.bytes += bytes.len();
+        if let Some(old) = self.objects.insert((node, addr), bytes) {
+            self.bytes -= old.len();
+        }
+    }
+
+    /// Stores what a fetch read.
+    pub fn fill(&mut self, fetch: &Fetch, bytes: Vec<u8>) {
+        match fetch.dest {
+            Dest::Object => self.insert(fetch.node, fetch.addr, bytes),
+            Dest::Pointers(ino, iversion) => {
+                let file = self.pointers.entry(ino).or_default();
+                if file.iversion != iversion {
+                    *file = FilePointers {
+                        iversion,
+                        blocks: HashMap::new(),
+                    };
+                }
+                self.bytes += bytes.len();
+                file.blocks.insert(fetch.block, bytes);
+            }
+        }
+    }
+
+    /// Forgets the object holding byte `addr` of `node` (a compare on it failed).
+    pub fn drop_containing(&mut self, node: NodeId, addr: u64) {
+        if let Some((at, len)) = self.containing(node, addr) {
+            self.objects.remove(&(node, at));
+            self.bytes -= len;
+        }
+    }
+
+    pub fn forget(&mut self, node: NodeId, addr: u64) {
+        if let Some(old) = self.objects.remove(&(node, addr)) {
+            self.bytes -= old.len();
+        }
+    }
+
+    fn patch(&mut self, node: NodeId, addr: u64, bytes: &[u8]) {
+        if let Some((at, len)) = self.containing(node, addr) {
+            let off = (addr - at) as usize;
+            if off + bytes.len() <= len {
+                let obj = self.objects.get_mut(&(node, at)).expect("contained");
+                obj[off..off + bytes.len()].copy_from_slice(bytes);
+            } else {
+                self.drop_containing(node, addr);
+            }
+        }
+    }
+
+    /// Applies the effects of a committed minitransaction to the cache.
+    pub fn apply(&mut self, effects: Effects) {
+        for (node, addr, bytes) in effects.writes {
+            self.patch(node, addr, &bytes);
+        }
+        for (node, addr, bytes) in effects.objects {
+            self.insert(node, addr, bytes);
+        }
+        for (node, addr, delta) in effects.adds {
+            if let Some((at, len)) = self.containing(node, addr) {
+                let off = (addr - at) as usize;
+                if off + 8 <= len {
+                    let obj = self.objects.get_mut(&(node, at)).expect("contained");
+                    let v = u64::from_le_bytes(obj[off..off + 8].try_into().expect("8"));
+                    let v = v.wrapping_add(delta as u64);
+                    obj[off..off + 8].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        for (ino, from, to) in effects.iversions {
+            let file = self.pointers.entry(ino).or_default();
+            if file.iversion == from {
+                file.iversion = to;
+            } else {
+                *file = FilePointers {
+                    iversion: to,
+                    blocks: HashMap::new(),
+                };
+            }
+        }
+        for (ino, block, bytes) in effects.pointers {
+            let file = self.pointers.entry(ino).or_default();
+            self.bytes += bytes.len();
+            file.blocks.insert(block, bytes);
+        }
+        for (ino, block) in effects.freed_pointers {
+            if let Some(file) = self.pointers.get_mut(&ino) {
+                file.blocks.remove(&block);
+            }
+        }
+    }
+}
+
+/// What a committed minitransaction changes in the cache.
+#[derive(Default, Debug)]
+pub struct Effects {
+    writes: Vec<(NodeId, u64, Vec<u8>)>,
+    objects: Vec<(NodeId, u64, Vec<u8>)>,
+    adds: Vec<(NodeId, u64, i64)>,
+    iversions: Vec<(Ino, u64, u64)>,
+    pointers: Vec<(Ino, BlockRef, Vec<u8>)>,
+    freed_pointers: Vec<(Ino, BlockRef)>,
+}
+
+/// What to do next for an operation.
+pub enum Plan<T> {
+    /// Read these into the cache, then run the operation again.
+    Fetch(Vec<Fetch>),
+    /// Run `tx`. If it commits, apply `effects` and answer `result` (its reads, in order,
+    /// are the operation's data); if a compare fails, drop `compared[i]` for each failed
+    /// item `i` and run the operation again.
+    Run {
+        tx: Minitx,
+        result: Result<T, i32>,
+        effects: Effects,
+        compared: Vec<(NodeId, u64)>,
+    },
+    /// Nothing to run: the answer needs no validation.
+    Done(Result<T, i32>),
+}
+
+/// One run of an operation against the cache.
+pub struct Txn<'a> {
+    pub vol: &'a Volume,
+    cache: &'a Cache,
+    /// Randomness from the driver (where allocation starts looking).
+    hint: u64,
+    compares: BTreeMap<(NodeId, u64), Vec<u8>>,
+    staged: BTreeMap<(NodeId, u64), Vec<u8>>,
+    fresh: BTreeMap<(NodeId, u64), (Vec<u8>, bool)>,
+    raw: Vec<(NodeId, u64, Vec<u8>)>,
+    adds: Vec<(NodeId, u64, i64)>,
+    reads: Vec<(NodeId, u64, u32)>,
+    misses: BTreeSet<Fetch>,
+    bits: BTreeMap<(NodeId, u64), (u64, u64)>,
+    iversions: Vec<(Ino, u64, u64)>,
+    pointers: BTreeMap<(Ino, BlockRef), Vec<u8>>,
+    freed_pointers: Vec<(Ino, BlockRef)>,
+}
+
+/// Changed byte spans closer than this are written as one item.
+const SPAN_GAP_BYTES: usize = 32;
+
+impl<'a> Txn<'a> {
+    pub fn new(vol: &'a Volume, cache: &'a Cache, hint: u64) -> Txn<'a> {
+        Txn {
+            vol,
+            cache,
+            hint,
+            compares: BTreeMap::new(),
+            staged: BTreeMap::new(),
+            fresh: BTreeMap::new(),
+            raw: vec![],
+            adds: vec![],
+            reads: vec![],
+            misses: BTreeSet::new(),
+            bits: BTreeMap::new(),
+            iversions: vec![],
+            pointers: BTreeMap::new(),
+            freed_pointers: vec![],
+        }
+    }
+
+    pub fn hint(&self) -> u64 {
+        self.hint
+    }
+
+    /// The object of `len` bytes at `addr` of `node`, as this run has staged it or as cached.
+    pub fn object(&mut self, node: NodeId, addr: u64, len: u32) -> OpResult<Vec<u8>> {
+        if let Some(b) = self.staged.get(&(node, addr)) {
+            return Ok(b.clone());
+        }
+        if let Some((b, _)) = self.fresh.get(&(node, addr)) {
+            return Ok(b.clone());
+        }
+        match self.cache.object(node, addr) {
+            Some(b) if b.len() == len as usize => Ok(b.clone()),
+            _ => {
+                self.want(node, addr, len);
+                Err(Stop::Miss)
+            }
+        }
+    }
+
+    /// Asks for an object to be fetched without stopping (prefetch).
+    pub fn want(&mut self, node: NodeId, addr: u64, len: u32) {
+        if self.cache.object(node, addr).map(Vec::len) != Some(len as usize) {
+            self.misses.insert(Fetch {
+                node,
+                addr,
+                len,
+                dest: Dest::Object,
+                block: BlockRef::NONE,
+            });
+        }
+    }
+
+    /// The cached object is not what it should be (a block reused since it was read): fetch
+    /// it again and run the operation again.
+    pub fn refetch(&mut self, node: NodeId, addr: u64, len: u32) -> Stop {
+        self.misses.insert(Fetch {
+            node,
+            addr,
+            len,
+            dest: Dest::Object,
+            block: BlockRef::NONE,
+        });
+        Stop::Miss
+    }
+
+    /// Validates `len` bytes at `addr` of a cached object: the minitransaction compares them
+    /// with what this mount read.
+    pub fn check(&mut self, node: NodeId, addr: u64, len: u32) {
+        let (at, _) = self
+            .cache
+            .containing(node, addr)
+            .expect("checked bytes are cached");
+        let obj = self.cache.object(node, at).expect("cached");
+        let off = (addr - at) as usize;
+        let bytes = obj[off..off + len as usize].to_vec();
+        let old = self.compares.insert((node, addr), bytes);
+        assert!(
+            old.is_none_or(|o| o.len() == len as usize),
+            "one compare per place"
+        );
+    }
+
+    /// The new image of a cached object; written as the bytes that differ.
+    pub fn stage(&mut self, node: NodeId, addr: u64, bytes: Vec<u8>) {
+        if self.fresh.contains_key(&(node, addr)) {
+            let cache = self.fresh.get(&(node, addr)).expect("fresh").1;
+            self.fresh.insert((node, addr), (bytes, cache));
+            return;
+        }
+        let cached = self
+            .cache
+            .object(node, addr)
+            .expect("staged objects are cached");
+        assert_eq!(cached.len(), bytes.len(), "an object keeps its size");
+        self.staged.insert((node, addr), bytes);
+    }
+
+    /// A newly allocated block's whole contents; `cache` keeps it (directory blocks).
+    pub fn create_block(&mut self, block: BlockRef, bytes: Vec<u8>, cache: bool) {
+        let addr = self.vol.block_addr(block);
+        assert_eq!(bytes.len(), self.vol.geometry.block_bytes as usize);
+        self.fresh.insert((block.node(), addr), (bytes, cache));
+    }
+
+    pub fn write(&mut self, node: NodeId, addr: u64, bytes: Vec<u8>) {
+        self.raw.push((node, addr, bytes));
+    }
+
+    pub fn add(&mut self, node: NodeId, addr: u64, delta: i64) {
+        self.adds.push((node, addr, delta));
+    }
+
+    /// Reads `len` bytes at commit; returns the read's index among the operation's data.
+    pub fn read(&mut self, node: NodeId, addr: u64, len: u32) -> usize {
+        self.reads.push((node, addr, len));
+        self.reads.len() - 1
+    }
+
+    /// Says that this run moves `ino`'s `iversion` from `from` to `to` (its pointer blocks
+    /// cached under `from` stay valid under `to`).
+    pub fn moves_iversion(&mut self, ino: Ino, from: u64, to: u64) {
+        self.iversions.push((ino, from, to));
+    }
+
+    /// A pointer block of `ino` as of `iversion` (staged by this run, or cached).
+    pub fn pointer_block(&mut self, ino: Ino, iversion: u64, b: BlockRef) -> OpResult<Vec<u8>> {
+        if let Some(p) = self.pointers.get(&(ino, b)) {
+            return Ok(p.clone());
+        }
+        if let Some(file) = self.cache.pointers.get(&ino) {
+            if file.iversion == iversion {
+                if let Some(p) = file.blocks.get(&b) {
+                    return Ok(p.clone());
+                }
+            }
+        }
+        self.misses.insert(Fetch {
+            node: b.node(),
+            addr: self.vol.block_addr(b),
+            len: self.vol.geometry.block_bytes,
+            dest: Dest::Pointers(ino, iversion),
+            block: b,
+        });
+        Err(Stop::Miss)
+    }
+
+    /// A newly allocated pointer block of `ino`, all holes.
+    pub fn new_pointer_block(&mut self, ino: Ino, b: BlockRef) {
+        let zeros = vec![0u8; self.vol.geometry.block_bytes as usize];
+        self.fresh
+            .insert((b.node(), self.vol.block_addr(b)), (zeros.clone(), false));
+        self.pointers.insert((ino, b), zeros);
+    }
+
+    /// Sets entry `index` of pointer block `b` of `ino` (read as of `iversion`) to `to`.
+    pub fn set_pointer(
+        &mut self,
+        ino: Ino,
+        iversion: u64,
+        b: BlockRef,
+        index: u64,
+        to: BlockRef,
+    ) -> OpResult<()> {
+        let mut block = self.pointer_block(ino, iversion, b)?;
+        let at = index as usize * 8;
+        block[at..at + 8].copy_from_slice(&to.0.to_le_bytes());
+        let addr = self.vol.block_addr(b);
+        match self.fresh.get_mut(&(b.node(), addr)) {
+            Some((image, _)) => image.copy_from_slice(&block),
+            None => self.write(b.node(), addr + at as u64, to.0.to_le_bytes().to_vec()),
+        }
+        self.pointers.insert((ino, b), block);
+        Ok(())
+    }
+
+    pub fn pointer_freed(&mut self, ino: Ino, b: BlockRef) {
+        self.pointers.remove(&(ino, b));
+        self.fresh.remove(&(b.node(), self.vol.block_addr(b)));
+        self.freed_pointers.push((ino, b));
+    }
+
+    fn bitmap_pages(&self, node: NodeId, kind: crate::layout::Bitmap) -> Vec<(u64, u32)> {
+        let at = self.vol.bitmap_addr(node, kind);
+        let bytes = self.vol.bitmap_bytes(kind);
+        (0..bytes.div_ceil(BITMAP_PAGE_BYTES))
+            .map(|p| {
+                let len = BITMAP_PAGE_BYTES.min(bytes - p * BITMAP_PAGE_BYTES);
+                (at + p * BITMAP_PAGE_BYTES, len as u32)
+            })
+            .collect()
+    }
+
+    /// The current value of the bitmap word at `addr` (this run's changes included).
+    fn word(&mut self, node: NodeId, addr: u64) -> OpResult<u64> {
+        if let Some(&(_, new)) = self.bits.get(&(node, addr)) {
+            return Ok(new);
+        }
+        let Some((at, _)) = self.cache.containing(node, addr) else {
+            let page = addr
+                - (addr - self.vol.bitmap_addr(node, self.bitmap_kind(node, addr)))
+                    % BITMAP_PAGE_BYTES;
+            let pages = self.bitmap_pages(node, self.bitmap_kind(node, addr));
+            let len = pages.iter().find(|(a, _)| *a == page).expect("a page").1;
+            self.want(node, page, len);
+            return Err(Stop::Miss);
+        };
+        let obj = self.cache.object(node, at).expect("cached");
+        let off = (addr - at) as usize;
+        Ok(u64::from_le_bytes(obj[off..off + 8].try_into().expect("8")))
+    }
+
+    fn bitmap_kind(&self, node: NodeId, addr: u64) -> crate::layout::Bitmap {
+        use crate::layout::Bitmap;
+        if addr >= self.vol.bitmap_addr(node, Bitmap::Blocks) {
+            Bitmap::Blocks
+        } else {
+            Bitmap::Inodes
+        }
+    }
+
+    fn set_word(&mut self, node: NodeId, addr: u64, old: u64, new: u64) {
+        let entry = self.bits.entry((node, addr)).or_insert((old, old));
+        entry.1 = new;
+    }
+
+    /// Takes a free bit of `kind` on `node`, or `None` if the node has none (every page is
+    /// then compared, so that a stale "full" is found out).
+    pub fn alloc_on(&mut self, node: NodeId, kind: crate::layout::Bitmap) -> OpResult<Option<u64>> {
+        let pages = self.bitmap_pages(node, kind);
+        let missing: Vec<_> = (pages.iter())
+            .filter(|(a, len)| self.cache.object(node, *a).map(Vec::len) != Some(*len as usize))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            for (a, len) in missing {
+                self.want(node, a, len);
+            }
+            return Err(Stop::Miss);
+        }
+        let first = (self.hint as usize) % pages.len();
+        for i in 0..pages.len() {
+            let (page_at, len) = pages[(first + i) % pages.len()];
+            let words = len as u64 / 8;
+            let start = (self.hint >> 20) % words;
+            for w in 0..words {
+                let addr = page_at + (start + w) % words * 8;
+                let value = self.word(node, addr)?;
+                if value != u64::MAX {
+                    let bit = (!value).trailing_zeros() as u64;
+                    self.set_word(node, addr, value, value | 1 << bit);
+                    let base = (addr - self.vol.bitmap_addr(node, kind)) * 8;
+                    return Ok(Some(base + bit));
+                }
+            }
+        }
+        for (a, len) in pages {
+            self.check(node, a, len);
+        }
+        Ok(None)
+    }
+
+    /// Takes a free bit of `kind`, on `prefer` if it has one, else on the next node that does.
+    pub fn alloc(
+        &mut self,
+        prefer: NodeId,
+        kind: crate::layout::Bitmap,
+    ) -> OpResult<(NodeId, u64)> {
+        let nodes: Vec<NodeId> = self.vol.nodes.iter().map(|(n, _)| *n).collect();
+        let first = nodes.iter().position(|n| *n == prefer).unwrap_or(0);
+        for i in 0..nodes.len() {
+            let node = nodes[(first + i) % nodes.len()];
+            if let Some(index) = self.alloc_on(node, kind)? {
+                return Ok((node, index));
+            }
+        }
+        Err(Stop::Errno(libc::ENOSPC))
+    }
+
+    /// Returns bit `index` of `kind` on `node`; the bit must be set.
+    pub fn free(&mut self, node: NodeId, kind: crate::layout::Bitmap, index: u64) -> OpResult<()> {
+        let addr = self.vol.bitmap_word_addr(node, kind, index);
+        let value = self.word(node, addr)?;
+        let bit = 1u64 << (index % 64);
+        if value & bit == 0 {
+            tracing::error!(node, ?kind, index, "freeing a free bit: run tutti fs fsck");
+            return Err(Stop::Errno(libc::EIO));
+        }
+        self.set_word(node, addr, value, value & !bit);
+        Ok(())
+    }
+
+    /// Is bit `index` of `kind` on `node` set (as cached and changed by this run)?
+    pub fn bit(&mut self, node: NodeId, kind: crate::layout::Bitmap, index: u64) -> OpResult<bool> {
+        let addr = self.vol.bitmap_word_addr(node, kind, index);
+        Ok(self.word(node, addr)? & 1 << (index % 64) != 0)
+    }
+
+    /// The plan for this run, given what the operation answered.
+    pub fn finish<T>(mut self, answer: OpResult<T>) -> Plan<T> {
+        let result = match answer {
+            Err(Stop::Miss) => {
+                assert!(!self.misses.is_empty(), "a miss names what to fetch");
+                return Plan::Fetch(self.misses.into_iter().collect());
+            }
+            Err(Stop::Errno(e)) => {
+                // An error changes nothing; only what it was decided from is validated.
+                self.staged.clear();
+                self.fresh.clear();
+                self.raw.clear();
+                self.adds.clear();
+                self.reads.clear();
+                self.iversions.clear();
+                self.pointers.clear();
+                self.freed_pointers.clear();
+                self.bits.retain(|_, (old, new)| {
+                    *new = *old;
+                    false
+                });
+                Err(e)
+            }
+            Ok(t) => Ok(t),
+        };
+        let mut tx = Minitx::new();
+        let mut compared = vec![];
+        for ((node, addr), bytes) in &self.compares {
+            tx = tx.compare(*node, *addr, bytes.clone());
+            compared.push((*node, *addr));
+        }
+        for ((node, addr), (old, new)) in &self.bits {
+            if old != new {
+                tx = tx.compare(*node, *addr, old.to_le_bytes().to_vec());
+                compared.push((*node, *addr));
+            }
+        }
+        for (node, addr, len) in &self.reads {
+            tx = tx.read(*node, *addr, *len);
+        }
+        let mut effects = Effects::default();
+        for ((node, addr), new) in self.staged {
+            let old = self
+                .cache
+                .object(node, addr)
+                .expect("staged objects are cached");
+            for (from, to) in changed_spans(old, &new) {
+                tx = tx.write(node, addr + from as u64, new[from..to].to_vec());
+            }
+            effects.objects.push((node, addr, new));
+        }
+        for ((node, addr), (bytes, cache)) in self.fresh {
+            tx = tx.write(node, addr, bytes.clone());
+            if cache {
+                effects.objects.push((node, addr, bytes));
+            }
+        }
+        for ((node, addr), (old, new)) in self.bits {
+            if old != new {
+                tx = tx.write(node, addr, new.to_le_bytes().to_vec());
+                effects
+                    .writes
+                    .push((node, addr, new.to_le_bytes().to_vec()));
+            }
+        }
+        for (node, addr, bytes) in self.raw {
+            tx = tx.write(node, addr, bytes.clone());
+            effects.writes.push((node, addr, bytes));
+        }
+        for (node, addr, delta) in self.adds {
+            tx = tx.add(node, addr, delta);
+            effects.adds.push((node, addr, delta));
+        }
+        effects.iversions = self.iversions;
+        effects.pointers = self
+            .pointers
+            .into_iter()
+            .map(|((i, b), p)| (i, b, p))
+            .collect();
+        effects.freed_pointers = self.freed_pointers;
+        if tx.items().is_empty() {
+            return Plan::Done(result);
+        }
+        Plan::Run {
+            tx: tx.class("fs"),
+            result,
+            effects,
+            compared,
+        }
+    }
+}
+
+/// The byte spans where `new` differs from `old`, nearby spans merged.
+fn changed_spans(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
+    let mut spans: Vec<(usize, usize)> = vec![];
+    for i in 0..new.len() {
+        if old[i] != new[i] {
+            match spans.last_mut() {
+                Some((_, end)) if i - *end < SPAN_GAP_BYTES => *end = i + 1,
+                _ => spans.push((i, i + 1)),
+            }
+        }
+    }
+    spans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_merge_when_close() {
+        let old = vec![0u8; 200];
+        let mut new = old.clone();
+        new[3] = 1;
+        new[10] = 1;
+        new[150] = 1;
+        assert_eq!(changed_spans(&old, &new), vec![(3, 11), (150, 151)]);
+        assert!(changed_spans(&old, &old).is_empty());
+    }
+}

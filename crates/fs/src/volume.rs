@@ -1,0 +1,733 @@
+//! The driver: runs operations' plans against the cluster with the minitransaction client,
+//! keeps the mount's cache, and creates (`mkfs`) and opens volumes. Everything it knows it
+//! learns from memory nodes; it keeps no state another mount would need.
+
+use crate::dir::{Bucket, Entry, Table};
+use crate::inode::{Inode, Time, S_IFDIR};
+use crate::layout::{
+    self, Bitmap, BlockRef, Geometry, Ino, LayoutError, Volume, HEADER_BYTES, INODE_BYTES,
+    REGION_KIND,
+};
+use crate::ops::{self, Caller, Made, NewFile, Piece, SetAttr, Target, Unlinked};
+use crate::txn::{Cache, Fetch, OpResult, Plan, Txn};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tutti_client::{Cluster, ExecError, Minitx, Outcome};
+use tutti_wire::{Backoff, ErrorCode, NodeId, Request, Response, RpcError};
+
+/// Bytes of reads one fetch minitransaction carries at most.
+const FETCH_BYTES_MAX: u64 = 8 << 20;
+/// Items one fetch minitransaction carries at most.
+const FETCH_ITEMS_MAX: usize = 1024;
+/// Bytes one minitransaction writes when mkfs clears a reused region.
+const CLEAR_BYTES_PER_TXN: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FsError {
+    #[error("cluster: {0}")]
+    Cluster(String),
+    #[error("volume {name:?} already holds a file system (made {created_unix_s} s after the epoch, id {volume_id:#x}); run mkfs with --force to overwrite it, which loses every file")]
+    Exists {
+        name: String,
+        created_unix_s: u64,
+        volume_id: u64,
+    },
+    #[error("no volume called {0:?} on this cluster: create it with `tutti fs mkfs`")]
+    NoVolume(String),
+    #[error("region {name:?} is a {kind}, not a file system")]
+    NotAVolume { name: String, kind: String },
+    #[error("region {name:?} exists with another shape ({what}); a region keeps its shape for good, so mkfs it with the same size and block size or under another --name")]
+    Shape { name: String, what: String },
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("no answer from the memory nodes within the deadline: {0}")]
+    Deadline(String),
+}
+
+/// How mkfs shapes a volume.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    pub nodes: Vec<NodeId>,
+    pub bytes_per_node: u64,
+    pub block_bytes: u32,
+    pub bytes_per_inode: u32,
+}
+
+/// Free space, as statfs reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+    pub block_bytes: u32,
+}
+
+pub fn now() -> Time {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Time {
+        s: d.as_secs() as i64,
+        ns: d.subsec_nanos(),
+    }
+}
+
+/// A mounted (opened) volume: the cluster, the volume's layout and this mount's cache.
+pub struct FileSystem {
+    cluster: Cluster,
+    name: String,
+    vol: Volume,
+    volume_id: u64,
+    cache: Mutex<Cache>,
+    prefer: AtomicU16,
+    deadline: Duration,
+}
+
+async fn region(cluster: &Cluster, name: &str) -> Result<tutti_wire::RegionInfo, FsError> {
+    match cluster
+        .ask_manager(&Request::Region { name: name.into() })
+        .await
+    {
+        Ok(Response::Region(r)) if r.kind == REGION_KIND => Ok(*r),
+        Ok(Response::Region(r)) => Err(FsError::NotAVolume {
+            name: name.into(),
+            kind: r.kind,
+        }),
+        Ok(other) => Err(FsError::Cluster(format!("the manager answered {other:?}"))),
+        Err(RpcError::Remote {
+            code: ErrorCode::NotFound,
+            ..
+        }) => Err(FsError::NoVolume(name.into())),
+        Err(e) => Err(FsError::Cluster(e.to_string())),
+    }
+}
+
+/// The region's name for volume `name`.
+pub fn region_name(name: &str) -> String {
+    format!("fs/{name}")
+}
+
+/// Runs `tx` until it has an outcome; retries what the client could not decide.
+async fn exec(cluster: &Cluster, tx: &Minitx, until: Instant) -> Result<Outcome, FsError> {
+    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
+    loop {
+        let last = match cluster.exec_and_commit(tx).await {
+            Ok(outcome) => return Ok(outcome),
+            Err(
+                e
+                @ (ExecError::Invalid(_) | ExecError::UnknownNode(_) | ExecError::Rejected { .. }),
+            ) => return Err(FsError::Cluster(e.to_string())),
+            Err(e) => e.to_string(),
+        };
+        if !backoff.pause_before(until).await {
+            return Err(FsError::Deadline(last));
+        }
+    }
+}
+
+/// Reads `fetches` in as few minitransactions as the limits allow.
+async fn fetch(
+    cluster: &Cluster,
+    fetches: &[Fetch],
+    until: Instant,
+) -> Result<Vec<Vec<u8>>, FsError> {
+    let mut out = Vec::with_capacity(fetches.len());
+    let mut at = 0;
+    while at < fetches.len() {
+        let (mut tx, mut bytes, start) = (Minitx::new(), 0u64, at);
+        while at < fetches.len()
+            && at - start < FETCH_ITEMS_MAX
+            && (bytes == 0 || bytes + fetches[at].len as u64 <= FETCH_BYTES_MAX)
+        {
+            let f = &fetches[at];
+            tx = tx.read(f.node, f.addr, f.len);
+            bytes += f.len as u64;
+            at += 1;
+        }
+        out.extend(exec(cluster, &tx.class("fs"), until).await?.reads);
+    }
+    Ok(out)
+}
+
+impl FileSystem {
+    /// Creates volume `name` on the cluster: allocates its region on every node of `shape`
+    /// and writes the headers, empty bitmaps and the root directory. Refuses a region that
+    /// holds a file system already unless `force`.
+    pub async fn mkfs(
+        cluster: &Cluster,
+        name: &str,
+        shape: &Shape,
+        force: bool,
+        deadline: Duration,
+    ) -> Result<Volume, FsError> {
+        let geometry = Geometry::new(
+            shape.bytes_per_node,
+            shape.block_bytes,
+            shape.bytes_per_inode,
+        )?;
+        let create = Request::CreateRegion {
+            name: region_name(name),
+            kind: REGION_KIND.into(),
+            nodes: shape.nodes.clone(),
+            bytes_per_node: shape.bytes_per_node,
+            params: geometry.params(),
+        };
+        let info = match cluster.ask_manager(&create).await {
+            Ok(Response::Region(r)) => *r,
+            Ok(other) => return Err(FsError::Cluster(format!("the manager answered {other:?}"))),
+            Err(RpcError::Remote {
+                code: ErrorCode::Conflict,
+                message,
+                ..
+            }) => {
+                return Err(FsError::Shape {
+                    name: name.into(),
+                    what: message,
+                })
+            }
+            Err(e) => return Err(FsError::Cluster(e.to_string())),
+        };
+        let vol = Volume {
+            geometry,
+            nodes: info.nodes,
+        };
+        let until = Instant::now() + deadline;
+        let headers = read_headers(cluster, &vol, until).await?;
+        let formatted = headers
+            .iter()
+            .enumerate()
+            .find(|(_, h)| layout::get_u64(h, layout::field::MAGIC) != 0);
+        if let Some((_, h)) = formatted {
+            if !force {
+                return Err(FsError::Exists {
+                    name: name.into(),
+                    created_unix_s: layout::get_u64(h, layout::field::CREATED_UNIX_S),
+                    volume_id: layout::get_u64(h, layout::field::VOLUME_ID),
+                });
+            }
+            clear(cluster, &vol, until).await?;
+        }
+        format(cluster, &vol, until).await?;
+        Ok(vol)
+    }
+
+    /// Opens volume `name`, checking every node's header.
+    pub async fn open(
+        cluster: &Cluster,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<FileSystem, FsError> {
+        let info = region(cluster, &region_name(name)).await?;
+        let geometry = Geometry::from_params(info.bytes_per_node, &info.params)?;
+        let vol = Volume {
+            geometry,
+            nodes: info.nodes,
+        };
+        let headers = read_headers(cluster, &vol, Instant::now() + deadline).await?;
+        let mut volume_id = 0;
+        for (i, h) in headers.iter().enumerate() {
+            volume_id = vol.check_header(i, h)?;
+        }
+        let prefer = vol.nodes[rand::random::<usize>() % vol.nodes.len()].0;
+        Ok(FileSystem {
+            cluster: cluster.clone(),
+            name: name.into(),
+            vol,
+            volume_id,
+            cache: Mutex::default(),
+            prefer: AtomicU16::new(prefer),
+            deadline,
+        })
+    }
+
+    pub fn volume(&self) -> &Volume {
+        &self.vol
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn volume_id(&self) -> u64 {
+        self.volume_id
+    }
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+    pub fn root(&self) -> Ino {
+        self.vol.root()
+    }
+
+    /// The node new files go to (Sinfonia §5.3); `set_preferred` moves it.
+    pub fn preferred(&self) -> NodeId {
+        self.prefer.load(Ordering::Relaxed)
+    }
+    pub fn set_preferred(&self, node: NodeId) {
+        if self.vol.holds(node) {
+            self.prefer.store(node, Ordering::Relaxed);
+        }
+    }
+
+    /// Runs `op` until its minitransaction commits; answers its result and its reads.
+    pub async fn run<T>(
+        &self,
+        op: impl Fn(&mut Txn<'_>) -> OpResult<T>,
+    ) -> Result<(T, Vec<Vec<u8>>), i32> {
+        let until = Instant::now() + self.deadline;
+        let mut backoff = Backoff::new(Duration::from_micros(200), Duration::from_millis(50));
+        loop {
+            let plan = {
+                let cache = self.cache.lock().expect("cache poisoned");
+                let mut tx = Txn::new(&self.vol, &cache, rand::random());
+                let answer = op(&mut tx);
+                tx.finish(answer)
+            };
+            match plan {
+                Plan::Done(result) => return result.map(|t| (t, vec![])),
+                Plan::Fetch(fetches) => {
+                    let data = fetch(&self.cluster, &fetches, until)
+                        .await
+                        .map_err(|e| self.failed(e))?;
+                    let mut cache = self.cache.lock().expect("cache poisoned");
+                    for (f, bytes) in fetches.iter().zip(data) {
+                        cache.fill(f, bytes);
+                    }
+                }
+                Plan::Run {
+                    tx,
+                    result,
+                    effects,
+                    compared,
+                } => {
+                    let outcome = match exec(&self.cluster, &tx, until).await {
+                        Ok(o) => o,
+                        Err(FsError::Deadline(last)) => {
+                            return Err(self.failed(FsError::Deadline(last)))
+                        }
+                        Err(e) => return Err(self.failed(e)),
+                    };
+                    {
+                        let mut cache = self.cache.lock().expect("cache poisoned");
+                        if outcome.committed {
+                            cache.apply(effects);
+                            return result.map(|t| (t, outcome.reads));
+                        }
+                        for i in outcome.failed_compares {
+                            let (node, addr) = compared[i];
+                            cache.drop_containing(node, addr);
+                        }
+                    }
+                    if !backoff.pause_before(until).await {
+                        return Err(self.failed(FsError::Deadline("compares kept failing".into())));
+                    }
+                }
+            }
+        }
+    }
+
+    fn failed(&self, e: FsError) -> i32 {
+        tracing::warn!(volume = %self.name, "operation failed: {e}");
+        libc::EIO
+    }
+
+    pub async fn getattr(&self, ino: Ino) -> Result<Inode, i32> {
+        Ok(self.run(|tx| ops::inode(tx, ino)).await?.0)
+    }
+
+    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<(Ino, Inode), i32> {
+        Ok(self.run(|tx| ops::lookup(tx, parent, name)).await?.0)
+    }
+
+    /// Creates a file, directory, symlink or special file (EEXIST if `name` is taken).
+    pub async fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new: &NewFile,
+        who: Caller,
+    ) -> Result<(Ino, Inode), i32> {
+        loop {
+            let prefer = self.preferred();
+            let made = self
+                .run(|tx| ops::make(tx, parent, name, new, who, prefer, now()))
+                .await?
+                .0;
+            if let Made::Done(r) = made {
+                return Ok(r);
+            }
+        }
+    }
+
+    pub async fn unlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        is_open: &(dyn Fn(Ino) -> bool + Sync),
+    ) -> Result<(), i32> {
+        let (gone, _) = self
+            .run(|tx| ops::unlink(tx, parent, name, is_open, now()))
+            .await?;
+        self.after_unlink(gone, is_open).await
+    }
+
+    async fn after_unlink(
+        &self,
+        gone: Unlinked,
+        is_open: &(dyn Fn(Ino) -> bool + Sync),
+    ) -> Result<(), i32> {
+        match gone {
+            Unlinked::Orphan(ino) if !is_open(ino) => self.reclaim(ino).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Frees orphan `ino` (no links left, no longer open here), a bounded number of blocks
+    /// per minitransaction. A file linked again meanwhile is left alone.
+    pub async fn reclaim(&self, ino: Ino) -> Result<(), i32> {
+        while !self.run(|tx| ops::reclaim(tx, ino)).await?.0 {}
+        Ok(())
+    }
+
+    pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<(), i32> {
+        self.run(|tx| ops::rmdir(tx, parent, name, now())).await?;
+        Ok(())
+    }
+
+    pub async fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> Result<Inode, i32> {
+        loop {
+            if let Made::Done(i) = self
+                .run(|tx| ops::link(tx, ino, parent, name, now()))
+                .await?
+                .0
+            {
+                return Ok(i);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn rename(
+        &self,
+        sp: Ino,
+        sname: &[u8],
+        dp: Ino,
+        dname: &[u8],
+        flags: u32,
+        is_open: &(dyn Fn(Ino) -> bool + Sync),
+    ) -> Result<(), i32> {
+        loop {
+            let made = self
+                .run(|tx| ops::rename(tx, sp, sname, dp, dname, flags, is_open, now()))
+                .await?
+                .0;
+            if let Made::Done(gone) = made {
+                return self.after_unlink(gone, is_open).await;
+            }
+        }
+    }
+
+    pub async fn setattr(&self, ino: Ino, set: &SetAttr, privileged: bool) -> Result<Inode, i32> {
+        loop {
+            let (inode, done) = self
+                .run(|tx| ops::setattr(tx, ino, set, privileged, now()))
+                .await?
+                .0;
+            if done {
+                return Ok(inode);
+            }
+        }
+    }
+
+    pub async fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, i32> {
+        let (pieces, reads) = self.run(|tx| ops::read(tx, ino, offset, len)).await?;
+        let mut data = Vec::with_capacity(len as usize);
+        for p in pieces {
+            match p {
+                Piece::Zeros(n) => data.resize(data.len() + n, 0),
+                Piece::Read(i) => data.extend_from_slice(&reads[i]),
+            }
+        }
+        Ok(data)
+    }
+
+    /// Writes `extents` in one minitransaction; returns the new size.
+    pub async fn write(
+        &self,
+        ino: Ino,
+        extents: &[(u64, Vec<u8>)],
+        append: bool,
+        privileged: bool,
+    ) -> Result<u64, i32> {
+        Ok(self
+            .run(|tx| ops::write(tx, ino, extents, append, privileged, now()))
+            .await?
+            .0)
+    }
+
+    pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>, i32> {
+        let (target, reads) = self.run(|tx| ops::readlink(tx, ino)).await?;
+        Ok(match target {
+            Target::Inline(t) => t,
+            Target::Read(i) => reads[i].clone(),
+        })
+    }
+
+    pub async fn list(&self, ino: Ino) -> Result<(Inode, Vec<Entry>), i32> {
+        Ok(self.run(|tx| ops::list(tx, ino)).await?.0)
+    }
+
+    /// Counts free inodes and blocks from every node's bitmaps, read now.
+    pub async fn usage(&self) -> Result<Usage, i32> {
+        let mut fetches = vec![];
+        for &(node, _) in &self.vol.nodes {
+            for kind in [Bitmap::Inodes, Bitmap::Blocks] {
+                let (at, bytes) = (
+                    self.vol.bitmap_addr(node, kind),
+                    self.vol.bitmap_bytes(kind),
+                );
+                for page in (0..bytes).step_by(crate::txn::BITMAP_PAGE_BYTES as usize) {
+                    let len = (bytes - page).min(crate::txn::BITMAP_PAGE_BYTES) as u32;
+                    fetches.push((
+                        kind,
+                        Fetch {
+                            node,
+                            addr: at + page,
+                            len,
+                            dest: crate::txn::Dest::Object,
+                            block: BlockRef::NONE,
+                        },
+                    ));
+                }
+            }
+        }
+        let only: Vec<Fetch> = fetches.iter().map(|(_, f)| f.clone()).collect();
+        let until = Instant::now() + self.deadline;
+        let data = fetch(&self.cluster, &only, until)
+            .await
+            .map_err(|e| self.failed(e))?;
+        let (mut used_inodes, mut used_blocks) = (0u64, 0u64);
+        for ((kind, _), bytes) in fetches.iter().zip(data) {
+            let ones: u64 = bytes.iter().map(|b| b.count_ones() as u64).sum();
+            match kind {
+                Bitmap::Inodes => used_inodes += ones,
+                Bitmap::Blocks => used_blocks += ones,
+            }
+        }
+        let g = &self.vol.geometry;
+        let n = self.vol.nodes.len() as u64;
+        Ok(Usage {
+            blocks: g.blocks_per_node * n,
+            blocks_free: g.blocks_per_node * n - used_blocks,
+            inodes: g.inodes_per_node * n,
+            inodes_free: g.inodes_per_node * n - used_inodes,
+            block_bytes: g.block_bytes,
+        })
+    }
+}
+
+async fn read_headers(
+    cluster: &Cluster,
+    vol: &Volume,
+    until: Instant,
+) -> Result<Vec<Vec<u8>>, FsError> {
+    let tx = vol.nodes.iter().fold(Minitx::new(), |tx, (node, base)| {
+        tx.read(*node, *base, layout::field::END as u32)
+    });
+    Ok(exec(cluster, &tx, until).await?.reads)
+}
+
+/// Zeroes a reused region's bitmaps and inode tables (mkfs --force).
+async fn clear(cluster: &Cluster, vol: &Volume, until: Instant) -> Result<(), FsError> {
+    let g = &vol.geometry;
+    for &(node, base) in &vol.nodes {
+        let (from, to) = (base, base + g.data_at);
+        let mut at = from;
+        while at < to {
+            let n = (to - at).min(CLEAR_BYTES_PER_TXN);
+            exec(
+                cluster,
+                &Minitx::new()
+                    .write(node, at, vec![0; n as usize])
+                    .class("fs"),
+                until,
+            )
+            .await?;
+            at += n;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the headers (the first node's last, guarded by a compare that it is still blank),
+/// the root directory and its blocks.
+async fn format(cluster: &Cluster, vol: &Volume, until: Instant) -> Result<(), FsError> {
+    let bs = vol.geometry.block_bytes;
+    let volume_id = rand::random::<u64>() | 1;
+    let created = now().s as u64;
+    let (first, _) = vol.nodes[0];
+    let root = vol.root();
+    let (table_ref, bucket_ref) = (BlockRef::new(first, 0), BlockRef::new(first, 1));
+    let old_root = Inode::decode(
+        &exec(
+            cluster,
+            &Minitx::new().read(first, vol.inode_addr(root), INODE_BYTES as u32),
+            until,
+        )
+        .await?
+        .reads[0],
+    );
+    let t = now();
+    let inode = Inode {
+        iversion: old_root.iversion + 1,
+        igeneration: old_root.igeneration + 1,
+        mode: S_IFDIR | 0o755,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        nlink: 2,
+        mtime: t,
+        ctime: t,
+        atime: t,
+        flags: 0,
+        size: 0,
+        blocks: 2,
+        root: table_ref,
+        height: 0,
+        parent: root,
+        entries: 0,
+        inline: vec![],
+    };
+    let table = Table {
+        version: 1,
+        depth: 0,
+        owner: root,
+        owner_generation: inode.igeneration,
+        buckets: vec![bucket_ref],
+    };
+    let bucket = Bucket::new(root, inode.igeneration, 1, 0);
+    let mut tx = Minitx::new().compare(first, vol.header_addr(first), vec![0; 8]);
+    for (i, &(node, _)) in vol.nodes.iter().enumerate() {
+        tx = tx.write(
+            node,
+            vol.header_addr(node),
+            vol.header(i, volume_id, created),
+        );
+    }
+    let tx = tx
+        .write(
+            first,
+            vol.bitmap_addr(first, Bitmap::Inodes),
+            1u64.to_le_bytes().to_vec(),
+        )
+        .write(
+            first,
+            vol.bitmap_addr(first, Bitmap::Blocks),
+            3u64.to_le_bytes().to_vec(),
+        )
+        .write(first, vol.inode_addr(root), inode.encode())
+        .write(first, vol.block_addr(table_ref), table.encode(bs))
+        .write(first, vol.block_addr(bucket_ref), bucket.encode(bs));
+    let _ = HEADER_BYTES;
+    if !exec(cluster, &tx.class("fs"), until).await?.committed {
+        return Err(FsError::Cluster(
+            "another mkfs formatted the volume at the same time".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl FileSystem {
+    /// Reads the volume's bitmaps, inode tables and every block the walk needs, and checks
+    /// every invariant. The volume should be quiet: a snapshot read while mounts write may
+    /// report what is only in flight.
+    pub async fn fsck(&self) -> Result<crate::fsck::Report, FsError> {
+        let until = Instant::now() + self.deadline.max(Duration::from_secs(600));
+        let mut snap = crate::fsck::Snapshot::default();
+        let g = &self.vol.geometry;
+        for &(node, _) in &self.vol.nodes {
+            let ib = self
+                .read_range(
+                    node,
+                    self.vol.bitmap_addr(node, Bitmap::Inodes),
+                    g.inode_bitmap_bytes(),
+                    until,
+                )
+                .await?;
+            let bb = self
+                .read_range(
+                    node,
+                    self.vol.bitmap_addr(node, Bitmap::Blocks),
+                    g.block_bitmap_bytes(),
+                    until,
+                )
+                .await?;
+            let table_at = self.vol.inode_addr(Ino::new(node, 0));
+            let it = self
+                .read_range(node, table_at, g.inodes_per_node * INODE_BYTES, until)
+                .await?;
+            snap.inode_bitmaps.insert(node, ib);
+            snap.block_bitmaps.insert(node, bb);
+            snap.inode_tables.insert(node, it);
+        }
+        loop {
+            match crate::fsck::check(&self.vol, &snap) {
+                Ok(report) => return Ok(report),
+                Err(need) => {
+                    let fetches: Vec<Fetch> = need
+                        .iter()
+                        .map(|b| Fetch {
+                            node: b.node(),
+                            addr: self.vol.block_addr(*b),
+                            len: g.block_bytes,
+                            dest: crate::txn::Dest::Object,
+                            block: *b,
+                        })
+                        .collect();
+                    let data = fetch(&self.cluster, &fetches, until).await?;
+                    for (b, bytes) in need.into_iter().zip(data) {
+                        snap.blocks.insert(b, bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees what fsck found a crash left: orphan inodes (with their blocks) and leaked
+    /// blocks, each as ordinary operations. Returns how many problems it repaired.
+    pub async fn repair(&self, problems: &[crate::fsck::Problem]) -> Result<usize, i32> {
+        let mut repaired = 0;
+        for p in problems {
+            match p {
+                crate::fsck::Problem::Orphan(ino) => self.reclaim(*ino).await?,
+                crate::fsck::Problem::LeakedBlock(b) => {
+                    self.run(|tx| ops::free_leaked(tx, *b)).await?.0
+                }
+                crate::fsck::Problem::Broken(_) => continue,
+            }
+            repaired += 1;
+        }
+        Ok(repaired)
+    }
+
+    async fn read_range(
+        &self,
+        node: NodeId,
+        addr: u64,
+        bytes: u64,
+        until: Instant,
+    ) -> Result<Vec<u8>, FsError> {
+        let item = 1u64 << 20;
+        let fetches: Vec<Fetch> = (0..bytes)
+            .step_by(item as usize)
+            .map(|at| Fetch {
+                node,
+                addr: addr + at,
+                len: (bytes - at).min(item) as u32,
+                dest: crate::txn::Dest::Object,
+                block: BlockRef::NONE,
+            })
+            .collect();
+        Ok(fetch(&self.cluster, &fetches, until).await?.concat())
+    }
+}

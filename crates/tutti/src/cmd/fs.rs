@@ -1,0 +1,294 @@
+//! `tutti fs`: make, mount and check tutti-fs volumes (docs/fs.md). mkfs and fsck print one
+//! JSON object; mount stays in the foreground until unmounted or interrupted, or with
+//! --background returns once the mount is ready.
+
+use super::args::{parse_size, shutdown_signal, ClusterArg};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tutti_fs::fsck::Problem;
+use tutti_fs::layout::{BLOCK_BYTES_DEFAULT, BYTES_PER_INODE_DEFAULT};
+use tutti_fs::{FileSystem, Mount, MountOptions, Shape};
+use tutti_wire::Dialer;
+
+/// How long `mount --background` waits for the mount to appear.
+const BACKGROUND_READY_S: u64 = 30;
+
+#[derive(Args)]
+pub(crate) struct FsArgs {
+    #[command(subcommand)]
+    command: FsCommand,
+    #[command(flatten)]
+    cluster: ClusterArg,
+    /// The volume (one cluster may hold several).
+    #[arg(long, global = true, default_value = "fs")]
+    name: String,
+}
+
+#[derive(Subcommand)]
+enum FsCommand {
+    /// Create a volume on every memory node of a running cluster: {"volume": NAME, ...}.
+    ///
+    /// Refuses a volume that already holds a file system unless --force (which loses every
+    /// file; unmount it everywhere first).
+    Mkfs {
+        /// Space the volume takes on each memory node (K, M, G suffixes).
+        #[arg(long, default_value = "512M", value_parser = parse_size)]
+        bytes_per_node: u64,
+        /// Data block size, a power of two from 4K to 1M.
+        #[arg(long, default_value_t = BLOCK_BYTES_DEFAULT as u64, value_parser = parse_size)]
+        block_size: u64,
+        /// One inode per this many bytes of space.
+        #[arg(long, default_value_t = BYTES_PER_INODE_DEFAULT as u64, value_parser = parse_size)]
+        bytes_per_inode: u64,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Mount a volume with FUSE, in the foreground until unmounted (fusermount -u, umount)
+    /// or interrupted (Ctrl-C, SIGTERM), which unmounts it.
+    Mount {
+        mountpoint: PathBuf,
+        /// Let the kernel trust attributes and names this long. 0 (the default) validates
+        /// every stat and lookup, so other mounts' changes show at once; more is faster and
+        /// may show another mount's change up to this late.
+        #[arg(long, default_value_t = 0)]
+        cache_ms: u64,
+        /// Threads serving the kernel's requests.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Return once the mount is ready, leaving it served by a process of its own (its
+        /// log goes to --log). Unmount with `umount MOUNTPOINT`.
+        #[arg(long)]
+        background: bool,
+        /// Where a --background mount logs (default: MOUNTPOINT's parent/tutti-fs-NAME.log).
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
+    /// Check every invariant of a quiet volume: {"clean": BOOL, "problems": [...], ...}.
+    /// Exit status 1 if problems remain.
+    ///
+    /// --repair frees what a crashed mount can leave: orphan inodes (unlinked while open)
+    /// and blocks nothing references. Run it with no mount writing.
+    Fsck {
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Space and inodes used: {"blocks": N, "blocks_free": N, ...}.
+    Df,
+}
+
+pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
+    if let FsCommand::Mount {
+        background: true,
+        mountpoint,
+        log,
+        ..
+    } = &a.command
+    {
+        return background(mountpoint, log.as_deref());
+    }
+    let cluster = a.cluster.connect(dialer).await?;
+    let deadline = a.cluster.deadline().max(Duration::from_secs(60));
+    match a.command {
+        FsCommand::Mkfs {
+            bytes_per_node,
+            block_size,
+            bytes_per_inode,
+            force,
+        } => {
+            let shape = Shape {
+                nodes: cluster.nodes().iter().map(|n| n.id).collect(),
+                bytes_per_node,
+                block_bytes: u32::try_from(block_size).map_err(|_| "block size too large")?,
+                bytes_per_inode: u32::try_from(bytes_per_inode)
+                    .map_err(|_| "bytes per inode too large")?,
+            };
+            let vol = FileSystem::mkfs(&cluster, &a.name, &shape, force, deadline)
+                .await
+                .map_err(|e| e.to_string())?;
+            let g = &vol.geometry;
+            let n = vol.nodes.len() as u64;
+            let out = json!({
+                "volume": a.name,
+                "nodes": vol.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                "block_bytes": g.block_bytes,
+                "blocks": g.blocks_per_node * n,
+                "inodes": g.inodes_per_node * n,
+                "bytes": g.blocks_per_node * n * g.block_bytes as u64,
+            });
+            println!("{out}");
+            Ok(())
+        }
+        FsCommand::Mount {
+            mountpoint,
+            cache_ms,
+            threads,
+            ..
+        } => {
+            let fs = FileSystem::open(&cluster, &a.name, deadline)
+                .await
+                .map_err(|e| e.to_string())?;
+            let opts = MountOptions {
+                cache_ms,
+                threads: threads.max(1),
+                ..MountOptions::default()
+            };
+            mount(Arc::new(fs), &mountpoint, &opts).await
+        }
+        FsCommand::Fsck { repair } => {
+            let fs = FileSystem::open(&cluster, &a.name, deadline)
+                .await
+                .map_err(|e| e.to_string())?;
+            fsck(&fs, repair).await
+        }
+        FsCommand::Df => {
+            let fs = FileSystem::open(&cluster, &a.name, deadline)
+                .await
+                .map_err(|e| e.to_string())?;
+            let u = fs.usage().await.map_err(|e| format!("errno {e}"))?;
+            let out = json!({
+                "volume": a.name,
+                "block_bytes": u.block_bytes,
+                "blocks": u.blocks,
+                "blocks_free": u.blocks_free,
+                "inodes": u.inodes,
+                "inodes_free": u.inodes_free,
+            });
+            println!("{out}");
+            Ok(())
+        }
+    }
+}
+
+async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<(), String> {
+    let name = fs.name().to_string();
+    let mount = Mount::new(fs, tokio::runtime::Handle::current(), opts);
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(format!("tutti:{name}")),
+        fuser::MountOption::Subtype("tutti".into()),
+        fuser::MountOption::DefaultPermissions,
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads);
+    let session = tokio::task::block_in_place(|| fuser::spawn_mount(mount, at, &config))
+        .map_err(|e| format!("cannot mount {}: {e}", at.display()))?;
+    eprintln!("tutti fs: volume {name} mounted at {}", at.display());
+    let guard = &session.guard;
+    let unmounted = async {
+        while !guard.is_finished() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::select! {
+        _ = shutdown_signal() => {
+            tokio::task::block_in_place(|| session.umount_and_join()).map_err(|e| format!("unmount {}: {e}", at.display()))?;
+        }
+        _ = unmounted => {
+            tokio::task::block_in_place(|| session.join()).map_err(|e| format!("the mount ended: {e}"))?;
+        }
+    }
+    eprintln!("tutti fs: {} unmounted", at.display());
+    Ok(())
+}
+
+/// Is something mounted at `at` (per /proc/self/mountinfo)?
+fn mounted(at: &Path) -> bool {
+    let Ok(at) = at.canonicalize() else {
+        return false;
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(at.to_string_lossy().as_ref()))
+}
+
+/// Starts this mount again as a process of its own and waits until it is mounted.
+fn background(at: &Path, log: Option<&Path>) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let parent = at
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", at.display()))?;
+    let log = log.map(Path::to_path_buf).unwrap_or_else(|| {
+        parent
+            .parent()
+            .unwrap_or(Path::new("/tmp"))
+            .join(format!("tutti-fs-{}.log", std::process::id()))
+    });
+    let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--background")
+        .collect();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = std::process::Command::new(exe)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().map_err(|e| e.to_string())?)
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot start the mount process: {e}"))?;
+    let until = Instant::now() + Duration::from_secs(BACKGROUND_READY_S);
+    while Instant::now() < until {
+        if mounted(at) {
+            let out = json!({"mounted": parent, "pid": child.id(), "log": log});
+            println!("{out}");
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(format!(
+                "the mount process exited ({status}): {}",
+                tail.trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    Err(format!(
+        "not mounted within {BACKGROUND_READY_S} s; see {}",
+        log.display()
+    ))
+}
+
+async fn fsck(fs: &FileSystem, repair: bool) -> Result<(), String> {
+    let started = Instant::now();
+    let report = fs.fsck().await.map_err(|e| e.to_string())?;
+    let mut repaired = 0;
+    let mut after = None;
+    if repair && !report.problems.is_empty() {
+        repaired = fs
+            .repair(&report.problems)
+            .await
+            .map_err(|e| format!("repair: errno {e}"))?;
+        after = Some(fs.fsck().await.map_err(|e| e.to_string())?);
+    }
+    let last = after.as_ref().unwrap_or(&report);
+    let describe = |p: &Problem| match p {
+        Problem::LeakedBlock(b) => json!({"leaked_block": format!("{:#x}", b.0)}),
+        Problem::Orphan(i) => json!({"orphan_inode": format!("{:#x}", i.0)}),
+        Problem::Broken(what) => json!({"broken": what}),
+    };
+    let out = json!({
+        "volume": fs.name(),
+        "clean": last.problems.is_empty(),
+        "inodes_used": last.inodes_used,
+        "blocks_used": last.blocks_used,
+        "files": last.files,
+        "directories": last.directories,
+        "problems": report.problems.iter().map(describe).collect::<Vec<_>>(),
+        "repaired": repaired,
+        "remaining": last.problems.iter().map(describe).collect::<Vec<_>>(),
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    println!("{out}");
+    if last.problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} problems remain", last.problems.len()))
+    }
+}

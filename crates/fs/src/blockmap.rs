@@ -387,3 +387,99 @@ fn truncate(tx: &mut Txn<'_>, ino: Ino, old: &Inode, new: &mut Inode, size: u64)
     }
     Ok(true)
 }
+
+/// Blocks one fallocate minitransaction allocates or frees at most.
+pub const FALLOCATE_BLOCKS_PER_TXN: u64 = 256;
+
+/// Frees the data block holding block `index`, if any (its pointer blocks stay).
+fn free_at(tx: &mut Txn<'_>, ino: Ino, base: u64, i: &mut Inode, index: u64) -> OpResult<()> {
+    let p = per_block(tx);
+    if i.root.is_none() || index >= capacity(p, i.height) {
+        return Ok(());
+    }
+    if i.height == 0 {
+        tx.free(i.root.node(), Bitmap::Blocks, i.root.index())?;
+        i.root = BlockRef::NONE;
+        i.blocks -= 1;
+        return Ok(());
+    }
+    let mut b = i.root;
+    for level in (1..=i.height).rev() {
+        let slot = index / capacity(p, level - 1) % p;
+        let child = pointer(&tx.pointer_block(ino, base, b)?, slot);
+        if child.is_none() {
+            return Ok(());
+        }
+        if level == 1 {
+            tx.free(child.node(), Bitmap::Blocks, child.index())?;
+            tx.set_pointer(ino, base, b, slot, BlockRef::NONE)?;
+            i.blocks -= 1;
+            return Ok(());
+        }
+        b = child;
+    }
+    Ok(())
+}
+
+/// fallocate(2) on bytes `from..end` of `ino`, at most `FALLOCATE_BLOCKS_PER_TXN` blocks
+/// of it: mode 0 and KEEP_SIZE allocate (zeroed), PUNCH_HOLE (with KEEP_SIZE) and
+/// ZERO_RANGE make the range read as zeros, freeing the blocks it covers whole. Returns
+/// where the next run starts (`end` when done).
+pub fn fallocate(
+    tx: &mut Txn<'_>,
+    ino: Ino,
+    from: u64,
+    end: u64,
+    mode: i32,
+    now: Time,
+) -> OpResult<u64> {
+    let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+    let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
+    let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
+    let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+    if mode & !known != 0 || (punch && (!keep || zero)) {
+        return errno(libc::EOPNOTSUPP);
+    }
+    let old = inode(tx, ino)?;
+    if old.kind() != S_IFREG {
+        return errno(if old.is_dir() {
+            libc::EISDIR
+        } else {
+            libc::ENODEV
+        });
+    }
+    let bs = tx.vol.geometry.block_bytes as u64;
+    if end > file_bytes_max(bs as u32) {
+        return errno(libc::EFBIG);
+    }
+    let stop = end.min((from / bs + FALLOCATE_BLOCKS_PER_TXN) * bs);
+    let mut new = old.clone();
+    let mut at = from;
+    while at < stop {
+        let (index, within) = (at / bs, at % bs);
+        let n = (bs - within).min(stop - at);
+        if punch || zero {
+            if n == bs {
+                free_at(tx, ino, old.iversion, &mut new, index)?;
+            } else {
+                let b = lookup(tx, ino, old.iversion, &new, index)?;
+                if !b.is_none() {
+                    tx.write(b.node(), tx.vol.block_addr(b) + within, vec![0; n as usize]);
+                }
+            }
+        } else {
+            let (b, fresh) = map(tx, ino, old.iversion, &mut new, index)?;
+            if fresh {
+                tx.create_block(b, vec![0; bs as usize], false);
+            }
+        }
+        at += n;
+    }
+    if !keep && !punch {
+        new.size = new.size.max(stop);
+    }
+    new.mtime = now;
+    new.ctime = now;
+    crate::ops::stage_inode(tx, ino, &old, new);
+    Ok(stop)
+}

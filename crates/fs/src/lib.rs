@@ -8,6 +8,7 @@
 pub mod blockmap;
 pub mod dir;
 pub mod fsck;
+pub mod fsx;
 pub mod inode;
 pub mod layout;
 pub mod mount;

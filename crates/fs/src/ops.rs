@@ -31,13 +31,16 @@ pub fn inode(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Inode> {
     Ok(i)
 }
 
-/// The inode `ino`, validated only as the same file (its `igeneration`): for a directory
-/// whose entries, not attributes, the operation depends on.
+/// The inode `ino`, validated only as the same live file (its `igeneration` and mode): for
+/// a directory whose entries, not attributes, the operation depends on. A directory removed
+/// by another
+/// mount between the kernel's lookup and this operation is ENOENT, as a removed directory
+/// is on a local file system.
 pub fn identity(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Inode> {
     let i = slot(tx, ino)?;
-    tx.check(ino.node(), tx.vol.inode_addr(ino) + field::IGENERATION, 8);
+    tx.check(ino.node(), tx.vol.inode_addr(ino) + field::IGENERATION, 12);
     if i.is_free() {
-        return errno(libc::ESTALE);
+        return errno(libc::ENOENT);
     }
     Ok(i)
 }
@@ -600,5 +603,5 @@ pub fn free_leaked(tx: &mut Txn<'_>, b: BlockRef) -> OpResult<()> {
     tx.free(b.node(), Bitmap::Blocks, b.index())
 }
 
-pub use crate::blockmap::{free_from, read, setattr, write, Piece, SetAttr};
+pub use crate::blockmap::{fallocate, free_from, read, setattr, write, Piece, SetAttr};
 pub use crate::rename::rename;

@@ -465,6 +465,23 @@ impl FileSystem {
             .0)
     }
 
+    /// fallocate(2): `mode` is Linux's (KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE); a long range
+    /// takes several minitransactions.
+    pub async fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32) -> Result<(), i32> {
+        let end = offset.checked_add(len).ok_or(libc::EFBIG)?;
+        if len == 0 {
+            return Err(libc::EINVAL);
+        }
+        let mut at = offset;
+        while at < end {
+            at = self
+                .run(|tx| ops::fallocate(tx, ino, at, end, mode, now()))
+                .await?
+                .0;
+        }
+        Ok(())
+    }
+
     pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>, i32> {
         let (target, reads) = self.run(|tx| ops::readlink(tx, ino)).await?;
         Ok(match target {

@@ -77,6 +77,23 @@ enum FsCommand {
     },
     /// Space and inodes used: {"blocks": N, "blocks_free": N, ...}.
     Df,
+    /// Exercise one file on any mounted file system as xfstests' fsx does: random writes,
+    /// reads, truncates, fallocates, fsyncs and reopens, every read checked against a model.
+    /// Prints {"ops": N, ...}; exit status 1 at the first wrong byte or size.
+    Fsx {
+        /// The file to create (or overwrite) and exercise.
+        file: PathBuf,
+        #[arg(long, default_value_t = 10_000)]
+        ops: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Largest size the file reaches.
+        #[arg(long, default_value = "4M", value_parser = parse_size)]
+        size_max: u64,
+        /// Leave fallocate out (for file systems without it).
+        #[arg(long)]
+        no_fallocate: bool,
+    },
 }
 
 pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
@@ -88,6 +105,16 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
     } = &a.command
     {
         return background(mountpoint, log.as_deref());
+    }
+    if let FsCommand::Fsx {
+        file,
+        ops,
+        seed,
+        size_max,
+        no_fallocate,
+    } = &a.command
+    {
+        return fsx(file, *ops, *seed, *size_max, !*no_fallocate);
     }
     let cluster = a.cluster.connect(dialer).await?;
     let deadline = a.cluster.deadline().max(Duration::from_secs(60));
@@ -143,6 +170,7 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             fsck(&fs, repair).await
         }
+        FsCommand::Fsx { .. } => unreachable!("runs without a cluster"),
         FsCommand::Df => {
             let fs = FileSystem::open(&cluster, &a.name, deadline)
                 .await
@@ -291,4 +319,32 @@ async fn fsck(fs: &FileSystem, repair: bool) -> Result<(), String> {
     } else {
         Err(format!("{} problems remain", last.problems.len()))
     }
+}
+
+fn fsx(file: &Path, ops: u64, seed: u64, size_max: u64, fallocate: bool) -> Result<(), String> {
+    let cfg = tutti_fs::fsx::FsxConfig {
+        ops,
+        seed,
+        file_bytes_max: size_max,
+        fallocate,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let report = tokio::task::block_in_place(|| {
+        tutti_fs::fsx::run(file, &cfg, &mut |n| eprintln!("fsx: {n} operations"))
+    })?;
+    let out = json!({
+        "ops": ops,
+        "seed": seed,
+        "writes": report.writes,
+        "reads": report.reads,
+        "truncates": report.truncates,
+        "fallocates": report.fallocates,
+        "fsyncs": report.fsyncs,
+        "reopens": report.reopens,
+        "full_checks": report.full_checks,
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    println!("{out}");
+    Ok(())
 }

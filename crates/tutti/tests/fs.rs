@@ -1,0 +1,296 @@
+//! tutti-fs as users run it: real memory nodes and manager, volumes made with `tutti fs mkfs`
+//! and mounted with FUSE by `tutti fs mount` processes. Two mounts of one volume see each
+//! other's changes, concurrent rename/unlink/create storms from both leave a tree they agree
+//! on and fsck finds clean; the fsx exerciser runs clean on a mount; a mount killed with
+//! -9 leaves only what `fsck --repair` frees; a memory node restarted under a mount makes
+//! it wait, not fail.
+
+mod common;
+
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn tutti(args: &[&str]) -> std::process::Output {
+    Command::new(common::exe())
+        .args(args)
+        .output()
+        .expect("run tutti")
+}
+
+fn mkfs(cluster: &Path) {
+    let out = tutti(&[
+        "fs",
+        "mkfs",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--bytes-per-node",
+        "48M",
+    ]);
+    assert!(
+        out.status.success(),
+        "mkfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn fsck(cluster: &Path, repair: bool) -> serde_json::Value {
+    let mut args = vec!["fs", "fsck", "--cluster", cluster.to_str().unwrap()];
+    if repair {
+        args.push("--repair");
+    }
+    let out = tutti(&args);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "fsck printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn is_mounted(at: &Path) -> bool {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(at.to_str().unwrap()))
+}
+
+/// A `tutti fs mount` process in the foreground; dropped, it is interrupted (which
+/// unmounts), or if it was killed, the dead mount is detached.
+struct Mounted {
+    at: PathBuf,
+    child: Child,
+}
+
+impl Mounted {
+    fn new(cluster: &Path, at: PathBuf) -> Mounted {
+        fs::create_dir_all(&at).unwrap();
+        let child = Command::new(common::exe())
+            .args([
+                "fs",
+                "mount",
+                "--cluster",
+                cluster.to_str().unwrap(),
+                at.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the mount");
+        let until = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(&at) {
+            assert!(
+                Instant::now() < until,
+                "{} not mounted within 30 s",
+                at.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Mounted { at, child }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
+        if is_mounted(&self.at) {
+            let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+        }
+    }
+}
+
+/// Errors a storm expects: another mount got there first. ESTALE is what a file removed by
+/// the other mount while this one had it open answers (as over NFS; docs/fs.md).
+fn expected(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::NotFound | ErrorKind::AlreadyExists | ErrorKind::DirectoryNotEmpty
+    ) || matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENOTEMPTY
+                | libc::EEXIST
+                | libc::ENOENT
+                | libc::EISDIR
+                | libc::ENOTDIR
+                | libc::ESTALE
+        )
+    )
+}
+
+fn storm(root: &Path, seed: u64, ops: usize) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for _ in 0..ops {
+        let d = |rng: &mut rand_chacha::ChaCha8Rng| root.join(format!("d{}", rng.gen_range(0..3)));
+        let f =
+            |rng: &mut rand_chacha::ChaCha8Rng| d(rng).join(format!("f{}", rng.gen_range(0..20)));
+        let s =
+            |rng: &mut rand_chacha::ChaCha8Rng| d(rng).join(format!("s{}", rng.gen_range(0..3)));
+        let r = match rng.gen_range(0..7) {
+            0 | 1 => fs::write(f(&mut rng), vec![b'x'; rng.gen_range(0..3000)]),
+            2 => fs::remove_file(f(&mut rng)),
+            3 => {
+                let (a, b) = (f(&mut rng), f(&mut rng));
+                fs::rename(a, b)
+            }
+            4 => fs::create_dir(s(&mut rng)),
+            5 => fs::remove_dir(s(&mut rng)),
+            _ => {
+                let (a, b) = (s(&mut rng), s(&mut rng));
+                fs::rename(a, b)
+            }
+        };
+        if let Err(e) = r {
+            assert!(expected(&e), "unexpected error from the storm: {e:?}");
+        }
+    }
+}
+
+/// Every path under `root` with its size (directories: None).
+fn tree(root: &Path) -> BTreeMap<String, Option<u64>> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = fs::symlink_metadata(e.path()).unwrap();
+            let name = e
+                .path()
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            if m.is_dir() {
+                dirs.push(e.path());
+                out.insert(name, None);
+            } else {
+                out.insert(name, Some(m.len()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn two_mounts_see_each_other_and_storms_leave_a_clean_tree() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("fs-two", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+    let a = Mounted::new(&c.local.dir, c.local.dir.join("a"));
+    let b = Mounted::new(&c.local.dir, c.local.dir.join("b"));
+
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(a.at.join("hello"), &data).unwrap();
+    assert_eq!(
+        fs::read(b.at.join("hello")).unwrap(),
+        data,
+        "a file written through one mount reads the same through the other"
+    );
+    fs::rename(b.at.join("hello"), b.at.join("moved")).unwrap();
+    assert!(!a.at.join("hello").exists());
+    assert_eq!(fs::metadata(a.at.join("moved")).unwrap().len(), 1_000_000);
+
+    for d in 0..3 {
+        fs::create_dir(a.at.join(format!("d{d}"))).unwrap();
+    }
+    let (ra, rb) = (a.at.clone(), b.at.clone());
+    let ta = std::thread::spawn(move || storm(&ra, 1, 400));
+    let tb = std::thread::spawn(move || storm(&rb, 2, 400));
+    ta.join().expect("storm through a");
+    tb.join().expect("storm through b");
+    assert_eq!(tree(&a.at), tree(&b.at), "both mounts see the same tree");
+    drop((a, b));
+    let report = fsck(&c.local.dir, false);
+    assert_eq!(report["clean"], true, "fsck after the storms: {report}");
+}
+
+#[test]
+fn fsx_runs_clean_on_a_mount() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("fs-fsx", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+    let m = Mounted::new(&c.local.dir, c.local.dir.join("m"));
+    let cfg = tutti_fs::fsx::FsxConfig {
+        ops: 5_000,
+        seed: common::chaos_seed(),
+        ..Default::default()
+    };
+    let report =
+        tutti_fs::fsx::run(&m.at.join("fsx"), &cfg, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        report.writes > 1000 && report.fallocates > 100 && report.truncates > 100,
+        "{report:?}"
+    );
+    drop(m);
+    assert_eq!(fsck(&c.local.dir, false)["clean"], true);
+}
+
+#[test]
+fn a_killed_mount_leaves_only_what_fsck_repairs_and_a_restarted_node_only_delays() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let mut c = common::start("fs-crash", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+
+    // A file unlinked while open, then its mount killed: an orphan.
+    let mut a = Mounted::new(&c.local.dir, c.local.dir.join("a"));
+    fs::write(a.at.join("kept"), b"durable").unwrap();
+    let held = fs::File::open(a.at.join("kept")).unwrap();
+    fs::write(a.at.join("doomed"), vec![7u8; 100_000]).unwrap();
+    let open = fs::File::open(a.at.join("doomed")).unwrap();
+    fs::remove_file(a.at.join("doomed")).unwrap();
+    a.kill9();
+    drop((open, held));
+    let report = fsck(&c.local.dir, false);
+    assert_eq!(report["clean"], false, "{report}");
+    assert!(
+        report["problems"].to_string().contains("orphan_inode"),
+        "{report}"
+    );
+    let repaired = fsck(&c.local.dir, true);
+    assert_eq!(repaired["clean"], true, "{repaired}");
+    assert_eq!(fsck(&c.local.dir, false)["clean"], true);
+
+    // A memory node killed and restarted while a mount writes: the writes wait, then go on.
+    let b = Mounted::new(&c.local.dir, c.local.dir.join("b"));
+    assert_eq!(fs::read(b.at.join("kept")).unwrap(), b"durable");
+    let at = b.at.clone();
+    let writer = std::thread::spawn(move || {
+        for i in 0..200 {
+            fs::write(at.join(format!("w{i}")), vec![i as u8; 20_000]).unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    c.local.kill_node(2);
+    std::thread::sleep(Duration::from_secs(2));
+    c.local.start_node(2).unwrap();
+    writer
+        .join()
+        .expect("every write succeeded across the restart");
+    for i in 0..200 {
+        assert_eq!(
+            fs::read(b.at.join(format!("w{i}"))).unwrap(),
+            vec![i as u8; 20_000]
+        );
+    }
+    drop(b);
+    assert_eq!(fsck(&c.local.dir, false)["clean"], true);
+}

@@ -363,3 +363,60 @@ impl Checker<'_> {
         self.report.problems = std::mem::take(&mut self.problems);
     }
 }
+
+/// Reads `len` bytes at `addr` of a node, straight from its memory (the simulator's spaces).
+pub type ReadImage<'a> = &'a dyn Fn(NodeId, u64, u32) -> Vec<u8>;
+
+/// Checks a volume read straight from its nodes' memory.
+pub fn check_image(vol: &Volume, read: ReadImage<'_>) -> Report {
+    use crate::layout::Bitmap;
+    let g = &vol.geometry;
+    let mut snap = Snapshot::default();
+    for &(node, _) in &vol.nodes {
+        let table_at = vol.inode_addr(Ino::new(node, 0));
+        let ib = read(
+            node,
+            vol.bitmap_addr(node, Bitmap::Inodes),
+            g.inode_bitmap_bytes() as u32,
+        );
+        let bb = read(
+            node,
+            vol.bitmap_addr(node, Bitmap::Blocks),
+            g.block_bitmap_bytes() as u32,
+        );
+        let it = read(node, table_at, (g.inodes_per_node * INODE_BYTES) as u32);
+        snap.inode_bitmaps.insert(node, ib);
+        snap.block_bitmaps.insert(node, bb);
+        snap.inode_tables.insert(node, it);
+    }
+    loop {
+        match check(vol, &snap) {
+            Ok(report) => return report,
+            Err(need) => {
+                for b in need {
+                    let bytes = read(b.node(), vol.block_addr(b), g.block_bytes);
+                    snap.blocks.insert(b, bytes);
+                }
+            }
+        }
+    }
+}
+
+/// The entries of directory `dir`, read straight from the nodes' memory; `None` if `dir`
+/// is not a live directory.
+pub fn list_image(vol: &Volume, read: ReadImage<'_>, dir: Ino) -> Option<Vec<crate::dir::Entry>> {
+    let bs = vol.geometry.block_bytes;
+    let inode = Inode::decode(&read(dir.node(), vol.inode_addr(dir), INODE_BYTES as u32));
+    if !inode.is_dir() || !vol.valid_block(inode.root) {
+        return None;
+    }
+    let table = Table::decode(&read(inode.root.node(), vol.block_addr(inode.root), bs));
+    let mut refs = table.buckets;
+    refs.sort();
+    refs.dedup();
+    let mut out = vec![];
+    for b in refs {
+        out.extend(Bucket::decode(&read(b.node(), vol.block_addr(b), bs))?.entries);
+    }
+    Some(out)
+}

@@ -18,5 +18,15 @@ pub mod txn;
 pub mod volume;
 
 pub use layout::{BlockRef, Ino};
+
+/// Deliberate bugs that show the simulator's checks can fail (crates/sim/tests/planted.rs).
+/// Planted only with the `planted-bugs` feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// A directory operation changes a bucket without comparing the version it read.
+    BucketNotValidated,
+}
+
+tutti_wire::planted_bugs!(Bug);
 pub use mount::{Mount, MountOptions};
 pub use volume::{FileSystem, FsError, Shape, Usage};

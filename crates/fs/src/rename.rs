@@ -67,9 +67,6 @@ pub fn rename(
     let moving = s.bucket.entries[si].clone();
     let moved = inode(tx, moving.ino)?;
     let d = place(tx, dp, dname)?;
-    if d.dir.nlink == 0 {
-        return errno(libc::ENOENT);
-    }
     let target = d.index.map(|i| d.bucket.entries[i].clone());
     if target.as_ref().is_some_and(|t| t.ino == moving.ino) {
         return Ok(Made::Done(Unlinked::Done));

@@ -5,8 +5,7 @@
 use crate::dir::{Bucket, Entry, Table};
 use crate::inode::{Inode, Time, S_IFDIR};
 use crate::layout::{
-    self, Bitmap, BlockRef, Geometry, Ino, LayoutError, Volume, HEADER_BYTES, INODE_BYTES,
-    REGION_KIND,
+    self, Bitmap, BlockRef, Geometry, Ino, LayoutError, Volume, INODE_BYTES, REGION_KIND,
 };
 use crate::ops::{self, Caller, Made, NewFile, Piece, SetAttr, Target, Unlinked};
 use crate::txn::{Cache, Fetch, OpResult, Plan, Txn};
@@ -576,25 +575,29 @@ async fn clear(cluster: &Cluster, vol: &Volume, until: Instant) -> Result<(), Fs
     Ok(())
 }
 
-/// Writes the headers (the first node's last, guarded by a compare that it is still blank),
-/// the root directory and its blocks.
+/// Writes the headers, the root directory and its blocks, guarded by a compare that the
+/// first node's header is still blank (two concurrent mkfs cannot both format).
 async fn format(cluster: &Cluster, vol: &Volume, until: Instant) -> Result<(), FsError> {
+    let (first, _) = vol.nodes[0];
+    let read = Minitx::new().read(first, vol.inode_addr(vol.root()), INODE_BYTES as u32);
+    let old_root = Inode::decode(&exec(cluster, &read, until).await?.reads[0]);
+    let tx = format_minitx(vol, &old_root, rand::random::<u64>() | 1, now());
+    if !exec(cluster, &tx, until).await?.committed {
+        return Err(FsError::Cluster(
+            "another mkfs formatted the volume at the same time".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The minitransaction that formats `vol` (its bitmaps and inode tables zero): every node's
+/// header and the root directory with its table and bucket (blocks 0 and 1 of the first
+/// node). `old_root` is the root's slot as it is: a reused slot continues its `iversion`.
+pub fn format_minitx(vol: &Volume, old_root: &Inode, volume_id: u64, t: Time) -> Minitx {
     let bs = vol.geometry.block_bytes;
-    let volume_id = rand::random::<u64>() | 1;
-    let created = now().s as u64;
     let (first, _) = vol.nodes[0];
     let root = vol.root();
     let (table_ref, bucket_ref) = (BlockRef::new(first, 0), BlockRef::new(first, 1));
-    let old_root = Inode::decode(
-        &exec(
-            cluster,
-            &Minitx::new().read(first, vol.inode_addr(root), INODE_BYTES as u32),
-            until,
-        )
-        .await?
-        .reads[0],
-    );
-    let t = now();
     let inode = Inode {
         iversion: old_root.iversion + 1,
         igeneration: old_root.igeneration + 1,
@@ -628,30 +631,23 @@ async fn format(cluster: &Cluster, vol: &Volume, until: Instant) -> Result<(), F
         tx = tx.write(
             node,
             vol.header_addr(node),
-            vol.header(i, volume_id, created),
+            vol.header(i, volume_id, t.s as u64),
         );
     }
-    let tx = tx
-        .write(
-            first,
-            vol.bitmap_addr(first, Bitmap::Inodes),
-            1u64.to_le_bytes().to_vec(),
-        )
-        .write(
-            first,
-            vol.bitmap_addr(first, Bitmap::Blocks),
-            3u64.to_le_bytes().to_vec(),
-        )
-        .write(first, vol.inode_addr(root), inode.encode())
-        .write(first, vol.block_addr(table_ref), table.encode(bs))
-        .write(first, vol.block_addr(bucket_ref), bucket.encode(bs));
-    let _ = HEADER_BYTES;
-    if !exec(cluster, &tx.class("fs"), until).await?.committed {
-        return Err(FsError::Cluster(
-            "another mkfs formatted the volume at the same time".into(),
-        ));
-    }
-    Ok(())
+    tx.write(
+        first,
+        vol.bitmap_addr(first, Bitmap::Inodes),
+        1u64.to_le_bytes().to_vec(),
+    )
+    .write(
+        first,
+        vol.bitmap_addr(first, Bitmap::Blocks),
+        3u64.to_le_bytes().to_vec(),
+    )
+    .write(first, vol.inode_addr(root), inode.encode())
+    .write(first, vol.block_addr(table_ref), table.encode(bs))
+    .write(first, vol.block_addr(bucket_ref), bucket.encode(bs))
+    .class("fs")
 }
 
 impl FileSystem {

@@ -11,6 +11,7 @@
 
 mod client;
 mod coordinators;
+pub mod fs;
 pub mod log;
 mod log_client;
 mod log_io;
@@ -170,7 +171,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
 
 /// Starts every process, runs the world until it settles or the liveness bound passes, and
 /// returns the violations found on the way, with a liveness one if it did not settle.
-fn run_to_the_end(world: &mut World, faults: &Faults) -> Vec<Violation> {
+pub(crate) fn run_to_the_end(world: &mut World, faults: &Faults) -> Vec<Violation> {
     for i in 0..world.next_addr().0 {
         world.start(Addr(i));
     }

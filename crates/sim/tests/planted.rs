@@ -210,3 +210,18 @@ fn an_own_entry_kept_at_a_position_its_append_gave_up_is_caught() {
     assert!(found.is_some(), "not caught in 1,000 seeds");
     eprintln!("caught: {found:?}");
 }
+
+/// A directory operation that changes a bucket without comparing the version it read: two
+/// clients' entries overwrite each other, and fsck or a client's model finds it.
+#[test]
+fn a_bucket_changed_without_validation_is_caught() {
+    tutti_fs::plant(Some(tutti_fs::Bug::BucketNotValidated));
+    let cfg = tutti_sim::fs::FsSimConfig::default();
+    let found = (0..1000).find_map(|seed| {
+        let report = tutti_sim::fs::run(seed, &cfg);
+        report.violations.first().map(|v| (seed, v.to_string()))
+    });
+    tutti_fs::plant(None);
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}

@@ -5,6 +5,7 @@
 //! here does I/O: a driver executes the minitransactions and hands back their outcomes.
 
 pub mod bank;
+pub mod fs;
 pub mod log;
 
 pub use bank::{Bank, BankOp, TransferKind};

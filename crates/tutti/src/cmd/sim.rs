@@ -13,7 +13,8 @@ pub(crate) struct SimArgs {
     /// What to simulate: `bank` (minitransactions: transfers and audits under recovery),
     /// `log` (the shared log: appenders and stream readers, the sequencer crashing) or
     /// `tango` (objects over the log: transactions across layered partitions, decision
-    /// records, checkpoints, forget and trim).
+    /// records, checkpoints, forget and trim) or `fs` (tutti-fs: creates, unlinks, renames,
+    /// mkdir/rmdir, writes and truncates from several clients; fsck's checks at the end).
     #[arg(long, value_enum, default_value_t = SimWorkload::Bank)]
     workload: SimWorkload,
 }
@@ -23,6 +24,7 @@ pub(crate) enum SimWorkload {
     Bank,
     Log,
     Tango,
+    Fs,
 }
 
 impl SimWorkload {
@@ -33,6 +35,7 @@ impl SimWorkload {
             SimWorkload::Tango => {
                 tutti_sim::tango::run(seed, &tutti_sim::tango::TangoSimConfig::default())
             }
+            SimWorkload::Fs => tutti_sim::fs::run(seed, &tutti_sim::fs::FsSimConfig::default()),
         }
     }
 
@@ -41,6 +44,7 @@ impl SimWorkload {
             SimWorkload::Bank => "bank",
             SimWorkload::Log => "log",
             SimWorkload::Tango => "tango",
+            SimWorkload::Fs => "fs",
         }
     }
 }
@@ -119,6 +123,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             SimWorkload::Bank => "minitransactions",
             SimWorkload::Log => "appends",
             SimWorkload::Tango => "transfers",
+            SimWorkload::Fs => "file-system operations",
         }
     );
     for (seed, text) in &failures {

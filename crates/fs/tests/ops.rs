@@ -1,0 +1,214 @@
+//! The operations against a volume in memory (one process, no cluster): each plan's
+//! minitransaction applied by a small executor with the memory nodes' semantics.
+
+use std::collections::HashMap;
+use tutti_client::Minitx;
+use tutti_fs::inode::{Inode, Time, S_IFDIR, S_IFREG};
+use tutti_fs::layout::{Geometry, Ino, Volume, INODE_BYTES};
+use tutti_fs::ops::{self, Caller, Made, NewFile};
+use tutti_fs::txn::{Cache, OpResult, Plan, Txn};
+use tutti_wire::{CmpOp, Item, NodeId};
+
+const NOW: Time = Time {
+    s: 1_700_000_000,
+    ns: 0,
+};
+const ROOT: Caller = Caller { uid: 0, gid: 0 };
+
+struct Memory {
+    vol: Volume,
+    images: HashMap<NodeId, Vec<u8>>,
+    cache: Cache,
+}
+
+impl Memory {
+    fn new() -> Memory {
+        let g = Geometry::new(1 << 20, 4096, 2048).unwrap();
+        let vol = Volume {
+            geometry: g,
+            nodes: vec![(1, 0), (2, 0)],
+        };
+        let images = vol
+            .nodes
+            .iter()
+            .map(|(n, _)| (*n, vec![0u8; 1 << 20]))
+            .collect();
+        let mut m = Memory {
+            vol,
+            images,
+            cache: Cache::default(),
+        };
+        let zero = Inode::decode(&[0u8; INODE_BYTES as usize]);
+        let tx = tutti_fs::volume::format_minitx(&m.vol, &zero, 1, NOW);
+        assert!(m.exec(&tx).0);
+        m
+    }
+
+    /// Applies `tx` as a memory node would: (committed, reads, failed compares).
+    fn exec(&mut self, tx: &Minitx) -> (bool, Vec<Vec<u8>>, Vec<usize>) {
+        let mut reads = vec![];
+        let mut failed = vec![];
+        for (i, (node, item)) in tx.items().iter().enumerate() {
+            let img = &self.images[node];
+            match item {
+                Item::Read { addr, len } => {
+                    reads.push(img[*addr as usize..(*addr + *len as u64) as usize].to_vec())
+                }
+                Item::Compare { addr, op, bytes } => {
+                    assert_eq!(*op, CmpOp::Eq);
+                    if img[*addr as usize..*addr as usize + bytes.len()] != bytes[..] {
+                        failed.push(i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !failed.is_empty() {
+            return (false, reads, failed);
+        }
+        for (node, item) in tx.items() {
+            let img = self.images.get_mut(node).unwrap();
+            match item {
+                Item::Write { addr, bytes } => {
+                    img[*addr as usize..*addr as usize + bytes.len()].copy_from_slice(bytes)
+                }
+                Item::Add { addr, delta } => {
+                    let at = *addr as usize;
+                    let v = u64::from_le_bytes(img[at..at + 8].try_into().unwrap())
+                        .wrapping_add(*delta as u64);
+                    img[at..at + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                _ => {}
+            }
+        }
+        (true, reads, vec![])
+    }
+
+    fn run<T>(&mut self, op: impl Fn(&mut Txn<'_>) -> OpResult<T>) -> Result<T, i32> {
+        loop {
+            let plan = {
+                let mut tx = Txn::new(&self.vol, &self.cache, 7);
+                let a = op(&mut tx);
+                tx.finish(a)
+            };
+            match plan {
+                Plan::Done(r) => return r,
+                Plan::Fetch(fetches) => {
+                    let tx = fetches
+                        .iter()
+                        .fold(Minitx::new(), |t, f| t.read(f.node, f.addr, f.len));
+                    let (_, reads, _) = self.exec(&tx);
+                    for (f, b) in fetches.iter().zip(reads) {
+                        self.cache.fill(f, b);
+                    }
+                }
+                Plan::Run {
+                    tx,
+                    result,
+                    effects,
+                    compared,
+                } => {
+                    let (ok, _, failed) = self.exec(&tx);
+                    if ok {
+                        self.cache.apply(effects);
+                        return result;
+                    }
+                    for i in failed {
+                        self.cache.drop_containing(compared[i].0, compared[i].1);
+                    }
+                }
+            }
+        }
+    }
+
+    fn mkdir(&mut self, parent: Ino, name: &str) -> Result<Ino, i32> {
+        let new = NewFile {
+            mode: S_IFDIR | 0o755,
+            rdev: 0,
+            target: vec![],
+        };
+        loop {
+            if let Made::Done((i, _)) =
+                self.run(|tx| ops::make(tx, parent, name.as_bytes(), &new, ROOT, 1, NOW))?
+            {
+                return Ok(i);
+            }
+        }
+    }
+
+    fn create(&mut self, parent: Ino, name: &str) -> Result<Ino, i32> {
+        let new = NewFile {
+            mode: S_IFREG | 0o644,
+            rdev: 0,
+            target: vec![],
+        };
+        loop {
+            if let Made::Done((i, _)) =
+                self.run(|tx| ops::make(tx, parent, name.as_bytes(), &new, ROOT, 2, NOW))?
+            {
+                return Ok(i);
+            }
+        }
+    }
+
+    fn rename(&mut self, sp: Ino, s: &str, dp: Ino, d: &str, flags: u32) -> Result<(), i32> {
+        let never = |_: Ino| false;
+        loop {
+            if let Made::Done(_) = self
+                .run(|tx| ops::rename(tx, sp, s.as_bytes(), dp, d.as_bytes(), flags, &never, NOW))?
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    fn lookup(&mut self, parent: Ino, name: &str) -> Result<Ino, i32> {
+        self.run(|tx| ops::lookup(tx, parent, name.as_bytes()))
+            .map(|(i, _)| i)
+    }
+
+    fn fsck(&self) -> Vec<tutti_fs::fsck::Problem> {
+        let read = |n: NodeId, a: u64, l: u32| {
+            self.images[&n][a as usize..a as usize + l as usize].to_vec()
+        };
+        tutti_fs::fsck::check_image(&self.vol, &read).problems
+    }
+}
+
+#[test]
+fn a_directory_renamed_into_another_is_found_there() {
+    let mut m = Memory::new();
+    let root = m.vol.root();
+    let own = m.mkdir(root, "own").unwrap();
+    let shared = m.mkdir(root, "shared").unwrap();
+    let s0 = m.mkdir(shared, "s0").unwrap();
+    m.rename(shared, "s0", own, "s2", 0).unwrap();
+    assert_eq!(m.lookup(own, "s2"), Ok(s0));
+    assert_eq!(m.lookup(shared, "s0"), Err(libc::ENOENT));
+    m.rename(own, "s2", shared, "s2", 0).unwrap();
+    assert_eq!(m.lookup(shared, "s2"), Ok(s0));
+    assert!(m.fsck().is_empty(), "{:?}", m.fsck());
+}
+
+#[test]
+fn many_names_split_buckets_and_stay_found() {
+    let mut m = Memory::new();
+    let root = m.vol.root();
+    let d = m.mkdir(root, "d").unwrap();
+    let names: Vec<String> = (0..300)
+        .map(|i| format!("file-{i}-{}", "y".repeat(40)))
+        .collect();
+    let inos: Vec<Ino> = names.iter().map(|n| m.create(d, n).unwrap()).collect();
+    for (n, i) in names.iter().zip(&inos) {
+        assert_eq!(m.lookup(d, n), Ok(*i), "{n}");
+    }
+    for n in names.iter().step_by(2) {
+        m.rename(d, n, root, n, 0).unwrap();
+    }
+    for (k, n) in names.iter().enumerate() {
+        let (here, there) = if k % 2 == 0 { (root, d) } else { (d, root) };
+        assert_eq!(m.lookup(here, n), Ok(inos[k]));
+        assert_eq!(m.lookup(there, n), Err(libc::ENOENT));
+    }
+    assert!(m.fsck().is_empty(), "{:?}", m.fsck());
+}

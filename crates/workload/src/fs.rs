@@ -1,0 +1,722 @@
+//! The file system's workload, for the simulator (and later `tutti chaos`): clients run
+//! tutti-fs operations (the real sans-I/O `ops`, each step a minitransaction) on a volume:
+//! creates, unlinks, mkdirs, rmdirs, renames (across directories, NOREPLACE, EXCHANGE),
+//! writes and truncates, each client in a directory of its own and all of them in a shared
+//! one. The checks: every invariant fsck checks, on the final images; and each client's own
+//! directory holds exactly the names its operations' answers say it must.
+
+use crate::{Violation, Workload};
+use rand::{Rng, RngCore};
+use std::collections::BTreeMap;
+use tutti_client::{ExecError, Minitx, Outcome};
+use tutti_fs::inode::{Inode, Time, S_IFDIR, S_IFREG};
+use tutti_fs::layout::{Geometry, Ino, Volume, INODE_BYTES};
+use tutti_fs::ops::{self, Caller, Made, NewFile, SetAttr};
+use tutti_fs::txn::{Cache, Effects, Fetch, OpResult, Plan, Txn};
+use tutti_wire::NodeId;
+
+/// Each node's part of the volume (the whole simulated space).
+pub const BYTES_PER_NODE: u64 = 1 << 20;
+pub const BLOCK_BYTES: u32 = 4096;
+pub const BYTES_PER_INODE: u32 = 2048;
+/// Names per directory: files f00.., subdirectories s0...
+const FILES: u32 = 24;
+const SUBDIRS: u32 = 3;
+/// Largest write, in bytes.
+const WRITE_BYTES_MAX: u32 = 9000;
+/// Files grow to at most this (so that writes share blocks and cross them).
+const FILE_BYTES_MAX: u64 = 40_000;
+const NOW: Time = Time {
+    s: 1_700_000_000,
+    ns: 0,
+};
+const ROOT_USER: Caller = Caller { uid: 0, gid: 0 };
+
+/// Long names, so that a directory's 4 KiB buckets fill and split.
+fn file_name(i: u32) -> Vec<u8> {
+    format!("f{i:02}-{}", "x".repeat(80)).into_bytes()
+}
+
+fn dir_name(i: u32) -> Vec<u8> {
+    format!("s{i}").into_bytes()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Where {
+    Own,
+    Shared,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Create(Where, u32),
+    Unlink(Where, u32),
+    Mkdir(Where, u32),
+    Rmdir(Where, u32),
+    /// Renames file (or, with `dirs`, subdirectory) names.
+    Rename {
+        from: (Where, u32),
+        to: (Where, u32),
+        dirs: bool,
+        flags: u32,
+    },
+    Write(Where, u32, u64, u32),
+    Truncate(Where, u32, u64),
+}
+
+impl Action {
+    fn places(&self) -> Vec<Where> {
+        match *self {
+            Action::Create(w, _)
+            | Action::Unlink(w, _)
+            | Action::Mkdir(w, _)
+            | Action::Rmdir(w, _) => vec![w],
+            Action::Write(w, ..) | Action::Truncate(w, ..) => vec![w],
+            Action::Rename { from, to, .. } => vec![from.0, to.0],
+        }
+    }
+
+    /// The names of the client's own directory this action may change: (name, is a dir).
+    fn own_names(&self) -> Vec<(Vec<u8>, bool)> {
+        let name = |i, dir| if dir { dir_name(i) } else { file_name(i) };
+        let mut out = vec![];
+        match *self {
+            Action::Create(Where::Own, i) | Action::Unlink(Where::Own, i) => {
+                out.push((file_name(i), false))
+            }
+            Action::Mkdir(Where::Own, i) | Action::Rmdir(Where::Own, i) => {
+                out.push((dir_name(i), true))
+            }
+            Action::Rename { from, to, dirs, .. } => {
+                for (w, i) in [from, to] {
+                    if w == Where::Own {
+                        out.push((name(i, dirs), dirs));
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+}
+
+#[derive(Debug)]
+enum Step {
+    /// Look the client's own or the shared directory up in the root.
+    Root(Where),
+    /// Make it (it was not there).
+    MakeRoot(Where),
+    /// Look the file of a write or truncate up.
+    Find,
+    Act,
+}
+
+#[derive(Debug)]
+enum Answer {
+    Ino(Ino),
+    /// A bucket split or a part of a long truncate: run the step again.
+    Again,
+    Done,
+}
+
+#[derive(Debug)]
+enum Pending {
+    Fetch(Vec<Fetch>),
+    Run {
+        result: Result<Answer, i32>,
+        effects: Effects,
+        compared: Vec<(NodeId, u64)>,
+    },
+}
+
+/// One operation of a client, through its steps.
+#[derive(Debug)]
+pub struct FsOp {
+    action: Action,
+    step: Step,
+    file: Option<Ino>,
+    pending: Option<Pending>,
+}
+
+/// What the model knows of a name in a client's own directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Known {
+    Absent,
+    Present,
+    /// An operation on it ended with an unknown outcome.
+    Uncertain,
+}
+
+#[derive(Default)]
+struct Client {
+    cache: Cache,
+    own: Option<Ino>,
+    shared: Option<Ino>,
+    model: BTreeMap<Vec<u8>, Known>,
+}
+
+/// How the workload's operations ended.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FsCounts {
+    pub ops: u64,
+    pub done: u64,
+    pub errors: u64,
+    pub unknown: u64,
+    pub retries: u64,
+}
+
+pub struct FsWorkload {
+    vol: Volume,
+    clients: Vec<Client>,
+    violations: Vec<Violation>,
+    pub counts: FsCounts,
+}
+
+impl FsWorkload {
+    pub fn new(nodes: NodeId, clients: u64) -> FsWorkload {
+        let geometry =
+            Geometry::new(BYTES_PER_NODE, BLOCK_BYTES, BYTES_PER_INODE).expect("a valid geometry");
+        let vol = Volume {
+            geometry,
+            nodes: (1..=nodes).map(|n| (n, 0)).collect(),
+        };
+        FsWorkload {
+            vol,
+            clients: (0..clients).map(|_| Client::default()).collect(),
+            violations: vec![],
+            counts: FsCounts::default(),
+        }
+    }
+
+    pub fn volume(&self) -> &Volume {
+        &self.vol
+    }
+
+    fn random_action(rng: &mut dyn RngCore) -> Action {
+        let place = |rng: &mut dyn RngCore| {
+            if rng.gen_bool(0.5) {
+                Where::Own
+            } else {
+                Where::Shared
+            }
+        };
+        let file = |rng: &mut dyn RngCore| rng.gen_range(0..FILES);
+        let sub = |rng: &mut dyn RngCore| rng.gen_range(0..SUBDIRS);
+        match rng.gen_range(0..100) {
+            0..=24 => Action::Create(place(rng), file(rng)),
+            25..=36 => Action::Unlink(place(rng), file(rng)),
+            37..=44 => Action::Mkdir(place(rng), sub(rng)),
+            45..=51 => Action::Rmdir(place(rng), sub(rng)),
+            52..=71 => {
+                let dirs = rng.gen_bool(0.25);
+                let pick = |rng: &mut dyn RngCore| if dirs { sub(rng) } else { file(rng) };
+                let flags = match rng.gen_range(0..10) {
+                    0..=6 => 0,
+                    7 | 8 => libc::RENAME_NOREPLACE,
+                    _ => libc::RENAME_EXCHANGE,
+                };
+                Action::Rename {
+                    from: (place(rng), pick(rng)),
+                    to: (place(rng), pick(rng)),
+                    dirs,
+                    flags,
+                }
+            }
+            72..=89 => {
+                let off = rng.gen_range(0..FILE_BYTES_MAX);
+                Action::Write(
+                    place(rng),
+                    file(rng),
+                    off,
+                    rng.gen_range(1..=WRITE_BYTES_MAX),
+                )
+            }
+            _ => Action::Truncate(place(rng), file(rng), rng.gen_range(0..FILE_BYTES_MAX)),
+        }
+    }
+
+    fn dir(&self, client: u64, w: Where) -> Option<Ino> {
+        let c = &self.clients[client as usize];
+        match w {
+            Where::Own => c.own,
+            Where::Shared => c.shared,
+        }
+    }
+
+    fn root_name(client: u64, w: Where) -> Vec<u8> {
+        match w {
+            Where::Own => format!("c{client}").into_bytes(),
+            Where::Shared => b"shared".to_vec(),
+        }
+    }
+
+    /// The step an operation takes next: its directories first, then its file, then itself.
+    fn first_step(&self, client: u64, op: &FsOp) -> Step {
+        for w in op.action.places() {
+            if self.dir(client, w).is_none() {
+                return Step::Root(w);
+            }
+        }
+        match op.action {
+            Action::Write(..) | Action::Truncate(..) if op.file.is_none() => Step::Find,
+            _ => Step::Act,
+        }
+    }
+
+    /// Plans the operation's current step against the client's cache.
+    fn plan(&self, client: u64, op: &FsOp, hint: u64) -> Plan<Answer> {
+        let c = &self.clients[client as usize];
+        let mut tx = Txn::new(&self.vol, &c.cache, hint);
+        let root = self.vol.root();
+        let prefer = self.vol.nodes[client as usize % self.vol.nodes.len()].0;
+        let dir = |w| self.dir(client, w).expect("resolved before");
+        let answer: OpResult<Answer> = match op.step {
+            Step::Root(w) => {
+                ops::lookup(&mut tx, root, &Self::root_name(client, w)).map(|(i, _)| Answer::Ino(i))
+            }
+            Step::MakeRoot(w) => {
+                let new = NewFile {
+                    mode: S_IFDIR | 0o755,
+                    rdev: 0,
+                    target: vec![],
+                };
+                ops::make(
+                    &mut tx,
+                    root,
+                    &Self::root_name(client, w),
+                    &new,
+                    ROOT_USER,
+                    prefer,
+                    NOW,
+                )
+                .map(made)
+            }
+            Step::Find => match op.action {
+                Action::Write(w, i, ..) | Action::Truncate(w, i, _) => {
+                    ops::lookup(&mut tx, dir(w), &file_name(i)).map(|(i, _)| Answer::Ino(i))
+                }
+                _ => unreachable!("only writes and truncates find a file"),
+            },
+            Step::Act => self.act(&mut tx, client, op, prefer),
+        };
+        tx.finish(answer)
+    }
+
+    fn act(&self, tx: &mut Txn<'_>, client: u64, op: &FsOp, prefer: NodeId) -> OpResult<Answer> {
+        let dir = |w| self.dir(client, w).expect("resolved before");
+        let file = NewFile {
+            mode: S_IFREG | 0o644,
+            rdev: 0,
+            target: vec![],
+        };
+        let subdir = NewFile {
+            mode: S_IFDIR | 0o755,
+            rdev: 0,
+            target: vec![],
+        };
+        let never_open = |_: Ino| false;
+        match op.action {
+            Action::Create(w, i) => {
+                ops::make(tx, dir(w), &file_name(i), &file, ROOT_USER, prefer, NOW).map(made)
+            }
+            Action::Mkdir(w, i) => {
+                ops::make(tx, dir(w), &dir_name(i), &subdir, ROOT_USER, prefer, NOW).map(made)
+            }
+            Action::Unlink(w, i) => {
+                ops::unlink(tx, dir(w), &file_name(i), &never_open, NOW).map(|_| Answer::Done)
+            }
+            Action::Rmdir(w, i) => ops::rmdir(tx, dir(w), &dir_name(i), NOW).map(|_| Answer::Done),
+            Action::Rename {
+                from,
+                to,
+                dirs,
+                flags,
+            } => {
+                let name = |i| if dirs { dir_name(i) } else { file_name(i) };
+                let made = ops::rename(
+                    tx,
+                    dir(from.0),
+                    &name(from.1),
+                    dir(to.0),
+                    &name(to.1),
+                    flags,
+                    &never_open,
+                    NOW,
+                )?;
+                Ok(match made {
+                    Made::Done(_) => Answer::Done,
+                    Made::Split => Answer::Again,
+                })
+            }
+            Action::Write(_, _, off, len) => {
+                let data: Vec<u8> = (0..len)
+                    .map(|k| (k as u8).wrapping_add(client as u8))
+                    .collect();
+                let ino = op.file.expect("found before");
+                ops::write(tx, ino, &[(off, data)], false, true, NOW).map(|_| Answer::Done)
+            }
+            Action::Truncate(_, _, size) => {
+                let set = SetAttr {
+                    size: Some(size),
+                    ..SetAttr::default()
+                };
+                let ino = op.file.expect("found before");
+                ops::setattr(tx, ino, &set, true, NOW).map(|(_, done)| {
+                    if done {
+                        Answer::Done
+                    } else {
+                        Answer::Again
+                    }
+                })
+            }
+        }
+    }
+
+    /// Plans until there is a minitransaction to run; `None` when the operation is over.
+    fn advance(&mut self, client: u64, op: &mut FsOp, rng: &mut dyn RngCore) -> Option<Minitx> {
+        loop {
+            match self.plan(client, op, rng.next_u64()) {
+                Plan::Fetch(fetches) => {
+                    let tx = fetches
+                        .iter()
+                        .fold(Minitx::new(), |tx, f| tx.read(f.node, f.addr, f.len));
+                    op.pending = Some(Pending::Fetch(fetches));
+                    return Some(tx);
+                }
+                Plan::Run {
+                    tx,
+                    result,
+                    effects,
+                    compared,
+                } => {
+                    op.pending = Some(Pending::Run {
+                        result,
+                        effects,
+                        compared,
+                    });
+                    return Some(tx);
+                }
+                Plan::Done(result) => {
+                    if !self.step_done(client, op, result) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The current step answered `result`: moves to the next step (true) or ends the
+    /// operation (false), feeding the model with what the operation itself answered.
+    fn step_done(&mut self, client: u64, op: &mut FsOp, result: Result<Answer, i32>) -> bool {
+        let c = &mut self.clients[client as usize];
+        match (&op.step, result) {
+            (_, Ok(Answer::Again)) => {
+                self.counts.retries += 1;
+                return true;
+            }
+            (Step::Root(w), Ok(Answer::Ino(i))) | (Step::MakeRoot(w), Ok(Answer::Ino(i))) => {
+                match w {
+                    Where::Own => c.own = Some(i),
+                    Where::Shared => c.shared = Some(i),
+                }
+            }
+            (Step::Root(w), Err(libc::ENOENT)) => {
+                op.step = Step::MakeRoot(*w);
+                return true;
+            }
+            (Step::MakeRoot(w), Err(libc::EEXIST)) => {
+                op.step = Step::Root(*w);
+                return true;
+            }
+            (Step::Find, Ok(Answer::Ino(i))) => op.file = Some(i),
+            (Step::Act, result) => {
+                self.learn(client, &op.action, result.err());
+                return false;
+            }
+            (step, Err(e)) => {
+                // A file another client removed between its lookup and the write: fine.
+                if !matches!(e, libc::ENOENT | libc::ESTALE) || !matches!(step, Step::Find) {
+                    let detail = format!(
+                        "client {client}: {step:?} of {:?} answered errno {e}",
+                        op.action
+                    );
+                    self.violations.push(Violation::new("protocol", detail));
+                }
+                self.counts.errors += 1;
+                return false;
+            }
+            (step, Ok(a)) => panic!("step {step:?} answered {a:?}"),
+        }
+        op.step = self.first_step(client, op);
+        true
+    }
+
+    /// Feeds the model with how an action on the client's own directory ended.
+    fn learn(&mut self, client: u64, action: &Action, err: Option<i32>) {
+        let c = &mut self.clients[client as usize];
+        match err {
+            None => self.counts.done += 1,
+            Some(_) => self.counts.errors += 1,
+        }
+        let known = |c: &Client, n: &Vec<u8>| c.model.get(n).copied().unwrap_or(Known::Absent);
+        let mut wrong = |what: String| {
+            self.violations.push(Violation::new(
+                "model",
+                format!("client {client}: {action:?}: {what}"),
+            ))
+        };
+        match (*action, err) {
+            (Action::Create(Where::Own, i), None) => {
+                if known(c, &file_name(i)) == Known::Present {
+                    wrong("created a name that was there".into());
+                }
+                c.model.insert(file_name(i), Known::Present);
+            }
+            (Action::Mkdir(Where::Own, i), None) => {
+                if known(c, &dir_name(i)) == Known::Present {
+                    wrong("made a directory that was there".into());
+                }
+                c.model.insert(dir_name(i), Known::Present);
+            }
+            (Action::Create(Where::Own, i), Some(libc::EEXIST))
+            | (Action::Mkdir(Where::Own, i), Some(libc::EEXIST)) => {
+                let name = if matches!(action, Action::Create(..)) {
+                    file_name(i)
+                } else {
+                    dir_name(i)
+                };
+                if known(c, &name) == Known::Absent {
+                    wrong("EEXIST for a name that was not there".into());
+                }
+            }
+            (Action::Unlink(Where::Own, i), None) | (Action::Rmdir(Where::Own, i), None) => {
+                let name = if matches!(action, Action::Unlink(..)) {
+                    file_name(i)
+                } else {
+                    dir_name(i)
+                };
+                if known(c, &name) == Known::Absent {
+                    wrong("removed a name that was not there".into());
+                }
+                c.model.insert(name, Known::Absent);
+            }
+            (Action::Unlink(Where::Own, i), Some(libc::ENOENT))
+            | (Action::Rmdir(Where::Own, i), Some(libc::ENOENT)) => {
+                let name = if matches!(action, Action::Unlink(..)) {
+                    file_name(i)
+                } else {
+                    dir_name(i)
+                };
+                if known(c, &name) == Known::Present {
+                    wrong("ENOENT for a name that was there".into());
+                }
+            }
+            (
+                Action::Rename {
+                    from,
+                    to,
+                    dirs,
+                    flags,
+                },
+                None,
+            ) => {
+                let name = |i| if dirs { dir_name(i) } else { file_name(i) };
+                let same = from == to;
+                if from.0 == Where::Own && !same && flags & libc::RENAME_EXCHANGE == 0 {
+                    c.model.insert(name(from.1), Known::Absent);
+                }
+                if to.0 == Where::Own {
+                    c.model.insert(name(to.1), Known::Present);
+                }
+            }
+            (
+                Action::Rename {
+                    from: (Where::Own, i),
+                    dirs,
+                    flags,
+                    ..
+                },
+                Some(libc::ENOENT),
+            ) => {
+                // With EXCHANGE, ENOENT may be the target's.
+                let name = if dirs { dir_name(i) } else { file_name(i) };
+                if known(c, &name) == Known::Present && flags & libc::RENAME_EXCHANGE == 0 {
+                    wrong("ENOENT for a source that was there".into());
+                }
+            }
+            (_, Some(e))
+                if !matches!(
+                    e,
+                    libc::ENOENT
+                        | libc::EEXIST
+                        | libc::ENOTEMPTY
+                        | libc::ESTALE
+                        | libc::EISDIR
+                        | libc::ENOTDIR
+                ) =>
+            {
+                wrong(format!("errno {e}"));
+            }
+            _ => {}
+        }
+    }
+
+    /// An unknown outcome: the names the action may have changed are uncertain now.
+    fn unknown(&mut self, client: u64, action: &Action) {
+        self.counts.unknown += 1;
+        let c = &mut self.clients[client as usize];
+        for (name, _) in action.own_names() {
+            c.model.insert(name, Known::Uncertain);
+        }
+    }
+}
+
+fn made(m: Made<(Ino, Inode)>) -> Answer {
+    match m {
+        Made::Done((i, _)) => Answer::Ino(i),
+        Made::Split => Answer::Again,
+    }
+}
+
+impl Workload for FsWorkload {
+    type Op = FsOp;
+
+    fn setup(&self) -> Minitx {
+        let zero = Inode::decode(&[0u8; INODE_BYTES as usize]);
+        tutti_fs::volume::format_minitx(&self.vol, &zero, 1, NOW)
+    }
+
+    fn next(&mut self, client: u64, rng: &mut dyn RngCore) -> (FsOp, Minitx) {
+        loop {
+            let action = Self::random_action(rng);
+            let mut op = FsOp {
+                action,
+                step: Step::Act,
+                file: None,
+                pending: None,
+            };
+            op.step = self.first_step(client, &op);
+            self.counts.ops += 1;
+            if let Some(tx) = self.advance(client, &mut op, rng) {
+                return (op, tx);
+            }
+        }
+    }
+
+    fn record(
+        &mut self,
+        client: u64,
+        op: &mut FsOp,
+        ended: Result<&Outcome, &ExecError>,
+        rng: &mut dyn RngCore,
+    ) -> Option<Minitx> {
+        let c = &mut self.clients[client as usize];
+        match (
+            op.pending.take().expect("a minitransaction was pending"),
+            ended,
+        ) {
+            (Pending::Fetch(fetches), Ok(outcome)) => {
+                for (f, bytes) in fetches.iter().zip(&outcome.reads) {
+                    c.cache.fill(f, bytes.clone());
+                }
+            }
+            (Pending::Fetch(_), Err(_)) => {}
+            (
+                Pending::Run {
+                    result, effects, ..
+                },
+                Ok(outcome),
+            ) if outcome.committed => {
+                c.cache.apply(effects);
+                if !self.step_done(client, op, result) {
+                    return None;
+                }
+            }
+            (Pending::Run { compared, .. }, Ok(outcome)) => {
+                for i in &outcome.failed_compares {
+                    let (node, addr) = compared[*i];
+                    c.cache.drop_containing(node, addr);
+                }
+            }
+            (Pending::Run { .. }, Err(_)) => {
+                // It may or may not have committed: start this client's cache over, and
+                // end the operation with its names uncertain.
+                c.cache = Cache::default();
+                if matches!(op.step, Step::Act) {
+                    self.unknown(client, &op.action);
+                }
+                return None;
+            }
+        }
+        self.advance(client, op, rng)
+    }
+
+    fn snapshot(&self) -> Minitx {
+        self.vol.nodes.iter().fold(Minitx::new(), |tx, &(node, _)| {
+            tx.read(node, 0, BYTES_PER_NODE as u32)
+        })
+    }
+
+    fn check(&self, snapshot: &[Vec<u8>]) -> Vec<Violation> {
+        let images: BTreeMap<NodeId, &Vec<u8>> = self
+            .vol
+            .nodes
+            .iter()
+            .map(|(n, _)| *n)
+            .zip(snapshot)
+            .collect();
+        let read = |node: NodeId, addr: u64, len: u32| {
+            images[&node][addr as usize..addr as usize + len as usize].to_vec()
+        };
+        let mut out = self.violations.clone();
+        let report = tutti_fs::fsck::check_image(&self.vol, &read);
+        for p in &report.problems {
+            out.push(Violation::new("fsck", format!("{p:?}")));
+        }
+        for (client, c) in self.clients.iter().enumerate() {
+            let Some(own) = c.own else { continue };
+            let Some(entries) = tutti_fs::fsck::list_image(&self.vol, &read, own) else {
+                out.push(Violation::new(
+                    "model",
+                    format!("client {client}: its directory is gone"),
+                ));
+                continue;
+            };
+            let listed: std::collections::BTreeSet<Vec<u8>> =
+                entries.into_iter().map(|e| e.name).collect();
+            for (name, known) in &c.model {
+                let there = listed.contains(name);
+                let wrong = match known {
+                    Known::Present => !there,
+                    Known::Absent => there,
+                    Known::Uncertain => false,
+                };
+                if wrong {
+                    let detail = format!(
+                        "client {client}: {} is {} but the model says {known:?}",
+                        String::from_utf8_lossy(name),
+                        if there { "there" } else { "not there" }
+                    );
+                    out.push(Violation::new("model", detail));
+                }
+            }
+            for name in &listed {
+                if !c.model.contains_key(name) {
+                    out.push(Violation::new(
+                        "model",
+                        format!(
+                            "client {client}: {} is there, never made",
+                            String::from_utf8_lossy(name)
+                        ),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    fn check_node(&self, _node: NodeId, _read: &dyn Fn(u64, u32) -> Vec<u8>) -> Vec<Violation> {
+        // A node's part of a volume has no invariant of its own; `check` walks them all.
+        vec![]
+    }
+}

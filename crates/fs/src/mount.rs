@@ -3,7 +3,7 @@
 //! 0 the kernel caches no attributes or entries, so every stat and lookup is validated
 //! against the memory nodes and other mounts' changes show at once.
 
-use crate::inode::{Inode, Time, FLAG_ORPHAN, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::inode::{Inode, Time, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::layout::Ino;
 use crate::ops::{Caller, NewFile, SetAttr};
 use crate::volume::FileSystem;
@@ -69,6 +69,8 @@ struct Handles {
     /// Open handles per file: an unlinked file stays until its last close here.
     open: HashMap<Ino, usize>,
     dirs: HashMap<u64, Vec<(u64, FileType, Vec<u8>)>>,
+    /// Files unlinked while open here: their last close frees them.
+    orphans: std::collections::HashSet<Ino>,
 }
 
 /// One mount of a volume.
@@ -178,6 +180,17 @@ impl Mount {
         }
     }
 
+    /// Remembers a file unlinked while open here, for its last close to free.
+    fn keep_orphan(&self, kept: Option<Ino>) {
+        if let Some(ino) = kept {
+            self.handles
+                .lock()
+                .expect("handles poisoned")
+                .orphans
+                .insert(ino);
+        }
+    }
+
     fn is_open(&self) -> impl Fn(Ino) -> bool + Sync + '_ {
         |ino| {
             self.handles
@@ -282,9 +295,14 @@ impl Mount {
         };
         let flushed = self.flush(ino).await;
         self.dirty.lock().expect("dirty poisoned").remove(&ino);
-        match self.fs.getattr(ino).await {
-            Ok(i) if i.nlink == 0 && i.flags & FLAG_ORPHAN != 0 => self.fs.reclaim(ino).await?,
-            _ => {}
+        let orphan = self
+            .handles
+            .lock()
+            .expect("handles poisoned")
+            .orphans
+            .remove(&ino);
+        if orphan {
+            self.fs.reclaim(ino).await?;
         }
         flushed
     }
@@ -449,7 +467,7 @@ impl Filesystem for Mount {
             self.fs
                 .unlink(self.ino(parent), name.as_bytes(), &self.is_open()),
         );
-        empty(reply, r);
+        empty(reply, r.map(|kept| self.keep_orphan(kept)));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -494,7 +512,7 @@ impl Filesystem for Mount {
             flags.bits(),
             &self.is_open(),
         ));
-        empty(reply, r);
+        empty(reply, r.map(|kept| self.keep_orphan(kept)));
     }
 
     fn link(

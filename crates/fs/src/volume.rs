@@ -346,8 +346,13 @@ impl FileSystem {
         new: &NewFile,
         who: Caller,
     ) -> Result<(Ino, Inode), i32> {
+        // A file goes to its directory's node, so that creating it is a one-node (one-phase)
+        // minitransaction; a directory goes to the preferred node, which spreads the tree.
+        let prefer = match new.mode & crate::inode::S_IFMT {
+            S_IFDIR => self.preferred(),
+            _ => parent.node(),
+        };
         loop {
-            let prefer = self.preferred();
             let made = self
                 .run(|tx| ops::make(tx, parent, name, new, who, prefer, now()))
                 .await?
@@ -363,21 +368,23 @@ impl FileSystem {
         parent: Ino,
         name: &[u8],
         is_open: &(dyn Fn(Ino) -> bool + Sync),
-    ) -> Result<(), i32> {
+    ) -> Result<Option<Ino>, i32> {
         let (gone, _) = self
             .run(|tx| ops::unlink(tx, parent, name, is_open, now()))
             .await?;
         self.after_unlink(gone, is_open).await
     }
 
+    /// Frees an orphan the unlink left unless it is open here; returns the one kept open.
     async fn after_unlink(
         &self,
         gone: Unlinked,
         is_open: &(dyn Fn(Ino) -> bool + Sync),
-    ) -> Result<(), i32> {
+    ) -> Result<Option<Ino>, i32> {
         match gone {
-            Unlinked::Orphan(ino) if !is_open(ino) => self.reclaim(ino).await,
-            _ => Ok(()),
+            Unlinked::Orphan(ino) if is_open(ino) => Ok(Some(ino)),
+            Unlinked::Orphan(ino) => self.reclaim(ino).await.map(|()| None),
+            Unlinked::Done => Ok(None),
         }
     }
 
@@ -414,7 +421,7 @@ impl FileSystem {
         dname: &[u8],
         flags: u32,
         is_open: &(dyn Fn(Ino) -> bool + Sync),
-    ) -> Result<(), i32> {
+    ) -> Result<Option<Ino>, i32> {
         loop {
             let made = self
                 .run(|tx| ops::rename(tx, sp, sname, dp, dname, flags, is_open, now()))
@@ -542,6 +549,16 @@ impl FileSystem {
     }
 }
 
+/// A node's recent load: minitransactions committed and 16 KiB units written in its
+/// shortest window.
+fn load(r: &tutti_wire::StatsReport) -> u64 {
+    r.classes
+        .iter()
+        .filter_map(|c| c.windows.first())
+        .map(|w| w.committed + w.bytes_written / (16 << 10))
+        .sum()
+}
+
 async fn read_headers(
     cluster: &Cluster,
     vol: &Volume,
@@ -650,7 +667,43 @@ pub fn format_minitx(vol: &Volume, old_root: &Inode, volume_id: u64, t: Time) ->
     .class("fs")
 }
 
+/// How often a mount looks at the memory nodes' load to move its preferred node.
+pub const PLACEMENT_EVERY: Duration = Duration::from_secs(5);
+/// The chance that a look moves the preferred node to the least loaded one (Sinfonia §5.3:
+/// small, so that mounts do not all move at once).
+pub const PLACEMENT_CHANGE_PROBABILITY: f64 = 0.25;
+
+/// The least loaded node of `loads` (node, load), ties to the lowest id.
+pub fn least_loaded(loads: &[(NodeId, u64)]) -> Option<NodeId> {
+    loads
+        .iter()
+        .min_by_key(|(n, load)| (*load, *n))
+        .map(|(n, _)| *n)
+}
+
 impl FileSystem {
+    /// Every `PLACEMENT_EVERY`, with `PLACEMENT_CHANGE_PROBABILITY`, moves this mount's
+    /// preferred node to the volume's least loaded node (minitransactions committed and
+    /// bytes written in the nodes' shortest window), until the file system is dropped.
+    pub fn spawn_placement(self: &std::sync::Arc<Self>) {
+        let fs = std::sync::Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(PLACEMENT_EVERY).await;
+                let Some(fs) = fs.upgrade() else { return };
+                let loads: Vec<(NodeId, u64)> = (fs.cluster.stats().await.into_iter())
+                    .filter(|(n, _)| fs.vol.holds(*n))
+                    .filter_map(|(n, r)| r.ok().map(|r| (n, load(&r))))
+                    .collect();
+                if rand::random::<f64>() < PLACEMENT_CHANGE_PROBABILITY {
+                    if let Some(node) = least_loaded(&loads) {
+                        fs.set_preferred(node);
+                    }
+                }
+            }
+        });
+    }
+
     /// Reads the volume's bitmaps, inode tables and every block the walk needs, and checks
     /// every invariant. The volume should be quiet: a snapshot read while mounts write may
     /// report what is only in flight.

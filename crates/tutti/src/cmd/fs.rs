@@ -162,7 +162,9 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
                 threads: threads.max(1),
                 ..MountOptions::default()
             };
-            mount(Arc::new(fs), &mountpoint, &opts).await
+            let fs = Arc::new(fs);
+            fs.spawn_placement();
+            mount(fs, &mountpoint, &opts).await
         }
         FsCommand::Fsck { repair } => {
             let fs = FileSystem::open(&cluster, &a.name, deadline)
@@ -190,7 +192,13 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
     }
 }
 
-async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<(), String> {
+/// Mounts `fs` at `at` with FUSE, served by threads of this process until the session is
+/// unmounted.
+pub(crate) fn start_session(
+    fs: Arc<FileSystem>,
+    at: &Path,
+    opts: &MountOptions,
+) -> Result<fuser::BackgroundSession, String> {
     let name = fs.name().to_string();
     let mount = Mount::new(fs, tokio::runtime::Handle::current(), opts);
     let mut config = fuser::Config::default();
@@ -203,8 +211,54 @@ async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<()
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(opts.threads);
-    let session = tokio::task::block_in_place(|| fuser::spawn_mount(mount, at, &config))
-        .map_err(|e| format!("cannot mount {}: {e}", at.display()))?;
+    tokio::task::block_in_place(|| fuser::spawn_mount(mount, at, &config))
+        .map_err(|e| format!("cannot mount {}: {e}", at.display()))
+}
+
+/// Unmounts a session (its open files' buffered writes are flushed by their close first).
+pub(crate) fn stop_session(session: fuser::BackgroundSession, at: &Path) -> Result<(), String> {
+    tokio::task::block_in_place(|| session.umount_and_join())
+        .map_err(|e| format!("unmount {}: {e}", at.display()))
+}
+
+/// `tutti up --fs`: the volume `fs` on the local cluster (made if it is not there, half of
+/// each node's space at most 512 MiB), mounted at `at`.
+pub(crate) async fn up_session(
+    manager: &str,
+    node_bytes: u64,
+    at: &Path,
+) -> Result<fuser::BackgroundSession, String> {
+    let opts = tutti_client::ClientOptions {
+        deadline: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let cluster = tutti_client::Cluster::connect(manager, opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    let shape = Shape {
+        nodes: cluster.nodes().iter().map(|n| n.id).collect(),
+        bytes_per_node: (node_bytes / 2).min(512 << 20),
+        block_bytes: BLOCK_BYTES_DEFAULT,
+        bytes_per_inode: BYTES_PER_INODE_DEFAULT,
+    };
+    let deadline = Duration::from_secs(60);
+    match FileSystem::mkfs(&cluster, "fs", &shape, false, deadline).await {
+        Ok(_) | Err(tutti_fs::FsError::Exists { .. }) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    let fs = Arc::new(
+        FileSystem::open(&cluster, "fs", deadline)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    fs.spawn_placement();
+    std::fs::create_dir_all(at).map_err(|e| format!("{}: {e}", at.display()))?;
+    start_session(fs, at, &MountOptions::default())
+}
+
+async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<(), String> {
+    let name = fs.name().to_string();
+    let session = start_session(fs, at, opts)?;
     eprintln!("tutti fs: volume {name} mounted at {}", at.display());
     let guard = &session.guard;
     let unmounted = async {
@@ -213,9 +267,7 @@ async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<()
         }
     };
     tokio::select! {
-        _ = shutdown_signal() => {
-            tokio::task::block_in_place(|| session.umount_and_join()).map_err(|e| format!("unmount {}: {e}", at.display()))?;
-        }
+        _ = shutdown_signal() => stop_session(session, at)?,
         _ = unmounted => {
             tokio::task::block_in_place(|| session.join()).map_err(|e| format!("the mount ended: {e}"))?;
         }

@@ -22,6 +22,10 @@ pub(crate) struct UpArgs {
     /// Bytes of address space per memory node (suffixes K, M, G accepted).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     size: u64,
+    /// Also mount tutti-fs here (the volume `fs`, made on first use), unmounted on Ctrl-C.
+    /// More mounts of it: `tutti fs mount --cluster DATA MOUNTPOINT`.
+    #[arg(long, value_name = "MOUNTPOINT")]
+    fs: Option<PathBuf>,
 }
 
 pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
@@ -62,9 +66,27 @@ pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
         "tutti: try  tutti txn --cluster {0} write:1:0:68656c6c6f  then  tutti txn --cluster {0} read:1:0:5",
         cluster.file.manager
     );
+    let session = match &a.fs {
+        Some(at) => match super::fs::up_session(&cluster.file.manager, a.size, at).await {
+            Ok(s) => {
+                println!("tutti: file system mounted at {}", at.display());
+                Some(s)
+            }
+            Err(e) => {
+                cluster.stop_all();
+                return Err(format!("--fs: {e}"));
+            }
+        },
+        None => None,
+    };
     println!("tutti: Ctrl-C stops the cluster");
-    let failure = supervise(&mut cluster).await.err();
+    let mut failure = supervise(&mut cluster).await.err();
     eprintln!("tutti: stopping");
+    if let (Some(s), Some(at)) = (session, &a.fs) {
+        if let Err(e) = super::fs::stop_session(s, at) {
+            failure.get_or_insert(e);
+        }
+    }
     cluster.stop_all();
     failure.map_or(Ok(()), Err)
 }

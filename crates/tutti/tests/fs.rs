@@ -294,3 +294,81 @@ fn a_killed_mount_leaves_only_what_fsck_repairs_and_a_restarted_node_only_delays
     drop(b);
     assert_eq!(fsck(&c.local.dir, false)["clean"], true);
 }
+
+/// `tar -x` of this repository's sources into a mount while a memory node is killed and
+/// restarted and then the mount daemon is killed with -9: a file fsynced before stays, fsck
+/// --repair leaves a clean volume, and the extraction run again on a new mount completes
+/// with every file equal to its source.
+#[test]
+fn a_tar_extract_survives_killed_nodes_and_a_killed_mount() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let mut c = common::start("fs-tar", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tarball = c.local.dir.join("src.tar");
+    let made = Command::new("tar")
+        .args([
+            "-cf",
+            tarball.to_str().unwrap(),
+            "-C",
+            sources.to_str().unwrap(),
+            ".",
+        ])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // Several extractions in a row: long enough (seconds) to be cut in the middle.
+    let extract = |into: &Path, times: usize| {
+        fs::create_dir_all(into).unwrap();
+        let one = format!("tar -xf {} -C {}", tarball.display(), into.display());
+        Command::new("sh")
+            .args(["-c", &vec![one; times].join(" && ")])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+
+    let mut a = Mounted::new(&c.local.dir, c.local.dir.join("a"));
+    {
+        use std::io::Write;
+        let mut f = fs::File::create(a.at.join("synced")).unwrap();
+        f.write_all(b"before the crash").unwrap();
+        f.sync_all().unwrap();
+    }
+    let mut tar = extract(&a.at.join("first"), 3);
+    std::thread::sleep(Duration::from_millis(400));
+    c.local.kill_node(2);
+    std::thread::sleep(Duration::from_millis(800));
+    c.local.start_node(2).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        tar.try_wait().unwrap().is_none(),
+        "the extraction was still running"
+    );
+    a.kill9();
+    let _ = tar.wait();
+
+    let repaired = fsck(&c.local.dir, true);
+    assert_eq!(repaired["clean"], true, "{repaired}");
+    let b = Mounted::new(&c.local.dir, c.local.dir.join("b"));
+    assert_eq!(fs::read(b.at.join("synced")).unwrap(), b"before the crash");
+    let status = extract(&b.at.join("second"), 1).wait().unwrap();
+    assert!(status.success(), "the extraction run again completes");
+    let diff = Command::new("diff")
+        .args([
+            "-r",
+            sources.join("fs").to_str().unwrap(),
+            b.at.join("second/fs").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    drop(b);
+    assert_eq!(fsck(&c.local.dir, false)["clean"], true);
+}

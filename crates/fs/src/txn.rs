@@ -16,7 +16,7 @@ pub const CACHE_BYTES_MAX: usize = 256 << 20;
 pub const BITMAP_PAGE_BYTES: u64 = 4096;
 /// Nearby inode slots fetched with one that an allocation needs, so that a run of creates
 /// does not wait for a fetch each.
-pub const INODE_PREFETCH: u64 = 16;
+pub const INODE_PREFETCH: u64 = 32;
 
 /// Why an operation stopped before it could be planned: something it needs is not cached,
 /// or the answer is an error (which is validated like any result).
@@ -42,6 +42,8 @@ pub struct Cache {
     objects: BTreeMap<(NodeId, u64), Vec<u8>>,
     pointers: HashMap<Ino, FilePointers>,
     bytes: usize,
+    /// Where this mount last allocated, per node and bitmap: the word index.
+    cursors: HashMap<(NodeId, crate::layout::Bitmap), u64>,
 }
 
 /// Where a fetched object goes.
@@ -166,6 +168,9 @@ impl Cache {
                 file.blocks.remove(&block);
             }
         }
+        for (node, kind, word) in effects.cursors {
+            self.cursors.insert((node, kind), word);
+        }
     }
 }
 
@@ -178,6 +183,7 @@ pub struct Effects {
     iversions: Vec<(Ino, u64, u64)>,
     pointers: Vec<(Ino, BlockRef, Vec<u8>)>,
     freed_pointers: Vec<(Ino, BlockRef)>,
+    cursors: Vec<(NodeId, crate::layout::Bitmap, u64)>,
 }
 
 /// What to do next for an operation.
@@ -214,6 +220,7 @@ pub struct Txn<'a> {
     iversions: Vec<(Ino, u64, u64)>,
     pointers: BTreeMap<(Ino, BlockRef), Vec<u8>>,
     freed_pointers: Vec<(Ino, BlockRef)>,
+    cursors: Vec<(NodeId, crate::layout::Bitmap, u64)>,
 }
 
 /// Changed byte spans closer than this are written as one item.
@@ -236,6 +243,7 @@ impl<'a> Txn<'a> {
             iversions: vec![],
             pointers: BTreeMap::new(),
             freed_pointers: vec![],
+            cursors: vec![],
         }
     }
 
@@ -464,20 +472,19 @@ impl<'a> Txn<'a> {
             }
             return Err(Stop::Miss);
         }
-        let first = (self.hint as usize) % pages.len();
-        for i in 0..pages.len() {
-            let (page_at, len) = pages[(first + i) % pages.len()];
-            let words = len as u64 / 8;
-            let start = (self.hint >> 20) % words;
-            for w in 0..words {
-                let addr = page_at + (start + w) % words * 8;
-                let value = self.word(node, addr)?;
-                if value != u64::MAX {
-                    let bit = (!value).trailing_zeros() as u64;
-                    self.set_word(node, addr, value, value | 1 << bit);
-                    let base = (addr - self.vol.bitmap_addr(node, kind)) * 8;
-                    return Ok(Some(base + bit));
-                }
+        // Start where this mount last allocated (runs of creates take neighbouring slots,
+        // which the inode prefetch has read), else somewhere random (mounts spread out).
+        let words = self.vol.bitmap_bytes(kind) / 8;
+        let at = self.vol.bitmap_addr(node, kind);
+        let start = (self.cache.cursors.get(&(node, kind)).copied()).unwrap_or(self.hint % words);
+        for k in 0..words {
+            let w = (start + k) % words;
+            let value = self.word(node, at + w * 8)?;
+            if value != u64::MAX {
+                let bit = (!value).trailing_zeros() as u64;
+                self.set_word(node, at + w * 8, value, value | 1 << bit);
+                self.cursors.push((node, kind, w));
+                return Ok(Some(w * 64 + bit));
             }
         }
         for (a, len) in pages {
@@ -540,6 +547,7 @@ impl<'a> Txn<'a> {
                 self.iversions.clear();
                 self.pointers.clear();
                 self.freed_pointers.clear();
+                self.cursors.clear();
                 self.bits.clear();
                 Err(e)
             }
@@ -594,6 +602,7 @@ impl<'a> Txn<'a> {
             .map(|((i, b), p)| (i, b, p))
             .collect();
         effects.freed_pointers = self.freed_pointers;
+        effects.cursors = self.cursors;
         if tx.items().is_empty() {
             return Plan::Done(result);
         }

@@ -196,7 +196,7 @@ pub enum Plan<T> {
     Run {
         tx: Minitx,
         result: Result<T, i32>,
-        effects: Effects,
+        effects: Box<Effects>,
         compared: Vec<(NodeId, u64)>,
     },
     /// Nothing to run: the answer needs no validation.
@@ -609,7 +609,7 @@ impl<'a> Txn<'a> {
         Plan::Run {
             tx: tx.class("fs"),
             result,
-            effects,
+            effects: Box::new(effects),
             compared,
         }
     }

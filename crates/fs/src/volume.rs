@@ -309,7 +309,7 @@ impl FileSystem {
                     {
                         let mut cache = self.cache.lock().expect("cache poisoned");
                         if outcome.committed {
-                            cache.apply(effects);
+                            cache.apply(*effects);
                             return result.map(|t| (t, outcome.reads));
                         }
                         for i in outcome.failed_compares {

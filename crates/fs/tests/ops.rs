@@ -110,7 +110,7 @@ impl Memory {
                 } => {
                     let (ok, _, failed) = self.exec(&tx);
                     if ok {
-                        self.cache.apply(effects);
+                        self.cache.apply(*effects);
                         return result;
                     }
                     for i in failed {

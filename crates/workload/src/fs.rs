@@ -124,7 +124,7 @@ enum Pending {
     Fetch(Vec<Fetch>),
     Run {
         result: Result<Answer, i32>,
-        effects: Effects,
+        effects: Box<Effects>,
         compared: Vec<(NodeId, u64)>,
     },
 }
@@ -627,7 +627,7 @@ impl Workload for FsWorkload {
                 },
                 Ok(outcome),
             ) if outcome.committed => {
-                c.cache.apply(effects);
+                c.cache.apply(*effects);
                 if !self.step_done(client, op, result) {
                     return None;
                 }

@@ -453,11 +453,7 @@ impl Filesystem for Mount {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let new = NewFile {
-            mode: S_IFDIR | (mode & !umask & 0o7777),
-            rdev: 0,
-            target: vec![],
-        };
+        let new = NewFile::of(S_IFDIR | (mode & !umask & 0o7777));
         let r = self.make(req, parent, name, new);
         self.entry(reply, r);
     }
@@ -806,11 +802,7 @@ impl Filesystem for Mount {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let new = NewFile {
-            mode: S_IFREG | (mode & !umask & 0o7777),
-            rdev: 0,
-            target: vec![],
-        };
+        let new = NewFile::of(S_IFREG | (mode & !umask & 0o7777));
         match self.make(req, parent, name, new) {
             Ok((ino, i)) => {
                 let fh = self.new_handle(ino, flags & libc::O_APPEND != 0);

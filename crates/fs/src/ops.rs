@@ -210,6 +210,17 @@ pub struct NewFile {
     pub target: Vec<u8>,
 }
 
+impl NewFile {
+    /// A file of `mode` (type and permissions), no device, no target.
+    pub fn of(mode: u32) -> NewFile {
+        NewFile {
+            mode,
+            rdev: 0,
+            target: vec![],
+        }
+    }
+}
+
 /// An operation that had to split a directory bucket first; run it again.
 #[derive(Debug)]
 pub enum Made<T> {

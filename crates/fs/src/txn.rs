@@ -63,6 +63,19 @@ pub struct Fetch {
     pub block: BlockRef,
 }
 
+impl Fetch {
+    /// A fetch of `len` bytes at `addr` of `node` into the object cache.
+    pub fn object(node: NodeId, addr: u64, len: u32) -> Fetch {
+        Fetch {
+            node,
+            addr,
+            len,
+            dest: Dest::Object,
+            block: BlockRef::NONE,
+        }
+    }
+}
+
 impl Cache {
     pub fn object(&self, node: NodeId, addr: u64) -> Option<&Vec<u8>> {
         self.objects.get(&(node, addr))
@@ -125,6 +138,25 @@ impl Cache {
             } else {
                 self.drop_containing(node, addr);
             }
+        }
+    }
+
+    /// Learns how a plan's minitransaction ended: applies its effects if it committed,
+    /// else forgets each object whose compare failed (`failed` are item positions).
+    pub fn settle(
+        &mut self,
+        committed: bool,
+        failed: &[usize],
+        compared: &[(NodeId, u64)],
+        effects: Effects,
+    ) {
+        if committed {
+            self.apply(effects);
+            return;
+        }
+        for &i in failed {
+            let (node, addr) = compared[i];
+            self.drop_containing(node, addr);
         }
     }
 
@@ -271,26 +303,14 @@ impl<'a> Txn<'a> {
     /// Asks for an object to be fetched without stopping (prefetch).
     pub fn want(&mut self, node: NodeId, addr: u64, len: u32) {
         if self.cache.object(node, addr).map(Vec::len) != Some(len as usize) {
-            self.misses.insert(Fetch {
-                node,
-                addr,
-                len,
-                dest: Dest::Object,
-                block: BlockRef::NONE,
-            });
+            self.misses.insert(Fetch::object(node, addr, len));
         }
     }
 
     /// The cached object is not what it should be (a block reused since it was read): fetch
     /// it again and run the operation again.
     pub fn refetch(&mut self, node: NodeId, addr: u64, len: u32) -> Stop {
-        self.misses.insert(Fetch {
-            node,
-            addr,
-            len,
-            dest: Dest::Object,
-            block: BlockRef::NONE,
-        });
+        self.misses.insert(Fetch::object(node, addr, len));
         Stop::Miss
     }
 

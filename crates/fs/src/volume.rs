@@ -306,16 +306,15 @@ impl FileSystem {
                         }
                         Err(e) => return Err(self.failed(e)),
                     };
-                    {
-                        let mut cache = self.cache.lock().expect("cache poisoned");
-                        if outcome.committed {
-                            cache.apply(*effects);
-                            return result.map(|t| (t, outcome.reads));
-                        }
-                        for i in outcome.failed_compares {
-                            let (node, addr) = compared[i];
-                            cache.drop_containing(node, addr);
-                        }
+                    let committed = outcome.committed;
+                    (self.cache.lock().expect("cache poisoned")).settle(
+                        committed,
+                        &outcome.failed_compares,
+                        &compared,
+                        *effects,
+                    );
+                    if committed {
+                        return result.map(|t| (t, outcome.reads));
                     }
                     if !backoff.pause_before(until).await {
                         return Err(self.failed(FsError::Deadline("compares kept failing".into())));
@@ -511,16 +510,7 @@ impl FileSystem {
                 );
                 for page in (0..bytes).step_by(crate::txn::BITMAP_PAGE_BYTES as usize) {
                     let len = (bytes - page).min(crate::txn::BITMAP_PAGE_BYTES) as u32;
-                    fetches.push((
-                        kind,
-                        Fetch {
-                            node,
-                            addr: at + page,
-                            len,
-                            dest: crate::txn::Dest::Object,
-                            block: BlockRef::NONE,
-                        },
-                    ));
+                    fetches.push((kind, Fetch::object(node, at + page, len)));
                 }
             }
         }
@@ -742,13 +732,7 @@ impl FileSystem {
                 Err(need) => {
                     let fetches: Vec<Fetch> = need
                         .iter()
-                        .map(|b| Fetch {
-                            node: b.node(),
-                            addr: self.vol.block_addr(*b),
-                            len: g.block_bytes,
-                            dest: crate::txn::Dest::Object,
-                            block: *b,
-                        })
+                        .map(|b| Fetch::object(b.node(), self.vol.block_addr(*b), g.block_bytes))
                         .collect();
                     let data = fetch(&self.cluster, &fetches, until).await?;
                     for (b, bytes) in need.into_iter().zip(data) {
@@ -786,13 +770,7 @@ impl FileSystem {
         let item = 1u64 << 20;
         let fetches: Vec<Fetch> = (0..bytes)
             .step_by(item as usize)
-            .map(|at| Fetch {
-                node,
-                addr: addr + at,
-                len: (bytes - at).min(item) as u32,
-                dest: crate::txn::Dest::Object,
-                block: BlockRef::NONE,
-            })
+            .map(|at| Fetch::object(node, addr + at, (bytes - at).min(item) as u32))
             .collect();
         Ok(fetch(&self.cluster, &fetches, until).await?.concat())
     }

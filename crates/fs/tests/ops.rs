@@ -109,12 +109,9 @@ impl Memory {
                     compared,
                 } => {
                     let (ok, _, failed) = self.exec(&tx);
+                    self.cache.settle(ok, &failed, &compared, *effects);
                     if ok {
-                        self.cache.apply(*effects);
                         return result;
-                    }
-                    for i in failed {
-                        self.cache.drop_containing(compared[i].0, compared[i].1);
                     }
                 }
             }
@@ -122,11 +119,7 @@ impl Memory {
     }
 
     fn mkdir(&mut self, parent: Ino, name: &str) -> Result<Ino, i32> {
-        let new = NewFile {
-            mode: S_IFDIR | 0o755,
-            rdev: 0,
-            target: vec![],
-        };
+        let new = NewFile::of(S_IFDIR | 0o755);
         loop {
             if let Made::Done((i, _)) =
                 self.run(|tx| ops::make(tx, parent, name.as_bytes(), &new, ROOT, 1, NOW))?
@@ -137,11 +130,7 @@ impl Memory {
     }
 
     fn create(&mut self, parent: Ino, name: &str) -> Result<Ino, i32> {
-        let new = NewFile {
-            mode: S_IFREG | 0o644,
-            rdev: 0,
-            target: vec![],
-        };
+        let new = NewFile::of(S_IFREG | 0o644);
         loop {
             if let Made::Done((i, _)) =
                 self.run(|tx| ops::make(tx, parent, name.as_bytes(), &new, ROOT, 2, NOW))?

@@ -3,15 +3,12 @@
 //! the client's `Coordinator`), under the same faults. Then the checks: every invariant fsck
 //! checks on the settled images, and each client's own directory against its model.
 
-use crate::client::{ClientConfig, SimClient};
-use crate::manager::SimManager;
-use crate::msg::Directory;
+use crate::client::ClientConfig;
 use crate::node::SimNode;
-use crate::world::{Addr, Faults, World};
+use crate::world::{Faults, World};
 use crate::Report;
 use std::cell::RefCell;
 use std::rc::Rc;
-use tutti_wire::{Item, NodeId};
 use tutti_workload::fs::{FsWorkload, BYTES_PER_NODE};
 use tutti_workload::Workload;
 
@@ -37,30 +34,23 @@ impl Default for FsSimConfig {
 pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
     let base = crate::SimConfig::default();
     let mut world = World::new(seed, cfg.faults.clone());
-    let dir = Rc::new(Directory {
-        nodes: (0..u32::from(cfg.nodes)).map(Addr).collect(),
-        manager: Addr(u32::from(cfg.nodes)),
-    });
     let fs = FsWorkload::new(cfg.nodes, cfg.clients as u64);
-    let images = initial_images(&fs, cfg.nodes);
+    let images = crate::initial_images(&fs, cfg.nodes, BYTES_PER_NODE);
     let fs = Rc::new(RefCell::new(fs));
-    let check = Rc::new(|_: NodeId, _: &dyn Fn(u64, u32) -> Vec<u8>| vec![]);
-    for (id, image) in (1..=cfg.nodes).zip(images) {
-        let node = SimNode::new(id, image, dir.clone(), check.clone());
-        assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
-    }
-    let manager = SimManager::new(dir.clone(), base.epoch_interval_us);
-    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
     let client_cfg = ClientConfig {
         ops: cfg.ops_per_client,
         crash_probability: base.coordinator_crash_probability,
         stall_probability: base.slow_coordinator_probability,
         execute_ahead_probability: base.execute_ahead_probability,
     };
-    for c in 0..cfg.clients {
-        let client = SimClient::new(c as u64, client_cfg.clone(), fs.clone(), dir.clone());
-        world.spawn(Box::new(client), false);
-    }
+    let dir = crate::spawn_cluster(
+        &mut world,
+        images,
+        &fs,
+        cfg.clients,
+        &client_cfg,
+        base.epoch_interval_us,
+    );
     let mut violations = crate::run_to_the_end(&mut world, &cfg.faults);
     let fs = fs.borrow();
     if world.settled() {
@@ -90,16 +80,4 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }
-}
-
-/// Each node's image: the whole volume part, formatted.
-fn initial_images(fs: &FsWorkload, nodes: NodeId) -> Vec<Vec<u8>> {
-    let mut images = vec![vec![0; BYTES_PER_NODE as usize]; usize::from(nodes)];
-    for (node, item) in fs.setup().items() {
-        if let Item::Write { addr, bytes } = item {
-            let at = *addr as usize;
-            images[usize::from(*node) - 1][at..at + bytes.len()].copy_from_slice(bytes);
-        }
-    }
-    images
 }

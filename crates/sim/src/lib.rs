@@ -118,34 +118,22 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         "the bank fits the spaces"
     );
     let mut world = World::new(seed, cfg.faults.clone());
-    let dir = Rc::new(Directory {
-        nodes: (0..u32::from(cfg.nodes)).map(Addr).collect(),
-        manager: Addr(u32::from(cfg.nodes)),
-    });
-    let images = initial_images(&bank, cfg.nodes);
+    let images = initial_images(&bank, cfg.nodes, SPACE_BYTES);
     let bank = Rc::new(RefCell::new(bank));
-    let check = {
-        let bank = bank.clone();
-        Rc::new(move |node: NodeId, read: &dyn Fn(u64, u32) -> Vec<u8>| {
-            bank.borrow().check_node(node, read)
-        })
-    };
-    for (id, image) in (1..=cfg.nodes).zip(images) {
-        let node = SimNode::new(id, image, dir.clone(), check.clone());
-        assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
-    }
-    let manager = SimManager::new(dir.clone(), cfg.epoch_interval_us);
-    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
     let client_cfg = ClientConfig {
         ops: cfg.ops_per_coordinator,
         crash_probability: cfg.coordinator_crash_probability,
         stall_probability: cfg.slow_coordinator_probability,
         execute_ahead_probability: cfg.execute_ahead_probability,
     };
-    for c in 0..cfg.coordinators {
-        let client = SimClient::new(c as u64, client_cfg.clone(), bank.clone(), dir.clone());
-        world.spawn(Box::new(client), false);
-    }
+    let dir = spawn_cluster(
+        &mut world,
+        images,
+        &bank,
+        cfg.coordinators,
+        &client_cfg,
+        cfg.epoch_interval_us,
+    );
     let mut violations = run_to_the_end(&mut world, &cfg.faults);
     let bank = bank.borrow();
     if world.settled() {
@@ -169,6 +157,40 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
     }
 }
 
+/// Spawns memory nodes holding `images` (node i + 1 the i-th), the manager, and `clients`
+/// clients running `workload`; returns the cluster's directory.
+pub(crate) fn spawn_cluster<W: Workload + 'static>(
+    world: &mut World,
+    images: Vec<Vec<u8>>,
+    workload: &Rc<RefCell<W>>,
+    clients: usize,
+    client_cfg: &ClientConfig,
+    epoch_interval_us: u64,
+) -> Rc<Directory> {
+    let nodes = images.len() as u32;
+    let dir = Rc::new(Directory {
+        nodes: (0..nodes).map(Addr).collect(),
+        manager: Addr(nodes),
+    });
+    let check = {
+        let workload = workload.clone();
+        Rc::new(move |node: NodeId, read: &dyn Fn(u64, u32) -> Vec<u8>| {
+            workload.borrow().check_node(node, read)
+        })
+    };
+    for (id, image) in (1..).zip(images) {
+        let node = SimNode::new(id, image, dir.clone(), check.clone());
+        assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
+    }
+    let manager = SimManager::new(dir.clone(), epoch_interval_us);
+    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
+    for c in 0..clients {
+        let client = SimClient::new(c as u64, client_cfg.clone(), workload.clone(), dir.clone());
+        world.spawn(Box::new(client), false);
+    }
+    dir
+}
+
 /// Starts every process, runs the world until it settles or the liveness bound passes, and
 /// returns the violations found on the way, with a liveness one if it did not settle.
 pub(crate) fn run_to_the_end(world: &mut World, faults: &Faults) -> Vec<Violation> {
@@ -188,10 +210,14 @@ pub(crate) fn run_to_the_end(world: &mut World, faults: &Faults) -> Vec<Violatio
     violations
 }
 
-/// Each node's image before anything ran: the workload's set-up written in.
-fn initial_images(bank: &Bank, nodes: NodeId) -> Vec<Vec<u8>> {
-    let mut images = vec![vec![0; SPACE_BYTES as usize]; usize::from(nodes)];
-    for (node, item) in bank.setup().items() {
+/// Each node's image (`space_bytes`) before anything ran: the workload's set-up written in.
+pub(crate) fn initial_images<W: Workload>(
+    workload: &W,
+    nodes: NodeId,
+    space_bytes: u64,
+) -> Vec<Vec<u8>> {
+    let mut images = vec![vec![0; space_bytes as usize]; usize::from(nodes)];
+    for (node, item) in workload.setup().items() {
         if let Item::Write { addr, bytes } = item {
             let at = *addr as usize;
             images[usize::from(*node) - 1][at..at + bytes.len()].copy_from_slice(bytes);

@@ -275,11 +275,7 @@ impl FsWorkload {
                 ops::lookup(&mut tx, root, &Self::root_name(client, w)).map(|(i, _)| Answer::Ino(i))
             }
             Step::MakeRoot(w) => {
-                let new = NewFile {
-                    mode: S_IFDIR | 0o755,
-                    rdev: 0,
-                    target: vec![],
-                };
+                let new = NewFile::of(S_IFDIR | 0o755);
                 ops::make(
                     &mut tx,
                     root,
@@ -304,16 +300,8 @@ impl FsWorkload {
 
     fn act(&self, tx: &mut Txn<'_>, client: u64, op: &FsOp, prefer: NodeId) -> OpResult<Answer> {
         let dir = |w| self.dir(client, w).expect("resolved before");
-        let file = NewFile {
-            mode: S_IFREG | 0o644,
-            rdev: 0,
-            target: vec![],
-        };
-        let subdir = NewFile {
-            mode: S_IFDIR | 0o755,
-            rdev: 0,
-            target: vec![],
-        };
+        let file = NewFile::of(S_IFREG | 0o644);
+        let subdir = NewFile::of(S_IFDIR | 0o755);
         let never_open = |_: Ino| false;
         match op.action {
             Action::Create(w, i) => {
@@ -623,19 +611,17 @@ impl Workload for FsWorkload {
             (Pending::Fetch(_), Err(_)) => {}
             (
                 Pending::Run {
-                    result, effects, ..
+                    result,
+                    effects,
+                    compared,
                 },
                 Ok(outcome),
-            ) if outcome.committed => {
-                c.cache.apply(*effects);
-                if !self.step_done(client, op, result) {
+            ) => {
+                let committed = outcome.committed;
+                c.cache
+                    .settle(committed, &outcome.failed_compares, &compared, *effects);
+                if committed && !self.step_done(client, op, result) {
                     return None;
-                }
-            }
-            (Pending::Run { compared, .. }, Ok(outcome)) => {
-                for i in &outcome.failed_compares {
-                    let (node, addr) = compared[*i];
-                    c.cache.drop_containing(node, addr);
                 }
             }
             (Pending::Run { .. }, Err(_)) => {

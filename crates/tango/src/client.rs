@@ -121,33 +121,39 @@ impl Tango {
         opts: TangoOptions,
     ) -> Result<Tango, TangoError> {
         let mut tries = 1;
-        let loaded = loop {
+        loop {
             let mut views: Views = vec![(DIRECTORY_OID, Box::new(Directory::default()))];
             views.extend(objects.values().map(|m| (m.oid, m.kind.view())));
-            match load(&log, views, None, None).await {
+            let loaded = match load(&log, views, None, None).await {
                 // A trim passed the load: start again from the new trim point.
-                Err(TangoError::Trimmed { .. }) if tries < LOAD_TRIES_MAX => tries += 1,
-                loaded => break loaded?,
-            }
-        };
-        let decision_timeout = opts.decision_timeout;
-        let tango = Tango {
-            inner: Arc::new(Inner {
-                log,
-                objects,
-                runtime: Mutex::new(loaded.runtime),
-                playing: tokio::sync::Mutex::new(Playing {
-                    streams: loaded.streams,
-                    player: Player::new(decision_timeout),
-                    start: Instant::now(),
+                Err(TangoError::Trimmed { .. }) if tries < LOAD_TRIES_MAX => {
+                    tries += 1;
+                    continue;
+                }
+                loaded => loaded?,
+            };
+            let decision_timeout = opts.decision_timeout;
+            let tango = Tango {
+                inner: Arc::new(Inner {
+                    log: log.clone(),
+                    objects: objects.clone(),
+                    runtime: Mutex::new(loaded.runtime),
+                    playing: tokio::sync::Mutex::new(Playing {
+                        streams: loaded.streams,
+                        player: Player::new(decision_timeout),
+                        start: Instant::now(),
+                    }),
+                    syncs_begun: AtomicU64::new(0),
+                    syncs_done: AtomicU64::new(0),
+                    checkpoints: Mutex::new(loaded.checkpoints),
                 }),
-                syncs_begun: AtomicU64::new(0),
-                syncs_done: AtomicU64::new(0),
-                checkpoints: Mutex::new(loaded.checkpoints),
-            }),
-        };
-        tango.sync().await?;
-        Ok(tango)
+            };
+            // A trim between the load and this first play passes what was loaded, too.
+            match tango.sync().await {
+                Err(TangoError::Trimmed { .. }) if tries < LOAD_TRIES_MAX => tries += 1,
+                synced => return synced.map(|()| tango),
+            }
+        }
     }
 
     pub fn log(&self) -> &Log {

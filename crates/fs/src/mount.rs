@@ -73,10 +73,9 @@ struct Handles {
     orphans: std::collections::HashSet<Ino>,
 }
 
-/// One mount of a volume.
-pub struct Mount {
+/// What one mount keeps: its volume, open files and write-back buffers.
+struct State {
     fs: Arc<FileSystem>,
-    rt: Handle,
     ttl: Duration,
     write_back_bytes: usize,
     handles: Mutex<Handles>,
@@ -125,18 +124,40 @@ fn kind(mode: u32) -> FileType {
     }
 }
 
+/// One mount of a volume: the FUSE session's file system. Each request runs as a task on
+/// the runtime and replies itself, so that a dispatch thread goes back to the kernel at
+/// once and a request costs no thread hand-off on its way back.
+pub struct Mount {
+    state: Arc<State>,
+    rt: Handle,
+}
+
 impl Mount {
     pub fn new(fs: Arc<FileSystem>, rt: Handle, opts: &MountOptions) -> Mount {
-        Mount {
+        let state = State {
             fs,
-            rt,
             ttl: Duration::from_millis(opts.cache_ms),
             write_back_bytes: opts.write_back_bytes,
             handles: Mutex::default(),
             dirty: Mutex::default(),
+        };
+        Mount {
+            state: Arc::new(state),
+            rt,
         }
     }
 
+    /// Runs `request` on the runtime with the mount's state.
+    fn spawn<F, R>(&self, request: R)
+    where
+        R: FnOnce(Arc<State>) -> F,
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(request(self.state.clone()));
+    }
+}
+
+impl State {
     /// The kernel's inode number for `ino` (the root is 1).
     fn kernel_ino(&self, ino: Ino) -> INodeNo {
         if ino == self.fs.root() {
@@ -307,10 +328,6 @@ impl Mount {
         flushed
     }
 
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
-    }
-
     fn entry(&self, reply: ReplyEntry, r: Result<(Ino, Inode), i32>) {
         match r {
             Ok((ino, i)) => reply.entry(&self.ttl, &self.attr(ino, &i), Generation(i.igeneration)),
@@ -318,18 +335,81 @@ impl Mount {
         }
     }
 
-    fn make(
+    fn reply_attr(&self, reply: ReplyAttr, ino: Ino, r: Result<Inode, i32>) {
+        match r {
+            Ok(inode) => reply.attr(&self.ttl, &self.attr(ino, &inode)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<(Ino, Inode), i32> {
+        let (ino, i) = self.fs.lookup(parent, name).await?;
+        if self.dirty_of(ino).is_some() {
+            return Ok((ino, self.getattr_fresh(ino).await?));
+        }
+        Ok((ino, i))
+    }
+
+    async fn write(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        new: NewFile,
-    ) -> Result<(Ino, Inode), i32> {
-        let who = Caller {
-            uid: req.uid(),
-            gid: req.gid(),
-        };
-        self.block_on(self.fs.make(self.ino(parent), name.as_bytes(), &new, who))
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        data: Vec<u8>,
+        uid: u32,
+    ) -> Result<(), i32> {
+        let append = (self
+            .handles
+            .lock()
+            .expect("handles poisoned")
+            .files
+            .get(&fh))
+        .is_some_and(|f| f.append);
+        if append {
+            self.flush(ino).await?;
+            return self
+                .fs
+                .write(ino, &[(offset, data)], true, uid == 0)
+                .await
+                .map(|_| ());
+        }
+        let inode = self.fs.getattr(ino).await?;
+        let suid = inode.mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+        if suid && uid != 0 {
+            // The write must clear setuid/setgid now, not at the flush.
+            self.flush(ino).await?;
+            return self
+                .fs
+                .write(ino, &[(offset, data)], false, false)
+                .await
+                .map(|_| ());
+        }
+        self.buffer_write(ino, offset, &data).await
+    }
+
+    /// Lists directory `ino` for a new directory handle.
+    async fn opendir(&self, ino: Ino) -> Result<u64, i32> {
+        let (dir, entries) = self.fs.list(ino).await?;
+        let mut items = vec![
+            (self.kernel_ino(ino).0, FileType::Directory, b".".to_vec()),
+            (
+                self.kernel_ino(dir.parent).0,
+                FileType::Directory,
+                b"..".to_vec(),
+            ),
+        ];
+        for e in entries {
+            items.push((
+                self.kernel_ino(e.ino).0,
+                kind((e.kind as u32) << 12),
+                e.name,
+            ));
+        }
+        let mut h = self.handles.lock().expect("handles poisoned");
+        h.next += 1;
+        let fh = h.next;
+        h.dirs.insert(fh, items);
+        Ok(fh)
     }
 }
 
@@ -340,6 +420,40 @@ fn empty(reply: ReplyEmpty, r: Result<(), i32>) {
     }
 }
 
+fn set_attr(
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+    ctime: Option<SystemTime>,
+) -> SetAttr {
+    let now = crate::volume::now();
+    let at = |t: Option<TimeOrNow>| {
+        t.map(|t| match t {
+            TimeOrNow::Now => now,
+            TimeOrNow::SpecificTime(s) => time_of(s),
+        })
+    };
+    SetAttr {
+        mode,
+        uid,
+        gid,
+        size,
+        atime: at(atime),
+        mtime: at(mtime),
+        ctime: ctime.map(time_of),
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
 impl Filesystem for Mount {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE_BYTES);
@@ -347,22 +461,19 @@ impl Filesystem for Mount {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self.block_on(async {
-            let (ino, i) = self.fs.lookup(self.ino(parent), name.as_bytes()).await?;
-            if self.dirty_of(ino).is_some() {
-                return Ok((ino, self.getattr_fresh(ino).await?));
-            }
-            Ok((ino, i))
+        let name = name.as_bytes().to_vec();
+        self.spawn(move |m| async move {
+            let r = m.lookup(m.ino(parent), &name).await;
+            m.entry(reply, r);
         });
-        self.entry(reply, r);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let i = self.ino(ino);
-        match self.block_on(self.getattr_fresh(i)) {
-            Ok(inode) => reply.attr(&self.ttl, &self.attr(i, &inode)),
-            Err(e) => reply.error(err(e)),
-        }
+        self.spawn(move |m| async move {
+            let i = m.ino(ino);
+            let r = m.getattr_fresh(i).await;
+            m.reply_attr(reply, i, r);
+        });
     }
 
     fn setattr(
@@ -383,38 +494,26 @@ impl Filesystem for Mount {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let now = crate::volume::now();
-        let at = |t: Option<TimeOrNow>| {
-            t.map(|t| match t {
-                TimeOrNow::Now => now,
-                TimeOrNow::SpecificTime(s) => time_of(s),
-            })
-        };
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: at(atime),
-            mtime: at(mtime),
-            ctime: ctime.map(time_of),
-        };
-        let i = self.ino(ino);
-        let r = self.block_on(async {
-            self.flush(i).await?;
-            self.fs.setattr(i, &set, req.uid() == 0).await
+        let set = set_attr(mode, uid, gid, size, atime, mtime, ctime);
+        let privileged = req.uid() == 0;
+        self.spawn(move |m| async move {
+            let i = m.ino(ino);
+            let r = async {
+                m.flush(i).await?;
+                m.fs.setattr(i, &set, privileged).await
+            }
+            .await;
+            m.reply_attr(reply, i, r);
         });
-        match r {
-            Ok(inode) => reply.attr(&self.ttl, &self.attr(i, &inode)),
-            Err(e) => reply.error(err(e)),
-        }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.block_on(self.fs.readlink(self.ino(ino))) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(err(e)),
-        }
+        self.spawn(move |m| async move {
+            match m.fs.readlink(m.ino(ino)).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(err(e)),
+            }
+        });
     }
 
     fn mknod(
@@ -440,8 +539,7 @@ impl Filesystem for Mount {
             rdev,
             target: vec![],
         };
-        let r = self.make(req, parent, name, new);
-        self.entry(reply, r);
+        self.make(req, parent, name, new, reply);
     }
 
     fn mkdir(
@@ -454,23 +552,22 @@ impl Filesystem for Mount {
         reply: ReplyEntry,
     ) {
         let new = NewFile::of(S_IFDIR | (mode & !umask & 0o7777));
-        let r = self.make(req, parent, name, new);
-        self.entry(reply, r);
+        self.make(req, parent, name, new, reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.block_on(
-            self.fs
-                .unlink(self.ino(parent), name.as_bytes(), &self.is_open()),
-        );
-        empty(reply, r.map(|kept| self.keep_orphan(kept)));
+        let name = name.as_bytes().to_vec();
+        self.spawn(move |m| async move {
+            let r = m.fs.unlink(m.ino(parent), &name, &m.is_open()).await;
+            empty(reply, r.map(|kept| m.keep_orphan(kept)));
+        });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(
-            reply,
-            self.block_on(self.fs.rmdir(self.ino(parent), name.as_bytes())),
-        );
+        let name = name.as_bytes().to_vec();
+        self.spawn(move |m| async move {
+            empty(reply, m.fs.rmdir(m.ino(parent), &name).await);
+        });
     }
 
     fn symlink(
@@ -486,8 +583,7 @@ impl Filesystem for Mount {
             rdev: 0,
             target: target.as_os_str().as_bytes().to_vec(),
         };
-        let r = self.make(req, parent, link_name, new);
-        self.entry(reply, r);
+        self.make(req, parent, link_name, new, reply);
     }
 
     fn rename(
@@ -500,15 +596,14 @@ impl Filesystem for Mount {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let r = self.block_on(self.fs.rename(
-            self.ino(parent),
-            name.as_bytes(),
-            self.ino(newparent),
-            newname.as_bytes(),
-            flags.bits(),
-            &self.is_open(),
-        ));
-        empty(reply, r.map(|kept| self.keep_orphan(kept)));
+        let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        self.spawn(move |m| async move {
+            let (sp, dp) = (m.ino(parent), m.ino(newparent));
+            let r =
+                m.fs.rename(sp, &name, dp, &newname, flags.bits(), &m.is_open())
+                    .await;
+            empty(reply, r.map(|kept| m.keep_orphan(kept)));
+        });
     }
 
     fn link(
@@ -519,21 +614,26 @@ impl Filesystem for Mount {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let i = self.ino(ino);
-        let r = self.block_on(self.fs.link(i, self.ino(newparent), newname.as_bytes()));
-        self.entry(reply, r.map(|inode| (i, inode)));
+        let newname = newname.as_bytes().to_vec();
+        self.spawn(move |m| async move {
+            let i = m.ino(ino);
+            let r = m.fs.link(i, m.ino(newparent), &newname).await;
+            m.entry(reply, r.map(|inode| (i, inode)));
+        });
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let i = self.ino(ino);
-        match self.block_on(self.fs.getattr(i)) {
-            Ok(inode) if inode.is_dir() => reply.error(Errno::EISDIR),
-            Ok(_) => {
-                let fh = self.new_handle(i, flags.0 & libc::O_APPEND != 0);
-                reply.opened(FileHandle(fh), FopenFlags::empty());
+        self.spawn(move |m| async move {
+            let i = m.ino(ino);
+            match m.fs.getattr(i).await {
+                Ok(inode) if inode.is_dir() => reply.error(Errno::EISDIR),
+                Ok(_) => {
+                    let fh = m.new_handle(i, flags.0 & libc::O_APPEND != 0);
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(err(e)),
             }
-            Err(e) => reply.error(err(e)),
-        }
+        });
     }
 
     fn read(
@@ -547,15 +647,18 @@ impl Filesystem for Mount {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let i = self.ino(ino);
-        let r = self.block_on(async {
-            self.flush(i).await?;
-            self.fs.read(i, offset, size).await
+        self.spawn(move |m| async move {
+            let i = m.ino(ino);
+            let r = async {
+                m.flush(i).await?;
+                m.fs.read(i, offset, size).await
+            }
+            .await;
+            match r {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(err(e)),
+            }
         });
-        match r {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(err(e)),
-        }
     }
 
     fn write(
@@ -570,40 +673,14 @@ impl Filesystem for Mount {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let i = self.ino(ino);
-        let append = (self
-            .handles
-            .lock()
-            .expect("handles poisoned")
-            .files
-            .get(&fh.0))
-        .is_some_and(|f| f.append);
-        let r = self.block_on(async {
-            if append {
-                self.flush(i).await?;
-                return self
-                    .fs
-                    .write(i, &[(offset, data.to_vec())], true, req.uid() == 0)
-                    .await
-                    .map(|_| ());
+        let (data, uid) = (data.to_vec(), req.uid());
+        self.spawn(move |m| async move {
+            let len = data.len() as u32;
+            match m.write(m.ino(ino), fh.0, offset, data, uid).await {
+                Ok(()) => reply.written(len),
+                Err(e) => reply.error(err(e)),
             }
-            let inode = self.fs.getattr(i).await?;
-            let suid = inode.mode & (libc::S_ISUID | libc::S_ISGID) != 0;
-            if suid && req.uid() != 0 {
-                // The write must clear setuid/setgid now, not at the flush.
-                self.flush(i).await?;
-                return self
-                    .fs
-                    .write(i, &[(offset, data.to_vec())], false, false)
-                    .await
-                    .map(|_| ());
-            }
-            self.buffer_write(i, offset, data).await
         });
-        match r {
-            Ok(()) => reply.written(data.len() as u32),
-            Err(e) => reply.error(err(e)),
-        }
     }
 
     fn flush(
@@ -614,7 +691,7 @@ impl Filesystem for Mount {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.block_on(Mount::flush(self, self.ino(ino))));
+        self.spawn(move |m| async move { empty(reply, m.flush(m.ino(ino)).await) });
     }
 
     fn release(
@@ -627,7 +704,7 @@ impl Filesystem for Mount {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.block_on(self.close(fh.0)));
+        self.spawn(move |m| async move { empty(reply, m.close(fh.0).await) });
     }
 
     fn fsync(
@@ -640,36 +717,16 @@ impl Filesystem for Mount {
     ) {
         // A committed minitransaction is durable on its memory nodes (log mode): flushing
         // the buffered writes is all fsync needs.
-        empty(reply, self.block_on(Mount::flush(self, self.ino(ino))));
+        self.spawn(move |m| async move { empty(reply, m.flush(m.ino(ino)).await) });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let i = self.ino(ino);
-        match self.block_on(self.fs.list(i)) {
-            Ok((dir, entries)) => {
-                let mut items = vec![
-                    (self.kernel_ino(i).0, FileType::Directory, b".".to_vec()),
-                    (
-                        self.kernel_ino(dir.parent).0,
-                        FileType::Directory,
-                        b"..".to_vec(),
-                    ),
-                ];
-                for e in entries {
-                    items.push((
-                        self.kernel_ino(e.ino).0,
-                        kind((e.kind as u32) << 12),
-                        e.name,
-                    ));
-                }
-                let mut h = self.handles.lock().expect("handles poisoned");
-                h.next += 1;
-                let fh = h.next;
-                h.dirs.insert(fh, items);
-                reply.opened(FileHandle(fh), FopenFlags::empty());
+        self.spawn(move |m| async move {
+            match m.opendir(m.ino(ino)).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(err(e)),
             }
-            Err(e) => reply.error(err(e)),
-        }
+        });
     }
 
     fn readdir(
@@ -680,7 +737,7 @@ impl Filesystem for Mount {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let h = self.handles.lock().expect("handles poisoned");
+        let h = self.state.handles.lock().expect("handles poisoned");
         let Some(items) = h.dirs.get(&fh.0) else {
             return reply.error(Errno::EBADF);
         };
@@ -700,9 +757,7 @@ impl Filesystem for Mount {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.handles
-            .lock()
-            .expect("handles poisoned")
+        (self.state.handles.lock().expect("handles poisoned"))
             .dirs
             .remove(&fh.0);
         reply.ok();
@@ -721,19 +776,21 @@ impl Filesystem for Mount {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.block_on(self.fs.usage()) {
-            Ok(u) => reply.statfs(
-                u.blocks,
-                u.blocks_free,
-                u.blocks_free,
-                u.inodes,
-                u.inodes_free,
-                u.block_bytes,
-                crate::dir::NAME_BYTES_MAX as u32,
-                u.block_bytes,
-            ),
-            Err(e) => reply.error(err(e)),
-        }
+        self.spawn(move |m| async move {
+            match m.fs.usage().await {
+                Ok(u) => reply.statfs(
+                    u.blocks,
+                    u.blocks_free,
+                    u.blocks_free,
+                    u.inodes,
+                    u.inodes_free,
+                    u.block_bytes,
+                    crate::dir::NAME_BYTES_MAX as u32,
+                    u.block_bytes,
+                ),
+                Err(e) => reply.error(err(e)),
+            }
+        });
     }
 
     // Extended attributes are not stored yet (docs/fs.md, "Not yet"): a file has none and
@@ -784,12 +841,15 @@ impl Filesystem for Mount {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let i = self.ino(ino);
-        let r = self.block_on(async {
-            self.flush(i).await?;
-            self.fs.fallocate(i, offset, length, mode).await
+        self.spawn(move |m| async move {
+            let i = m.ino(ino);
+            let r = async {
+                m.flush(i).await?;
+                m.fs.fallocate(i, offset, length, mode).await
+            }
+            .await;
+            empty(reply, r);
         });
-        empty(reply, r);
     }
 
     fn create(
@@ -803,18 +863,32 @@ impl Filesystem for Mount {
         reply: ReplyCreate,
     ) {
         let new = NewFile::of(S_IFREG | (mode & !umask & 0o7777));
-        match self.make(req, parent, name, new) {
-            Ok((ino, i)) => {
-                let fh = self.new_handle(ino, flags & libc::O_APPEND != 0);
-                reply.created(
-                    &self.ttl,
-                    &self.attr(ino, &i),
-                    Generation(i.igeneration),
-                    FileHandle(fh),
-                    FopenFlags::empty(),
-                );
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.spawn(move |m| async move {
+            match m.fs.make(m.ino(parent), &name, &new, who).await {
+                Ok((ino, i)) => {
+                    let fh = m.new_handle(ino, flags & libc::O_APPEND != 0);
+                    reply.created(
+                        &m.ttl,
+                        &m.attr(ino, &i),
+                        Generation(i.igeneration),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                    );
+                }
+                Err(e) => reply.error(err(e)),
             }
-            Err(e) => reply.error(err(e)),
-        }
+        });
+    }
+}
+
+impl Mount {
+    /// Creates `name` in `parent` (mknod, mkdir, symlink) and replies its entry.
+    fn make(&self, req: &Request, parent: INodeNo, name: &OsStr, new: NewFile, reply: ReplyEntry) {
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.spawn(move |m| async move {
+            let r = m.fs.make(m.ino(parent), &name, &new, who).await;
+            m.entry(reply, r);
+        });
     }
 }

@@ -102,6 +102,10 @@ fn table(tx: &mut Txn<'_>, ino: Ino, dir: &Inode) -> OpResult<Table> {
     let addr = tx.vol.block_addr(b);
     let t = Table::decode(&tx.object(b.node(), addr, bs)?);
     if !t.owned_by(ino, dir.igeneration) {
+        // The block was reused since this mount read it, or this mount's copy of the
+        // directory is what is stale (freed, its blocks reused): read both again, or the
+        // operation would fetch the same block forever.
+        tx.refetch(ino.node(), tx.vol.inode_addr(ino), INODE_BYTES as u32);
         return Err(tx.refetch(b.node(), addr, bs));
     }
     tx.check(b.node(), addr, crate::dir::TABLE_HEADER_BYTES as u32);
@@ -121,7 +125,14 @@ fn bucket(tx: &mut Txn<'_>, ino: Ino, dir: &Inode, b: BlockRef) -> OpResult<Buck
             }
             Ok(k)
         }
-        _ => Err(tx.refetch(b.node(), addr, bs)),
+        _ => {
+            // As in `table`: the bucket, the table or the directory may be the stale one.
+            tx.refetch(ino.node(), tx.vol.inode_addr(ino), INODE_BYTES as u32);
+            if tx.vol.valid_block(dir.root) {
+                tx.refetch(dir.root.node(), tx.vol.block_addr(dir.root), bs);
+            }
+            Err(tx.refetch(b.node(), addr, bs))
+        }
     }
 }
 
@@ -242,6 +253,8 @@ fn alloc_inode(tx: &mut Txn<'_>, prefer: NodeId) -> OpResult<(Ino, Inode)> {
     let addr = tx.vol.inode_addr(ino);
     let old = Inode::decode(&tx.object(node, addr, INODE_BYTES as u32)?);
     if !old.is_free() {
+        // The slot or the bitmap page that called it free is stale: read both again.
+        tx.refetch_bitmap_page(node, Bitmap::Inodes, slot_index);
         return Err(tx.refetch(node, addr, INODE_BYTES as u32));
     }
     tx.check(node, addr, 16);

@@ -314,6 +314,15 @@ impl<'a> Txn<'a> {
         Stop::Miss
     }
 
+    /// Fetches again the bitmap page holding bit `index` of `kind` on `node`.
+    pub fn refetch_bitmap_page(&mut self, node: NodeId, kind: crate::layout::Bitmap, index: u64) {
+        let word = self.vol.bitmap_word_addr(node, kind, index);
+        let (at, len) = (self.bitmap_pages(node, kind).into_iter())
+            .rfind(|(at, _)| *at <= word)
+            .expect("a page holds every word");
+        self.misses.insert(Fetch::object(node, at, len));
+    }
+
     /// Validates `len` bytes at `addr` of a cached object: the minitransaction compares them
     /// with what this mount read.
     pub fn check(&mut self, node: NodeId, addr: u64, len: u32) {

@@ -285,6 +285,11 @@ impl FileSystem {
             match plan {
                 Plan::Done(result) => return result.map(|t| (t, vec![])),
                 Plan::Fetch(fetches) => {
+                    if Instant::now() >= until {
+                        // A bounded wait even if an operation kept missing what it fetched.
+                        let why = "the operation kept missing what it fetched".to_string();
+                        return Err(self.failed(FsError::Deadline(why)));
+                    }
                     let data = fetch(&self.cluster, &fetches, until)
                         .await
                         .map_err(|e| self.failed(e))?;

@@ -26,6 +26,18 @@ pub fn name_hash(name: &[u8]) -> u64 {
     h
 }
 
+/// A new directory's table (depth 0) and its one empty bucket at `bucket`.
+pub fn empty_directory(owner: Ino, generation: u64, bucket: BlockRef) -> (Table, Bucket) {
+    let table = Table {
+        version: 1,
+        depth: 0,
+        owner,
+        owner_generation: generation,
+        buckets: vec![bucket],
+    };
+    (table, Bucket::new(owner, generation, 1, 0))
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Table {
     pub version: u64,

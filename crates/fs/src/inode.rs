@@ -77,6 +77,32 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// A new file of `mode` in the free slot `old`: the slot's next generation, one link (a
+    /// directory two, and its parent to be set), times `now`, nothing allocated. `iversion`
+    /// stays `old`'s: staging the inode raises it.
+    pub fn fresh(old: &Inode, mode: u32, uid: u32, gid: u32, now: Time) -> Inode {
+        Inode {
+            iversion: old.iversion,
+            igeneration: old.igeneration + 1,
+            mode,
+            uid,
+            gid,
+            rdev: 0,
+            nlink: if mode & S_IFMT == S_IFDIR { 2 } else { 1 },
+            mtime: now,
+            ctime: now,
+            atime: now,
+            flags: 0,
+            size: 0,
+            blocks: 0,
+            root: BlockRef::NONE,
+            height: 0,
+            parent: Ino(0),
+            entries: 0,
+            inline: vec![],
+        }
+    }
+
     pub fn decode(b: &[u8]) -> Inode {
         assert_eq!(b.len() as u64, INODE_BYTES);
         let time = |s, ns| Time {

@@ -299,26 +299,11 @@ pub fn make(
             mode |= libc::S_ISGID;
         }
     }
-    let mut inode = Inode {
-        iversion: old.iversion,
-        igeneration: old.igeneration + 1,
-        mode,
-        uid: who.uid,
-        gid,
-        rdev: new.rdev,
-        nlink: if is_dir { 2 } else { 1 },
-        mtime: now,
-        ctime: now,
-        atime: now,
-        flags: 0,
-        size: 0,
-        blocks: 0,
-        root: BlockRef::NONE,
-        height: 0,
-        parent: if is_dir { parent } else { Ino(0) },
-        entries: 0,
-        inline: vec![],
-    };
+    let mut inode = Inode::fresh(&old, mode, who.uid, gid, now);
+    inode.rdev = new.rdev;
+    if is_dir {
+        inode.parent = parent;
+    }
     if is_dir {
         init_dir(tx, ino, &mut inode)?;
     } else if mode & S_IFMT == S_IFLNK {
@@ -343,14 +328,7 @@ fn init_dir(tx: &mut Txn<'_>, ino: Ino, inode: &mut Inode) -> OpResult<()> {
     let (n1, i1) = tx.alloc(ino.node(), Bitmap::Blocks)?;
     let (n2, i2) = tx.alloc(ino.node(), Bitmap::Blocks)?;
     let (table_ref, bucket_ref) = (BlockRef::new(n1, i1), BlockRef::new(n2, i2));
-    let table = Table {
-        version: 1,
-        depth: 0,
-        owner: ino,
-        owner_generation: inode.igeneration,
-        buckets: vec![bucket_ref],
-    };
-    let bucket = Bucket::new(ino, inode.igeneration, 1, 0);
+    let (table, bucket) = crate::dir::empty_directory(ino, inode.igeneration, bucket_ref);
     tx.create_block(table_ref, table.encode(bs), true);
     tx.create_block(bucket_ref, bucket.encode(bs), true);
     inode.root = table_ref;

@@ -123,12 +123,6 @@ impl Cache {
         }
     }
 
-    pub fn forget(&mut self, node: NodeId, addr: u64) {
-        if let Some(old) = self.objects.remove(&(node, addr)) {
-            self.bytes -= old.len();
-        }
-    }
-
     fn patch(&mut self, node: NodeId, addr: u64, bytes: &[u8]) {
         if let Some((at, len)) = self.containing(node, addr) {
             let off = (addr - at) as usize;
@@ -277,10 +271,6 @@ impl<'a> Txn<'a> {
             freed_pointers: vec![],
             cursors: vec![],
         }
-    }
-
-    pub fn hint(&self) -> u64 {
-        self.hint
     }
 
     /// The object of `len` bytes at `addr` of `node`, as this run has staged it or as cached.
@@ -551,12 +541,6 @@ impl<'a> Txn<'a> {
         }
         self.set_word(node, addr, value, value & !bit);
         Ok(())
-    }
-
-    /// Is bit `index` of `kind` on `node` set (as cached and changed by this run)?
-    pub fn bit(&mut self, node: NodeId, kind: crate::layout::Bitmap, index: u64) -> OpResult<bool> {
-        let addr = self.vol.bitmap_word_addr(node, kind, index);
-        Ok(self.word(node, addr)? & 1 << (index % 64) != 0)
     }
 
     /// The plan for this run, given what the operation answered.

@@ -2,7 +2,7 @@
 //! keeps the mount's cache, and creates (`mkfs`) and opens volumes. Everything it knows it
 //! learns from memory nodes; it keeps no state another mount would need.
 
-use crate::dir::{Bucket, Entry, Table};
+use crate::dir::Entry;
 use crate::inode::{Inode, Time, S_IFDIR};
 use crate::layout::{
     self, Bitmap, BlockRef, Geometry, Ino, LayoutError, Volume, INODE_BYTES, REGION_KIND,
@@ -79,7 +79,6 @@ pub struct FileSystem {
     cluster: Cluster,
     name: String,
     vol: Volume,
-    volume_id: u64,
     cache: Mutex<Cache>,
     prefer: AtomicU16,
     deadline: Duration,
@@ -226,16 +225,14 @@ impl FileSystem {
             nodes: info.nodes,
         };
         let headers = read_headers(cluster, &vol, Instant::now() + deadline).await?;
-        let mut volume_id = 0;
         for (i, h) in headers.iter().enumerate() {
-            volume_id = vol.check_header(i, h)?;
+            vol.check_header(i, h)?;
         }
         let prefer = vol.nodes[rand::random::<usize>() % vol.nodes.len()].0;
         Ok(FileSystem {
             cluster: cluster.clone(),
             name: name.into(),
             vol,
-            volume_id,
             cache: Mutex::default(),
             prefer: AtomicU16::new(prefer),
             deadline,
@@ -247,12 +244,6 @@ impl FileSystem {
     }
     pub fn name(&self) -> &str {
         &self.name
-    }
-    pub fn volume_id(&self) -> u64 {
-        self.volume_id
-    }
-    pub fn cluster(&self) -> &Cluster {
-        &self.cluster
     }
     pub fn root(&self) -> Ino {
         self.vol.root()
@@ -304,13 +295,8 @@ impl FileSystem {
                     effects,
                     compared,
                 } => {
-                    let outcome = match exec(&self.cluster, &tx, until).await {
-                        Ok(o) => o,
-                        Err(FsError::Deadline(last)) => {
-                            return Err(self.failed(FsError::Deadline(last)))
-                        }
-                        Err(e) => return Err(self.failed(e)),
-                    };
+                    let outcome =
+                        (exec(&self.cluster, &tx, until).await).map_err(|e| self.failed(e))?;
                     let committed = outcome.committed;
                     (self.cache.lock().expect("cache poisoned")).settle(
                         committed,
@@ -610,34 +596,11 @@ pub fn format_minitx(vol: &Volume, old_root: &Inode, volume_id: u64, t: Time) ->
     let (first, _) = vol.nodes[0];
     let root = vol.root();
     let (table_ref, bucket_ref) = (BlockRef::new(first, 0), BlockRef::new(first, 1));
-    let inode = Inode {
-        iversion: old_root.iversion + 1,
-        igeneration: old_root.igeneration + 1,
-        mode: S_IFDIR | 0o755,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        nlink: 2,
-        mtime: t,
-        ctime: t,
-        atime: t,
-        flags: 0,
-        size: 0,
-        blocks: 2,
-        root: table_ref,
-        height: 0,
-        parent: root,
-        entries: 0,
-        inline: vec![],
-    };
-    let table = Table {
-        version: 1,
-        depth: 0,
-        owner: root,
-        owner_generation: inode.igeneration,
-        buckets: vec![bucket_ref],
-    };
-    let bucket = Bucket::new(root, inode.igeneration, 1, 0);
+    let mut inode = Inode::fresh(old_root, S_IFDIR | 0o755, 0, 0, t);
+    // Nothing stages the root's inode: its new iversion is written here.
+    inode.iversion += 1;
+    (inode.parent, inode.root, inode.blocks) = (root, table_ref, 2);
+    let (table, bucket) = crate::dir::empty_directory(root, inode.igeneration, bucket_ref);
     let mut tx = Minitx::new().compare(first, vol.header_addr(first), vec![0; 8]);
     for (i, &(node, _)) in vol.nodes.iter().enumerate() {
         tx = tx.write(

@@ -3,7 +3,6 @@
 //! the client's `Coordinator`), under the same faults. Then the checks: every invariant fsck
 //! checks on the settled images, and each client's own directory against its model.
 
-use crate::client::ClientConfig;
 use crate::node::SimNode;
 use crate::world::{Faults, World};
 use crate::Report;
@@ -37,12 +36,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
     let fs = FsWorkload::new(cfg.nodes, cfg.clients as u64);
     let images = crate::initial_images(&fs, cfg.nodes, BYTES_PER_NODE);
     let fs = Rc::new(RefCell::new(fs));
-    let client_cfg = ClientConfig {
-        ops: cfg.ops_per_client,
-        crash_probability: base.coordinator_crash_probability,
-        stall_probability: base.slow_coordinator_probability,
-        execute_ahead_probability: base.execute_ahead_probability,
-    };
+    let client_cfg = base.client_config(cfg.ops_per_client);
     let dir = crate::spawn_cluster(
         &mut world,
         images,

@@ -84,6 +84,18 @@ impl Default for SimConfig {
     }
 }
 
+impl SimConfig {
+    /// A client running `ops` operations with this configuration's client faults.
+    pub(crate) fn client_config(&self, ops: usize) -> ClientConfig {
+        ClientConfig {
+            ops,
+            crash_probability: self.coordinator_crash_probability,
+            stall_probability: self.slow_coordinator_probability,
+            execute_ahead_probability: self.execute_ahead_probability,
+        }
+    }
+}
+
 /// What one seed did.
 #[derive(Debug)]
 pub struct Report {
@@ -120,12 +132,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
     let mut world = World::new(seed, cfg.faults.clone());
     let images = initial_images(&bank, cfg.nodes, SPACE_BYTES);
     let bank = Rc::new(RefCell::new(bank));
-    let client_cfg = ClientConfig {
-        ops: cfg.ops_per_coordinator,
-        crash_probability: cfg.coordinator_crash_probability,
-        stall_probability: cfg.slow_coordinator_probability,
-        execute_ahead_probability: cfg.execute_ahead_probability,
-    };
+    let client_cfg = cfg.client_config(cfg.ops_per_coordinator);
     let dir = spawn_cluster(
         &mut world,
         images,

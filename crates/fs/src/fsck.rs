@@ -6,6 +6,7 @@
 use crate::dir::{name_hash, Bucket, Table};
 use crate::inode::{Inode, FLAG_ORPHAN, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::layout::{get_u64, BlockRef, Ino, Volume, INODE_BYTES};
+use crate::xattr::Xattrs;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tutti_wire::NodeId;
 
@@ -297,6 +298,9 @@ impl Checker<'_> {
             }
             other => self.broken(format!("inode {:#x} has unknown type {other:#o}", ino.0)),
         }
+        if !i.xattr.is_none() {
+            blocks += self.xattr_block(ino, i);
+        }
         if self.need.is_empty() && blocks != i.blocks {
             self.broken(format!(
                 "inode {:#x} counts {} blocks but holds {blocks}",
@@ -320,6 +324,29 @@ impl Checker<'_> {
             .into_iter()
             .filter(|b| self.reference(*b, ino))
             .count() as u64
+    }
+
+    /// The attribute block of `ino`: referenced once, naming its owner, well formed.
+    fn xattr_block(&mut self, ino: Ino, i: &Inode) -> u64 {
+        if !self.reference(i.xattr, ino) {
+            return 0;
+        }
+        let Some(block) = self.snap.block(i.xattr) else {
+            self.need.insert(i.xattr);
+            return 1;
+        };
+        match Xattrs::decode(block) {
+            Some(x) if x.owned_by(ino, i.igeneration) => {}
+            Some(x) => self.broken(format!(
+                "inode {:#x}: its attribute block {:#x} belongs to {:#x}",
+                ino.0, i.xattr.0, x.owner.0
+            )),
+            None => self.broken(format!(
+                "inode {:#x}: its attribute block {:#x} does not decode",
+                ino.0, i.xattr.0
+            )),
+        }
+        1
     }
 
     fn map_blocks(&mut self, ino: Ino, b: BlockRef, level: u32) -> u64 {

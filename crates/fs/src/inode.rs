@@ -28,7 +28,8 @@ pub mod field {
     pub const HEIGHT: u64 = 104;
     pub const PARENT: u64 = 112;
     pub const ENTRIES: u64 = 120;
-    pub const INLINE: u64 = 128;
+    pub const XATTR: u64 = 128;
+    pub const INLINE: u64 = 136;
 }
 
 /// Bytes a symlink target may take inside the inode; longer ones go to a data block.
@@ -72,6 +73,8 @@ pub struct Inode {
     pub parent: Ino,
     /// Directories: how many entries they hold.
     pub entries: u64,
+    /// The block holding the extended attributes (`xattr::Xattrs`), if any.
+    pub xattr: BlockRef,
     /// Symlinks up to `INLINE_BYTES`: the target.
     pub inline: Vec<u8>,
 }
@@ -99,6 +102,7 @@ impl Inode {
             height: 0,
             parent: Ino(0),
             entries: 0,
+            xattr: BlockRef::NONE,
             inline: vec![],
         }
     }
@@ -135,6 +139,7 @@ impl Inode {
             height: get_u32(b, field::HEIGHT),
             parent: Ino(get_u64(b, field::PARENT)),
             entries: get_u64(b, field::ENTRIES),
+            xattr: BlockRef(get_u64(b, field::XATTR)),
             inline: b[at..at + inline_len].to_vec(),
         }
     }
@@ -159,6 +164,7 @@ impl Inode {
         put_u32(&mut b, field::HEIGHT, self.height);
         put_u64(&mut b, field::PARENT, self.parent.0);
         put_u64(&mut b, field::ENTRIES, self.entries);
+        put_u64(&mut b, field::XATTR, self.xattr.0);
         assert!(self.inline.len() <= INLINE_BYTES);
         let at = field::INLINE as usize;
         b[at..at + self.inline.len()].copy_from_slice(&self.inline);
@@ -216,6 +222,7 @@ mod tests {
             height: 0,
             parent: Ino(0),
             entries: 0,
+            xattr: BlockRef(5 << 40 | 9),
             inline: b"a/b/c".to_vec(),
         };
         assert_eq!(Inode::decode(&i.encode()), i);

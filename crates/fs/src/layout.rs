@@ -6,7 +6,8 @@ use tutti_wire::NodeId;
 
 /// "TUTTIFS1" in ASCII, the first word of every node's header.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TUTTIFS1");
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added extended attributes (an inode's bytes 128..136).
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes of a node's header; the sections after it start on a page.
 pub const HEADER_BYTES: u64 = 4096;
 pub const INODE_BYTES: u64 = 256;
@@ -93,6 +94,8 @@ pub enum LayoutError {
     NotFormatted { node: NodeId, magic: u64 },
     #[error("node {node}'s header disagrees with the volume's: {what}")]
     Header { node: NodeId, what: String },
+    #[error("node {node} holds a volume of format version {found}; this tutti reads version {FORMAT_VERSION}: make it again with `tutti fs mkfs --force` (which loses its files)")]
+    Version { node: NodeId, found: u32 },
 }
 
 /// The sections of one node's region, in bytes from the region's start.
@@ -286,6 +289,10 @@ impl Volume {
         let magic = get_u64(h, field::MAGIC);
         if magic != MAGIC {
             return Err(LayoutError::NotFormatted { node, magic });
+        }
+        let found = get_u32(h, field::FORMAT_VERSION);
+        if found != FORMAT_VERSION {
+            return Err(LayoutError::Version { node, found });
         }
         let expect = self.header(
             index,

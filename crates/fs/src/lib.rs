@@ -16,6 +16,7 @@ pub mod ops;
 pub mod rename;
 pub mod txn;
 pub mod volume;
+pub mod xattr;
 
 pub use layout::{BlockRef, Ino};
 

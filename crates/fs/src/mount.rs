@@ -420,6 +420,17 @@ fn empty(reply: ReplyEmpty, r: Result<(), i32>) {
     }
 }
 
+/// Answers getxattr or listxattr: the size alone when the caller asks with `size` 0,
+/// ERANGE when its buffer is too small.
+fn reply_xattr(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, i32>) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
 fn set_attr(
     mode: Option<u32>,
     uid: Option<u32>,
@@ -793,42 +804,42 @@ impl Filesystem for Mount {
         });
     }
 
-    // Extended attributes are not stored yet (docs/fs.md, "Not yet"): a file has none and
-    // setting one is not supported.
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        reply.error(Errno::ENODATA);
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name.as_bytes().to_vec();
+        self.spawn(move |m| async move {
+            let r = m.fs.getxattr(m.ino(ino), &name).await;
+            reply_xattr(reply, size, r);
+        });
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.spawn(move |m| async move {
+            let r = m.fs.listxattr(m.ino(ino)).await;
+            reply_xattr(reply, size, r);
+        });
     }
 
     fn setxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EOPNOTSUPP);
+        let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
+        self.spawn(move |m| async move {
+            empty(reply, m.fs.setxattr(m.ino(ino), &name, &value, flags).await);
+        });
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENODATA);
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.as_bytes().to_vec();
+        self.spawn(move |m| async move {
+            empty(reply, m.fs.removexattr(m.ino(ino), &name).await);
+        });
     }
 
     fn fallocate(

@@ -436,6 +436,9 @@ pub(crate) fn drop_link(
 
 fn free_inode(tx: &mut Txn<'_>, ino: Ino, old: &Inode, mut new: Inode) -> OpResult<()> {
     tx.free(ino.node(), Bitmap::Inodes, ino.slot())?;
+    if !old.xattr.is_none() {
+        tx.free(old.xattr.node(), Bitmap::Blocks, old.xattr.index())?;
+    }
     new.mode = 0;
     new.nlink = 0;
     new.flags = 0;
@@ -443,6 +446,7 @@ fn free_inode(tx: &mut Txn<'_>, ino: Ino, old: &Inode, mut new: Inode) -> OpResu
     new.blocks = 0;
     new.root = BlockRef::NONE;
     new.height = 0;
+    new.xattr = BlockRef::NONE;
     new.inline.clear();
     stage_inode(tx, ino, old, new);
     Ok(())

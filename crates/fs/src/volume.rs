@@ -486,6 +486,34 @@ impl FileSystem {
         })
     }
 
+    /// The value of extended attribute `name` of `ino`.
+    pub async fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, i32> {
+        Ok(self.run(|tx| crate::xattr::get(tx, ino, name)).await?.0)
+    }
+
+    /// The names of `ino`'s extended attributes, each followed by a NUL.
+    pub async fn listxattr(&self, ino: Ino) -> Result<Vec<u8>, i32> {
+        Ok(self.run(|tx| crate::xattr::list(tx, ino)).await?.0)
+    }
+
+    pub async fn setxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> Result<(), i32> {
+        self.run(|tx| crate::xattr::set(tx, ino, name, value, flags, now()))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<(), i32> {
+        self.run(|tx| crate::xattr::remove(tx, ino, name, now()))
+            .await?;
+        Ok(())
+    }
+
     pub async fn list(&self, ino: Ino) -> Result<(Inode, Vec<Entry>), i32> {
         Ok(self.run(|tx| ops::list(tx, ino)).await?.0)
     }

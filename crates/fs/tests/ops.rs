@@ -201,3 +201,42 @@ fn many_names_split_buckets_and_stay_found() {
     }
     assert!(m.fsck().is_empty(), "{:?}", m.fsck());
 }
+
+#[test]
+fn extended_attributes_are_validated_against_another_mount_and_freed_with_their_file() {
+    use tutti_fs::xattr;
+    let mut m = Memory::new();
+    let root = m.vol.root();
+    let f = m.create(root, "f").unwrap();
+    m.run(|tx| xattr::set(tx, f, b"user.a", b"1", 0, NOW))
+        .unwrap();
+    assert_eq!(m.run(|tx| xattr::get(tx, f, b"user.a")), Ok(b"1".to_vec()));
+    // Another mount removes the attribute (freeing the block) and sets another, which
+    // takes a block again: this mount's cached copy must not answer.
+    let mine = std::mem::take(&mut m.cache);
+    m.run(|tx| xattr::remove(tx, f, b"user.a", NOW)).unwrap();
+    m.run(|tx| xattr::set(tx, f, b"user.b", b"2", xattr::XATTR_CREATE, NOW))
+        .unwrap();
+    m.cache = mine;
+    assert_eq!(m.run(|tx| xattr::get(tx, f, b"user.a")), Err(libc::ENODATA));
+    assert_eq!(m.run(|tx| xattr::get(tx, f, b"user.b")), Ok(b"2".to_vec()));
+    assert_eq!(m.run(|tx| xattr::list(tx, f)), Ok(b"user.b\0".to_vec()));
+    assert_eq!(
+        m.run(|tx| xattr::set(tx, f, b"user.b", b"3", xattr::XATTR_CREATE, NOW)),
+        Err(libc::EEXIST)
+    );
+    let big = vec![7u8; 5000];
+    assert_eq!(
+        m.run(|tx| xattr::set(tx, f, b"user.big", &big, 0, NOW)),
+        Err(libc::ENOSPC)
+    );
+    let d = m.mkdir(root, "d").unwrap();
+    m.run(|tx| xattr::set(tx, d, b"user.d", b"", 0, NOW))
+        .unwrap();
+    assert!(m.fsck().is_empty(), "{:?}", m.fsck());
+    let never = |_: Ino| false;
+    m.run(|tx| ops::unlink(tx, root, b"f", &never, NOW))
+        .unwrap();
+    m.run(|tx| ops::rmdir(tx, root, b"d", NOW)).unwrap();
+    assert!(m.fsck().is_empty(), "{:?}", m.fsck());
+}

@@ -62,6 +62,8 @@ enum Action {
     },
     Write(Where, u32, u64, u32),
     Truncate(Where, u32, u64),
+    /// Sets (true) or removes (false) this client's extended attribute of a file.
+    Xattr(Where, u32, bool),
 }
 
 impl Action {
@@ -71,7 +73,7 @@ impl Action {
             | Action::Unlink(w, _)
             | Action::Mkdir(w, _)
             | Action::Rmdir(w, _) => vec![w],
-            Action::Write(w, ..) | Action::Truncate(w, ..) => vec![w],
+            Action::Write(w, ..) | Action::Truncate(w, ..) | Action::Xattr(w, ..) => vec![w],
             Action::Rename { from, to, .. } => vec![from.0, to.0],
         }
     }
@@ -231,7 +233,8 @@ impl FsWorkload {
                     rng.gen_range(1..=WRITE_BYTES_MAX),
                 )
             }
-            _ => Action::Truncate(place(rng), file(rng), rng.gen_range(0..FILE_BYTES_MAX)),
+            90..=94 => Action::Truncate(place(rng), file(rng), rng.gen_range(0..FILE_BYTES_MAX)),
+            _ => Action::Xattr(place(rng), file(rng), rng.gen_bool(0.6)),
         }
     }
 
@@ -258,7 +261,9 @@ impl FsWorkload {
             }
         }
         match op.action {
-            Action::Write(..) | Action::Truncate(..) if op.file.is_none() => Step::Find,
+            Action::Write(..) | Action::Truncate(..) | Action::Xattr(..) if op.file.is_none() => {
+                Step::Find
+            }
             _ => Step::Act,
         }
     }
@@ -288,10 +293,10 @@ impl FsWorkload {
                 .map(made)
             }
             Step::Find => match op.action {
-                Action::Write(w, i, ..) | Action::Truncate(w, i, _) => {
+                Action::Write(w, i, ..) | Action::Truncate(w, i, _) | Action::Xattr(w, i, _) => {
                     ops::lookup(&mut tx, dir(w), &file_name(i)).map(|(i, _)| Answer::Ino(i))
                 }
-                _ => unreachable!("only writes and truncates find a file"),
+                _ => unreachable!("only writes, truncates and attributes find a file"),
             },
             Step::Act => self.act(&mut tx, client, op, prefer),
         };
@@ -342,6 +347,18 @@ impl FsWorkload {
                     .collect();
                 let ino = op.file.expect("found before");
                 ops::write(tx, ino, &[(off, data)], false, true, NOW).map(|_| Answer::Done)
+            }
+            Action::Xattr(_, _, set) => {
+                let ino = op.file.expect("found before");
+                let name = format!("user.c{client}").into_bytes();
+                let r = if set {
+                    // Values of several sizes, so that blocks fill unevenly.
+                    let value = vec![client as u8; 1 + (prefer as usize * 700) % 1500];
+                    tutti_fs::xattr::set(tx, ino, &name, &value, 0, NOW)
+                } else {
+                    tutti_fs::xattr::remove(tx, ino, &name, NOW)
+                };
+                r.map(|()| Answer::Done)
             }
             Action::Truncate(_, _, size) => {
                 let set = SetAttr {
@@ -541,6 +558,7 @@ impl FsWorkload {
                         | libc::ESTALE
                         | libc::EISDIR
                         | libc::ENOTDIR
+                        | libc::ENODATA
                 ) =>
             {
                 wrong(format!("errno {e}"));

@@ -3,6 +3,9 @@
 //! every point in one JSON record format.
 
 pub mod driver;
+pub mod fs;
+pub mod fs_peers;
+pub mod fs_phases;
 pub mod history;
 pub mod limits;
 pub mod log;
@@ -51,7 +54,7 @@ pub struct Point {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<String>,
     /// Fig. 17: which system (`A` per-item round trips then 2PC, `B` batched then 2PC, `C`
-    /// 2PC combined, `D` 1PC combined).
+    /// 2PC combined, `D` 1PC combined). fs: `one-mount` or `two-mounts`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
     /// Fig. 16 at the outstanding count the targets are read at: the throughput of every run,
@@ -89,7 +92,7 @@ pub struct Point {
     pub views: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub background_writes_per_s: Option<f64>,
-    /// Objects' history: seconds of updates so far, positions appended, the log's trim
+    /// fs: the phase's seconds. Objects' history: seconds of updates so far, positions appended, the log's trim
     /// point, and how long a new client took to rebuild the view (`rss_bytes`: its peak
     /// resident set; `rss_before_bytes`: its resident set before it opened the view).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -161,43 +161,7 @@ pub async fn redis(
     mode: &str,
     items: u32,
 ) -> Result<(Daemon, Vec<RedisSession>), String> {
-    let exe = ensure_installed("redis-server", "redis-server")?;
-    let dir = scratch(root, &format!("redis-{mode}"))?;
-    let port = free_port()?;
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-    ])
-    .arg("--dir")
-    .arg(&dir)
-    .args(match mode {
-        "always" => ["--appendonly", "yes", "--appendfsync", "always"],
-        _ => ["--appendonly", "no", "--appendfsync", "no"],
-    });
-    let mut daemon = Daemon::spawn("redis-server", dir, port, cmd)?;
-    let client =
-        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
-    let mut con = daemon
-        .wait(|| {
-            let client = client.clone();
-            async move {
-                let mut con = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                redis::cmd("PING")
-                    .query_async::<String>(&mut con)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok(con)
-            }
-        })
-        .await?;
+    let (daemon, client, mut con) = redis_server(root, mode).await?;
     for chunk in (0..items).collect::<Vec<_>>().chunks(1000) {
         let mut cmd = redis::cmd("MSET");
         for k in chunk {
@@ -259,6 +223,52 @@ fn parse_value(text: Option<String>) -> Result<u32, String> {
     let text = text.ok_or("an item is missing")?;
     text.parse()
         .map_err(|e| format!("an item holds {text:?}, not a number: {e}"))
+}
+
+/// Starts `redis-server` on a free loopback port with `appendfsync always` (`always`) or no
+/// persistence (`none`); answers once it answers PING.
+pub(crate) async fn redis_server(
+    root: &Path,
+    mode: &str,
+) -> Result<(Daemon, redis::Client, redis::aio::MultiplexedConnection), String> {
+    let exe = ensure_installed("redis-server", "redis-server")?;
+    let dir = scratch(root, &format!("redis-{mode}"))?;
+    let port = free_port()?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ])
+    .arg("--dir")
+    .arg(&dir)
+    .args(match mode {
+        "always" => ["--appendonly", "yes", "--appendfsync", "always"],
+        _ => ["--appendonly", "no", "--appendfsync", "no"],
+    });
+    let mut daemon = Daemon::spawn("redis-server", dir, port, cmd)?;
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+    let con = daemon
+        .wait(|| {
+            let client = client.clone();
+            async move {
+                let mut con = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut con)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(con)
+            }
+        })
+        .await?;
+    Ok((daemon, client, con))
 }
 
 // ---------------------------------------------------------------- PostgreSQL

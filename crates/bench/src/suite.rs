@@ -116,11 +116,22 @@ impl ScratchCluster {
     }
 
     pub async fn start(exe: &Path, dir: PathBuf, nodes: usize, mode: &str) -> Result<Self, String> {
+        Self::start_sized(exe, dir, nodes, mode, 256 << 20).await
+    }
+
+    /// `start` with nodes of `size_bytes` each (sparse on disk).
+    pub async fn start_sized(
+        exe: &Path,
+        dir: PathBuf,
+        nodes: usize,
+        mode: &str,
+        size_bytes: u64,
+    ) -> Result<Self, String> {
         let _ = std::fs::remove_dir_all(&dir);
         let layout = Layout {
             nodes,
             mode: mode.into(),
-            size_bytes: 256 << 20,
+            size_bytes,
             node_flags: vec![],
             manager_flags: vec![],
         };

@@ -51,10 +51,23 @@ impl Default for MountOptions {
 }
 
 /// Writes accepted but not yet on the memory nodes, for one file.
-#[derive(Default)]
 struct Dirty {
     extents: Vec<(u64, Vec<u8>)>,
     bytes: usize,
+    /// Every buffered write came from root. If not, the flush clears setuid and setgid as
+    /// POSIX asks of an unprivileged write; nothing in this mount sees the file before the
+    /// flush (stat, setattr and reads flush first).
+    privileged: bool,
+}
+
+impl Default for Dirty {
+    fn default() -> Self {
+        Dirty {
+            extents: vec![],
+            bytes: 0,
+            privileged: true,
+        }
+    }
 }
 
 struct OpenFile {
@@ -241,6 +254,7 @@ impl State {
 
     async fn flush_locked(&self, ino: Ino, d: &mut Dirty) -> Result<(), i32> {
         let mut extents = std::mem::take(&mut d.extents);
+        let privileged = std::mem::replace(&mut d.privileged, true);
         d.bytes = 0;
         extents.sort_by_key(|(off, _)| *off);
         let mut batch: Vec<(u64, Vec<u8>)> = vec![];
@@ -249,18 +263,24 @@ impl State {
             bytes += e.1.len();
             batch.push(e);
             if bytes >= self.write_back_bytes {
-                self.fs.write(ino, &batch, false, true).await?;
+                self.fs.write(ino, &batch, false, privileged).await?;
                 batch.clear();
                 bytes = 0;
             }
         }
         if !batch.is_empty() {
-            self.fs.write(ino, &batch, false, true).await?;
+            self.fs.write(ino, &batch, false, privileged).await?;
         }
         Ok(())
     }
 
-    async fn buffer_write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<(), i32> {
+    async fn buffer_write(
+        &self,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        privileged: bool,
+    ) -> Result<(), i32> {
         let d = {
             let mut all = self.dirty.lock().expect("dirty poisoned");
             all.entry(ino).or_default().clone()
@@ -279,6 +299,7 @@ impl State {
             _ => d.extents.push((offset, data.to_vec())),
         }
         d.bytes += data.len();
+        d.privileged &= privileged;
         if d.bytes >= self.write_back_bytes {
             self.flush_locked(ino, &mut d).await?;
         }
@@ -373,18 +394,7 @@ impl State {
                 .await
                 .map(|_| ());
         }
-        let inode = self.fs.getattr(ino).await?;
-        let suid = inode.mode & (libc::S_ISUID | libc::S_ISGID) != 0;
-        if suid && uid != 0 {
-            // The write must clear setuid/setgid now, not at the flush.
-            self.flush(ino).await?;
-            return self
-                .fs
-                .write(ino, &[(offset, data)], false, false)
-                .await
-                .map(|_| ());
-        }
-        self.buffer_write(ino, offset, &data).await
+        self.buffer_write(ino, offset, &data, uid == 0).await
     }
 
     /// Lists directory `ino` for a new directory handle.

@@ -82,7 +82,13 @@ pub struct FileSystem {
     cache: Mutex<Cache>,
     prefer: AtomicU16,
     deadline: Duration,
+    /// The last `usage` read and when: statfs answers it for `USAGE_FRESH`.
+    usage: Mutex<Option<(Instant, Usage)>>,
 }
+
+/// How long statfs answers free space it counted before (Sinfonia's SinfoniaFS answers
+/// statfs from a cache too): counting reads every bitmap of every node.
+pub const USAGE_FRESH: Duration = Duration::from_secs(1);
 
 async fn region(cluster: &Cluster, name: &str) -> Result<tutti_wire::RegionInfo, FsError> {
     match cluster
@@ -236,6 +242,7 @@ impl FileSystem {
             cache: Mutex::default(),
             prefer: AtomicU16::new(prefer),
             deadline,
+            usage: Mutex::new(None),
         })
     }
 
@@ -266,6 +273,7 @@ impl FileSystem {
     ) -> Result<(T, Vec<Vec<u8>>), i32> {
         let until = Instant::now() + self.deadline;
         let mut backoff = Backoff::new(Duration::from_micros(200), Duration::from_millis(50));
+        let mut conflicts = 0u32;
         loop {
             let plan = {
                 let cache = self.cache.lock().expect("cache poisoned");
@@ -307,7 +315,11 @@ impl FileSystem {
                     if committed {
                         return result.map(|t| (t, outcome.reads));
                     }
-                    if !backoff.pause_before(until).await {
+                    // A first failed compare is another mount's change: fetch and go again at
+                    // once. Only repeated failures back off, so that mounts racing for one
+                    // bucket or bitmap word spread out.
+                    conflicts += 1;
+                    if conflicts > 1 && !backoff.pause_before(until).await {
                         return Err(self.failed(FsError::Deadline("compares kept failing".into())));
                     }
                 }
@@ -518,8 +530,19 @@ impl FileSystem {
         Ok(self.run(|tx| ops::list(tx, ino)).await?.0)
     }
 
-    /// Counts free inodes and blocks from every node's bitmaps, read now.
+    /// Free inodes and blocks, counted at most `USAGE_FRESH` ago.
     pub async fn usage(&self) -> Result<Usage, i32> {
+        let last = *self.usage.lock().expect("usage poisoned");
+        if let Some((_, u)) = last.filter(|(at, _)| at.elapsed() < USAGE_FRESH) {
+            return Ok(u);
+        }
+        let u = self.count_usage().await?;
+        *self.usage.lock().expect("usage poisoned") = Some((Instant::now(), u));
+        Ok(u)
+    }
+
+    /// Counts free inodes and blocks from every node's bitmaps, read now.
+    pub async fn count_usage(&self) -> Result<Usage, i32> {
         let mut fetches = vec![];
         for &(node, _) in &self.vol.nodes {
             for kind in [Bitmap::Inodes, Bitmap::Blocks] {

@@ -77,3 +77,44 @@ fn a_ram_node_holds_no_more_than_the_bytes_written_plus_64_mib() {
         assert!(rss[1] >= rss[0] + written * 3 / 4, "{rss:?}");
     });
 }
+
+#[test]
+fn bench_fs_quick_measures_tutti_and_the_local_disk() {
+    let dir = common::scratch("bench-fs");
+    let status = std::process::Command::new(common::exe())
+        .args([
+            "bench",
+            "fs",
+            "--quick",
+            "--systems",
+            "tutti,local",
+            "--only",
+            "metadata,two-mounts",
+            "--out",
+        ])
+        .arg(&*dir)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let points: Vec<Point> =
+        serde_json::from_slice(&std::fs::read(dir.join("results/fs.json")).unwrap()).unwrap();
+    let ops = |system: &str, variant: Option<&str>| -> Vec<String> {
+        (points.iter())
+            .filter(|p| p.system == system && p.variant.as_deref() == variant)
+            .map(|p| p.operation.clone().unwrap())
+            .collect()
+    };
+    assert_eq!(ops("local", None), ["create", "stat", "unlink"]);
+    assert_eq!(ops("tutti", None), ["create", "stat", "unlink"]);
+    assert_eq!(
+        ops("tutti", Some("two-mounts")),
+        ["create", "stat", "unlink"]
+    );
+    for p in &points {
+        assert!(p.committed == 1000 && p.throughput_per_s > 0.0, "{p:?}");
+    }
+    let md = std::fs::read_to_string(dir.join("RESULTS.md")).unwrap();
+    assert!(md.contains("## File system (`tutti bench fs`)"), "{md}");
+    assert!(!md.contains("tutti / juicefs"), "no JuiceFS was run: {md}");
+}

@@ -32,6 +32,14 @@ pub(crate) enum BenchCommand {
     /// checkpoints and trims; the namespace against ZooKeeper 3.8 and etcd, each started
     /// here. Writes results/objects.json and the objects' section of RESULTS.md under --out.
     Objects(BenchObjectsArgs),
+    /// tutti-fs against the local disk, bindfs (a FUSE passthrough), GlusterFS (one brick)
+    /// and JuiceFS (Redis metadata, appendfsync always), each set up here and torn down:
+    /// Sinfonia's Connectathon phases (Fig. 22) and modified Andrew benchmark, creates,
+    /// stats and unlinks of empty files in one directory, `ls -l` of a large directory, a
+    /// sequential write and read; then tutti with two mounts against one. Needs root (FUSE,
+    /// mount, dropping the page cache); installs missing peers with apt-get and builds
+    /// JuiceFS with Go once. Writes results/fs.json and the fs section of RESULTS.md.
+    Fs(BenchFsArgs),
     /// The client processes of `objects`, each with its own views.
     #[command(hide = true)]
     ObjectsClient(BenchObjectsClientArgs),
@@ -106,6 +114,40 @@ pub(crate) struct BenchObjectsArgs {
     /// Seconds per point.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
+    #[arg(long, default_value_os_t = tutti_harness::source_tree().join("bench"))]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchFsArgs {
+    /// A short pass: 1,000 files, `ls -l` of 5,000 entries, 64 MiB sequential, Andrew's
+    /// directories copied 5 times.
+    #[arg(long)]
+    quick: bool,
+    /// The systems to measure (comma-separated: tutti, local, bindfs, glusterfs, juicefs).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "tutti,local,bindfs,glusterfs,juicefs"
+    )]
+    systems: Vec<String>,
+    /// Run only these parts (comma-separated: connectathon, andrew, metadata, sequential,
+    /// ls, two-mounts); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Empty files created, stated and unlinked in one directory.
+    #[arg(long, default_value_t = 10_000)]
+    files: usize,
+    /// Entries of the directory `ls -l` lists.
+    #[arg(long, default_value_t = 100_000)]
+    ls_entries: usize,
+    /// MiB written and read sequentially.
+    #[arg(long, default_value_t = 1024)]
+    sequential_mib: u64,
+    /// How many times Andrew's first phase copies the source tree's directories.
+    #[arg(long, default_value_t = 50)]
+    andrew_copies: usize,
     /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
     #[arg(long, default_value_os_t = tutti_harness::source_tree().join("bench"))]
     out: PathBuf,
@@ -204,6 +246,7 @@ pub(crate) async fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::All(a) => measure::all(a).await,
         BenchCommand::Log(a) => measure::log(a).await,
         BenchCommand::Objects(a) => measure::objects(a).await,
+        BenchCommand::Fs(a) => measure::fs(a).await,
         BenchCommand::ObjectsClient(a) => measure::objects_client(a).await,
         BenchCommand::Limits(a) => measure::limits(a).await,
     }
@@ -221,8 +264,8 @@ pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
 #[cfg(feature = "bench")]
 mod measure {
     use super::{
-        BenchAllArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs, BenchObjectsArgs,
-        BenchObjectsClientArgs, Layout2, ObjectsClientRole,
+        BenchAllArgs, BenchFsArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs,
+        BenchObjectsArgs, BenchObjectsClientArgs, Layout2, ObjectsClientRole,
     };
     use std::path::Path;
     use std::time::Duration;
@@ -373,6 +416,43 @@ mod measure {
         let points = result?;
         tutti_bench::objects::write(&a.out, &cfg, &points, &command_line(None))?;
         report_written(&points, &a.out, "objects");
+        Ok(())
+    }
+
+    pub(super) async fn fs(a: BenchFsArgs) -> Result<(), String> {
+        use tutti_bench::fs::FsBenchConfig;
+        let scratch = scratch_dir("tutti-bench-fs-", None)?;
+        let quick = |full, short| if a.quick { short } else { full };
+        let cfg = FsBenchConfig {
+            exe: std::env::current_exe().map_err(|e| e.to_string())?,
+            scratch: scratch.path().to_path_buf(),
+            systems: a.systems,
+            only: a.only,
+            files: quick(a.files, 1_000),
+            ls_entries: quick(a.ls_entries, 5_000),
+            sequential_bytes: if a.quick { 64 } else { a.sequential_mib } << 20,
+            andrew_copies: quick(a.andrew_copies, 5),
+        };
+        let mut print = |p: &Point| {
+            eprintln!(
+                "bench: fs {:<9} {:<18} {:<24} {:>8.2} s {:>10.0}/s{}",
+                p.system,
+                p.variant.as_deref().unwrap_or(""),
+                p.operation.as_deref().unwrap_or(""),
+                p.elapsed_s.unwrap_or(0.0),
+                p.throughput_per_s,
+                if p.p50_us > 0.0 {
+                    format!(" p50 {} µs p99 {} µs", p.p50_us, p.p99_us)
+                } else {
+                    String::new()
+                }
+            )
+        };
+        let result = tutti_bench::fs::run(&cfg, &mut print).await;
+        drop(scratch);
+        let points = result?;
+        tutti_bench::fs::write(&a.out, &cfg, &points, &command_line(None))?;
+        report_written(&points, &a.out, "fs");
         Ok(())
     }
 

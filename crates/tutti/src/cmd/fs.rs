@@ -177,7 +177,7 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
             let fs = FileSystem::open(&cluster, &a.name, deadline)
                 .await
                 .map_err(|e| e.to_string())?;
-            let u = fs.usage().await.map_err(|e| format!("errno {e}"))?;
+            let u = fs.count_usage().await.map_err(|e| format!("errno {e}"))?;
             let out = json!({
                 "volume": a.name,
                 "block_bytes": u.block_bytes,
@@ -194,7 +194,7 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
 
 /// Mounts `fs` at `at` with FUSE, served by threads of this process until the session is
 /// unmounted.
-pub(crate) fn start_session(
+pub(crate) async fn start_session(
     fs: Arc<FileSystem>,
     at: &Path,
     opts: &MountOptions,
@@ -211,14 +211,22 @@ pub(crate) fn start_session(
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(opts.threads);
-    tokio::task::block_in_place(|| fuser::spawn_mount(mount, at, &config))
-        .map_err(|e| format!("cannot mount {}: {e}", at.display()))
+    let at = at.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        fuser::spawn_mount(mount, &at, &config)
+            .map_err(|e| format!("cannot mount {}: {e}", at.display()))
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
 /// Unmounts a session (its open files' buffered writes are flushed by their close first).
-pub(crate) fn stop_session(session: fuser::BackgroundSession, at: &Path) -> Result<(), String> {
-    tokio::task::block_in_place(|| session.umount_and_join())
-        .map_err(|e| format!("unmount {}: {e}", at.display()))
+pub(crate) async fn stop_session(
+    session: fuser::BackgroundSession,
+    at: &Path,
+) -> Result<(), String> {
+    let unmounted = tokio::task::spawn_blocking(move || session.umount_and_join()).await;
+    (unmounted.map_err(|e| e.to_string())?).map_err(|e| format!("unmount {}: {e}", at.display()))
 }
 
 /// `tutti up --fs`: the volume `fs` on the local cluster (made if it is not there, half of
@@ -253,12 +261,12 @@ pub(crate) async fn up_session(
     );
     fs.spawn_placement();
     std::fs::create_dir_all(at).map_err(|e| format!("{}: {e}", at.display()))?;
-    start_session(fs, at, &MountOptions::default())
+    start_session(fs, at, &MountOptions::default()).await
 }
 
 async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<(), String> {
     let name = fs.name().to_string();
-    let session = start_session(fs, at, opts)?;
+    let session = start_session(fs, at, opts).await?;
     eprintln!("tutti fs: volume {name} mounted at {}", at.display());
     let guard = &session.guard;
     let unmounted = async {
@@ -267,9 +275,10 @@ async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<()
         }
     };
     tokio::select! {
-        _ = shutdown_signal() => stop_session(session, at)?,
+        _ = shutdown_signal() => stop_session(session, at).await?,
         _ = unmounted => {
-            tokio::task::block_in_place(|| session.join()).map_err(|e| format!("the mount ended: {e}"))?;
+            let joined = tokio::task::spawn_blocking(move || session.join()).await;
+            (joined.map_err(|e| e.to_string())?).map_err(|e| format!("the mount ended: {e}"))?;
         }
     }
     eprintln!("tutti fs: {} unmounted", at.display());

@@ -83,7 +83,7 @@ pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
     let mut failure = supervise(&mut cluster).await.err();
     eprintln!("tutti: stopping");
     if let (Some(s), Some(at)) = (session, &a.fs) {
-        if let Err(e) = super::fs::stop_session(s, at) {
+        if let Err(e) = super::fs::stop_session(s, at).await {
             failure.get_or_insert(e);
         }
     }

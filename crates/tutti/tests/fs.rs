@@ -242,6 +242,46 @@ fn fsx_runs_clean_on_a_mount() {
     assert_eq!(fsck(&c.local.dir, false)["clean"], true);
 }
 
+/// fsx on a mount while the memory nodes are killed with -9 and restarted, one after the
+/// other, through the whole run: every operation waits out the restart and every read and
+/// size still matches the model. fsx runs as a process of its own: a fork of a process that
+/// holds files of the mount flushes them when the child execs, and this one restarts nodes.
+#[test]
+fn fsx_runs_clean_while_memory_nodes_are_killed_and_restarted() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let mut c = common::start("fs-fsx-kills", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+    let m = Mounted::new(&c.local.dir, c.local.dir.join("m"));
+    let seed = common::chaos_seed();
+    let mut fsx = Command::new(common::exe())
+        .args(["fs", "fsx", "--ops", "10000", "--seed", &seed.to_string()])
+        .arg(m.at.join("fsx"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut kills = 0;
+    while fsx.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(300..1200)));
+        let node = 1 + kills % 2;
+        c.local.kill_node(node);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(200..800)));
+        c.local.start_node(node).unwrap();
+        kills += 1;
+    }
+    let out = fsx.wait_with_output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("fsx seed {seed} printed no report ({e}): it failed"));
+    assert!(out.status.success(), "fsx seed {seed}: {report}");
+    assert!(kills >= 3, "only {kills} kills during the run");
+    assert!(report["writes"].as_u64().unwrap() > 2000, "{report}");
+    drop(m);
+    assert_eq!(fsck(&c.local.dir, false)["clean"], true);
+}
+
 #[test]
 fn a_killed_mount_leaves_only_what_fsck_repairs_and_a_restarted_node_only_delays() {
     let rt = common::runtime();

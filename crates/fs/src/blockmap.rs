@@ -27,8 +27,24 @@ pub fn file_bytes_max(block_bytes: u32) -> u64 {
     (capacity(p, HEIGHT_MAX).saturating_mul(block_bytes as u64)).min(1 << FILE_BYTES_LOG2_MAX)
 }
 
-fn pointer(block: &[u8], slot: u64) -> BlockRef {
-    BlockRef(get_u64(block, slot * 8))
+/// Entry `slot` of pointer block `b` (its bytes `block`) of file `ino` as of `base`. A
+/// reference outside the volume means the cached block is not the file's: it was read
+/// after another mount changed the file and the block went to other use. The inode and the
+/// block are read again (a changed inode discards the file's cached pointer blocks).
+fn pointer(
+    tx: &mut Txn<'_>,
+    (ino, base): (Ino, u64),
+    b: BlockRef,
+    block: &[u8],
+    slot: u64,
+) -> OpResult<BlockRef> {
+    let r = BlockRef(get_u64(block, slot * 8));
+    if r.is_none() || tx.vol.valid_block(r) {
+        return Ok(r);
+    }
+    let inode_addr = tx.vol.inode_addr(ino);
+    tx.refetch(ino.node(), inode_addr, crate::layout::INODE_BYTES as u32);
+    Err(tx.refetch_pointers(ino, base, b))
 }
 
 /// The data block holding block `index` of the file, or NONE for a hole. `base` is the
@@ -41,7 +57,13 @@ pub fn lookup(tx: &mut Txn<'_>, ino: Ino, base: u64, i: &Inode, index: u64) -> O
     let mut b = i.root;
     for level in (1..=i.height).rev() {
         let block = tx.pointer_block(ino, base, b)?;
-        b = pointer(&block, index / capacity(p, level - 1) % p);
+        b = pointer(
+            tx,
+            (ino, base),
+            b,
+            &block,
+            index / capacity(p, level - 1) % p,
+        )?;
         if b.is_none() {
             return Ok(b);
         }
@@ -92,7 +114,8 @@ fn map(
     let mut b = i.root;
     for level in (1..=i.height).rev() {
         let slot = index / capacity(p, level - 1) % p;
-        let child = pointer(&tx.pointer_block(ino, base, b)?, slot);
+        let block = tx.pointer_block(ino, base, b)?;
+        let child = pointer(tx, (ino, base), b, &block, slot)?;
         if !child.is_none() {
             b = child;
             continue;
@@ -166,7 +189,7 @@ fn free_subtree(
         if child_start.saturating_add(span) <= first {
             break;
         }
-        let child = pointer(&block, slot);
+        let child = pointer(tx, (ino, base), b, &block, slot)?;
         if child.is_none() {
             continue;
         }
@@ -406,7 +429,8 @@ fn free_at(tx: &mut Txn<'_>, ino: Ino, base: u64, i: &mut Inode, index: u64) -> 
     let mut b = i.root;
     for level in (1..=i.height).rev() {
         let slot = index / capacity(p, level - 1) % p;
-        let child = pointer(&tx.pointer_block(ino, base, b)?, slot);
+        let block = tx.pointer_block(ino, base, b)?;
+        let child = pointer(tx, (ino, base), b, &block, slot)?;
         if child.is_none() {
             return Ok(());
         }

@@ -256,6 +256,37 @@ impl Volume {
         }
     }
 
+    /// Bits of a slot in a kernel handle: enough for this volume's slots.
+    fn handle_slot_bits(&self) -> u32 {
+        (u64::BITS - (self.geometry.inodes_per_node - 1).leading_zeros()).max(1)
+    }
+
+    /// The low bits of an `igeneration` a kernel handle carries.
+    pub fn handle_generation_mask(&self) -> u64 {
+        (1u64 << (u64::BITS - 16 - self.handle_slot_bits())) - 1
+    }
+
+    /// The number the kernel knows the file `ino` of generation `generation` by: the
+    /// generation's low bits, the node, the slot (docs/fs.md, "Names"). A slot given to a
+    /// new file gets a new number, so the kernel never takes one file for another.
+    pub fn handle(&self, ino: Ino, generation: u64) -> u64 {
+        let bits = self.handle_slot_bits();
+        (generation & self.handle_generation_mask()) << (16 + bits)
+            | (ino.node() as u64) << bits
+            | ino.slot()
+    }
+
+    /// The inode and generation bits a kernel number names (`handle`'s inverse).
+    pub fn from_handle(&self, handle: u64) -> (Ino, u64) {
+        let bits = self.handle_slot_bits();
+        let node = (handle >> bits & 0xffff) as NodeId;
+        let slot = handle & ((1 << bits) - 1);
+        (
+            Ino((node as u64) << INDEX_BITS | slot),
+            handle >> (16 + bits),
+        )
+    }
+
     /// Does `ino` name an inode slot of this volume?
     pub fn valid_ino(&self, ino: Ino) -> bool {
         self.holds(ino.node()) && ino.slot() < self.geometry.inodes_per_node

@@ -30,4 +30,4 @@ pub enum Bug {
 
 tutti_wire::planted_bugs!(Bug);
 pub use mount::{Mount, MountOptions};
-pub use volume::{FileSystem, FsError, Shape, Usage};
+pub use volume::{FileSystem, FsError, Handle, Shape, Usage};

@@ -6,7 +6,7 @@
 use crate::inode::{Inode, Time, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::layout::Ino;
 use crate::ops::{Caller, NewFile, SetAttr};
-use crate::volume::FileSystem;
+use crate::volume::{FileSystem, Handle};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -19,7 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::runtime::Handle;
+use tokio::runtime::Handle as Runtime;
 
 /// Bytes of writes one open file buffers before they go out as one minitransaction.
 pub const WRITE_BACK_BYTES_DEFAULT: usize = 4 << 20;
@@ -71,7 +71,7 @@ impl Default for Dirty {
 }
 
 struct OpenFile {
-    ino: Ino,
+    h: Handle,
     append: bool,
 }
 
@@ -80,10 +80,10 @@ struct Handles {
     next: u64,
     files: HashMap<u64, OpenFile>,
     /// Open handles per file: an unlinked file stays until its last close here.
-    open: HashMap<Ino, usize>,
+    open: HashMap<Handle, usize>,
     dirs: HashMap<u64, Vec<(u64, FileType, Vec<u8>)>>,
     /// Files unlinked while open here: their last close frees them.
-    orphans: std::collections::HashSet<Ino>,
+    orphans: std::collections::HashSet<Handle>,
 }
 
 /// What one mount keeps: its volume, open files and write-back buffers.
@@ -92,7 +92,7 @@ struct State {
     ttl: Duration,
     write_back_bytes: usize,
     handles: Mutex<Handles>,
-    dirty: Mutex<HashMap<Ino, Arc<tokio::sync::Mutex<Dirty>>>>,
+    dirty: Mutex<HashMap<Handle, Arc<tokio::sync::Mutex<Dirty>>>>,
 }
 
 fn err(e: i32) -> Errno {
@@ -142,11 +142,11 @@ fn kind(mode: u32) -> FileType {
 /// once and a request costs no thread hand-off on its way back.
 pub struct Mount {
     state: Arc<State>,
-    rt: Handle,
+    rt: Runtime,
 }
 
 impl Mount {
-    pub fn new(fs: Arc<FileSystem>, rt: Handle, opts: &MountOptions) -> Mount {
+    pub fn new(fs: Arc<FileSystem>, rt: Runtime, opts: &MountOptions) -> Mount {
         let state = State {
             fs,
             ttl: Duration::from_millis(opts.cache_ms),
@@ -171,21 +171,31 @@ impl Mount {
 }
 
 impl State {
-    /// The kernel's inode number for `ino` (the root is 1).
-    fn kernel_ino(&self, ino: Ino) -> INodeNo {
+    /// The kernel's number for file `ino` of generation `generation` (the root is 1; the
+    /// others carry their generation, `Volume::handle`).
+    fn kernel_ino(&self, ino: Ino, generation: u64) -> INodeNo {
         if ino == self.fs.root() {
             INodeNo(1)
         } else {
-            INodeNo(ino.0)
+            INodeNo(self.fs.volume().handle(ino, generation))
         }
     }
 
-    fn ino(&self, k: INodeNo) -> Ino {
+    /// The file a kernel number names.
+    fn ino(&self, k: INodeNo) -> Handle {
         if k.0 == 1 {
-            self.fs.root()
-        } else {
-            Ino(k.0)
+            return Handle::any(self.fs.root());
         }
+        let (ino, generation) = self.fs.volume().from_handle(k.0);
+        Handle {
+            ino,
+            generation: Some(generation),
+        }
+    }
+
+    /// The handle of file `ino` with `igeneration` `generation`, as the kernel knows it.
+    fn handle(&self, ino: Ino, generation: u64) -> Handle {
+        self.ino(self.kernel_ino(ino, generation))
     }
 
     fn attr(&self, ino: Ino, i: &Inode) -> FileAttr {
@@ -196,7 +206,7 @@ impl State {
             i.size
         };
         FileAttr {
-            ino: self.kernel_ino(ino),
+            ino: self.kernel_ino(ino, i.igeneration),
             size,
             blocks: i.blocks * (bs as u64 / 512),
             atime: system_time(i.atime),
@@ -215,44 +225,42 @@ impl State {
     }
 
     /// Remembers a file unlinked while open here, for its last close to free.
-    fn keep_orphan(&self, kept: Option<Ino>) {
-        if let Some(ino) = kept {
+    fn keep_orphan(&self, kept: Option<(Ino, u64)>) {
+        if let Some((ino, generation)) = kept {
+            let h = self.handle(ino, generation);
             self.handles
                 .lock()
                 .expect("handles poisoned")
                 .orphans
-                .insert(ino);
+                .insert(h);
         }
     }
 
-    fn is_open(&self) -> impl Fn(Ino) -> bool + Sync + '_ {
-        |ino| {
+    fn is_open(&self) -> impl Fn(Ino, u64) -> bool + Sync + '_ {
+        |ino, generation| {
+            let h = self.handle(ino, generation);
             self.handles
                 .lock()
                 .expect("handles poisoned")
                 .open
-                .contains_key(&ino)
+                .contains_key(&h)
         }
     }
 
-    fn dirty_of(&self, ino: Ino) -> Option<Arc<tokio::sync::Mutex<Dirty>>> {
-        self.dirty
-            .lock()
-            .expect("dirty poisoned")
-            .get(&ino)
-            .cloned()
+    fn dirty_of(&self, h: Handle) -> Option<Arc<tokio::sync::Mutex<Dirty>>> {
+        self.dirty.lock().expect("dirty poisoned").get(&h).cloned()
     }
 
-    /// Sends `ino`'s buffered writes to the memory nodes.
-    async fn flush(&self, ino: Ino) -> Result<(), i32> {
-        let Some(d) = self.dirty_of(ino) else {
+    /// Sends `h`'s buffered writes to the memory nodes.
+    async fn flush(&self, h: Handle) -> Result<(), i32> {
+        let Some(d) = self.dirty_of(h) else {
             return Ok(());
         };
         let mut d = d.lock().await;
-        self.flush_locked(ino, &mut d).await
+        self.flush_locked(h, &mut d).await
     }
 
-    async fn flush_locked(&self, ino: Ino, d: &mut Dirty) -> Result<(), i32> {
+    async fn flush_locked(&self, h: Handle, d: &mut Dirty) -> Result<(), i32> {
         let mut extents = std::mem::take(&mut d.extents);
         let privileged = std::mem::replace(&mut d.privileged, true);
         d.bytes = 0;
@@ -263,27 +271,27 @@ impl State {
             bytes += e.1.len();
             batch.push(e);
             if bytes >= self.write_back_bytes {
-                self.fs.write(ino, &batch, false, privileged).await?;
+                self.fs.write(h, &batch, false, privileged).await?;
                 batch.clear();
                 bytes = 0;
             }
         }
         if !batch.is_empty() {
-            self.fs.write(ino, &batch, false, privileged).await?;
+            self.fs.write(h, &batch, false, privileged).await?;
         }
         Ok(())
     }
 
     async fn buffer_write(
         &self,
-        ino: Ino,
+        h: Handle,
         offset: u64,
         data: &[u8],
         privileged: bool,
     ) -> Result<(), i32> {
         let d = {
             let mut all = self.dirty.lock().expect("dirty poisoned");
-            all.entry(ino).or_default().clone()
+            all.entry(h).or_default().clone()
         };
         let mut d = d.lock().await;
         let end = offset + data.len() as u64;
@@ -292,7 +300,7 @@ impl State {
             .iter()
             .any(|(o, b)| offset < o + b.len() as u64 && *o < end);
         if overlaps || d.extents.len() >= WRITE_BACK_EXTENTS_MAX {
-            self.flush_locked(ino, &mut d).await?;
+            self.flush_locked(h, &mut d).await?;
         }
         match d.extents.last_mut() {
             Some((o, b)) if *o + b.len() as u64 == offset => b.extend_from_slice(data),
@@ -301,50 +309,50 @@ impl State {
         d.bytes += data.len();
         d.privileged &= privileged;
         if d.bytes >= self.write_back_bytes {
-            self.flush_locked(ino, &mut d).await?;
+            self.flush_locked(h, &mut d).await?;
         }
         Ok(())
     }
 
-    async fn getattr_fresh(&self, ino: Ino) -> Result<Inode, i32> {
-        self.flush(ino).await?;
-        self.fs.getattr(ino).await
+    async fn getattr_fresh(&self, h: Handle) -> Result<Inode, i32> {
+        self.flush(h).await?;
+        self.fs.getattr(h).await
     }
 
-    fn new_handle(&self, ino: Ino, append: bool) -> u64 {
+    fn new_handle(&self, file: Handle, append: bool) -> u64 {
         let mut h = self.handles.lock().expect("handles poisoned");
         h.next += 1;
         let fh = h.next;
-        h.files.insert(fh, OpenFile { ino, append });
-        *h.open.entry(ino).or_default() += 1;
+        h.files.insert(fh, OpenFile { h: file, append });
+        *h.open.entry(file).or_default() += 1;
         fh
     }
 
     /// Closes handle `fh`; the last close of an unlinked file frees it.
     async fn close(&self, fh: u64) -> Result<(), i32> {
-        let ino = {
+        let file = {
             let mut h = self.handles.lock().expect("handles poisoned");
             let Some(f) = h.files.remove(&fh) else {
                 return Ok(());
             };
-            let count = h.open.get_mut(&f.ino).expect("counted");
+            let count = h.open.get_mut(&f.h).expect("counted");
             *count -= 1;
             if *count > 0 {
                 return Ok(());
             }
-            h.open.remove(&f.ino);
-            f.ino
+            h.open.remove(&f.h);
+            f.h
         };
-        let flushed = self.flush(ino).await;
-        self.dirty.lock().expect("dirty poisoned").remove(&ino);
+        let flushed = self.flush(file).await;
+        self.dirty.lock().expect("dirty poisoned").remove(&file);
         let orphan = self
             .handles
             .lock()
             .expect("handles poisoned")
             .orphans
-            .remove(&ino);
+            .remove(&file);
         if orphan {
-            self.fs.reclaim(ino).await?;
+            self.fs.reclaim(file.ino, file.generation).await?;
         }
         flushed
     }
@@ -356,24 +364,25 @@ impl State {
         }
     }
 
-    fn reply_attr(&self, reply: ReplyAttr, ino: Ino, r: Result<Inode, i32>) {
+    fn reply_attr(&self, reply: ReplyAttr, h: Handle, r: Result<Inode, i32>) {
         match r {
-            Ok(inode) => reply.attr(&self.ttl, &self.attr(ino, &inode)),
+            Ok(inode) => reply.attr(&self.ttl, &self.attr(h.ino, &inode)),
             Err(e) => reply.error(err(e)),
         }
     }
 
-    async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<(Ino, Inode), i32> {
+    async fn lookup(&self, parent: Handle, name: &[u8]) -> Result<(Ino, Inode), i32> {
         let (ino, i) = self.fs.lookup(parent, name).await?;
-        if self.dirty_of(ino).is_some() {
-            return Ok((ino, self.getattr_fresh(ino).await?));
+        let h = self.handle(ino, i.igeneration);
+        if self.dirty_of(h).is_some() {
+            return Ok((ino, self.getattr_fresh(h).await?));
         }
         Ok((ino, i))
     }
 
     async fn write(
         &self,
-        ino: Ino,
+        h: Handle,
         fh: u64,
         offset: u64,
         data: Vec<u8>,
@@ -387,30 +396,34 @@ impl State {
             .get(&fh))
         .is_some_and(|f| f.append);
         if append {
-            self.flush(ino).await?;
+            self.flush(h).await?;
             return self
                 .fs
-                .write(ino, &[(offset, data)], true, uid == 0)
+                .write(h, &[(offset, data)], true, uid == 0)
                 .await
                 .map(|_| ());
         }
-        self.buffer_write(ino, offset, &data, uid == 0).await
+        self.buffer_write(h, offset, &data, uid == 0).await
     }
 
-    /// Lists directory `ino` for a new directory handle.
-    async fn opendir(&self, ino: Ino) -> Result<u64, i32> {
-        let (dir, entries) = self.fs.list(ino).await?;
+    /// Lists directory `h` for a new directory handle.
+    async fn opendir(&self, h: Handle) -> Result<u64, i32> {
+        let (dir, entries, parent_generation) = self.fs.list(h).await?;
         let mut items = vec![
-            (self.kernel_ino(ino).0, FileType::Directory, b".".to_vec()),
             (
-                self.kernel_ino(dir.parent).0,
+                self.kernel_ino(h.ino, dir.igeneration).0,
+                FileType::Directory,
+                b".".to_vec(),
+            ),
+            (
+                self.kernel_ino(dir.parent, parent_generation).0,
                 FileType::Directory,
                 b"..".to_vec(),
             ),
         ];
         for e in entries {
             items.push((
-                self.kernel_ino(e.ino).0,
+                self.kernel_ino(e.ino, e.generation).0,
                 kind((e.kind as u32) << 12),
                 e.name,
             ));
@@ -639,7 +652,7 @@ impl Filesystem for Mount {
         self.spawn(move |m| async move {
             let i = m.ino(ino);
             let r = m.fs.link(i, m.ino(newparent), &newname).await;
-            m.entry(reply, r.map(|inode| (i, inode)));
+            m.entry(reply, r.map(|inode| (i.ino, inode)));
         });
     }
 
@@ -888,7 +901,8 @@ impl Filesystem for Mount {
         self.spawn(move |m| async move {
             match m.fs.make(m.ino(parent), &name, &new, who).await {
                 Ok((ino, i)) => {
-                    let fh = m.new_handle(ino, flags & libc::O_APPEND != 0);
+                    let fh =
+                        m.new_handle(m.handle(ino, i.igeneration), flags & libc::O_APPEND != 0);
                     reply.created(
                         &m.ttl,
                         &m.attr(ino, &i),

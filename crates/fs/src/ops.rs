@@ -25,7 +25,7 @@ fn errno<T>(e: i32) -> OpResult<T> {
 pub fn inode(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Inode> {
     let i = slot(tx, ino)?;
     tx.check(ino.node(), tx.vol.inode_addr(ino), 8);
-    if i.is_free() {
+    if i.is_free() || !tx.is_expected(ino, &i) {
         return errno(libc::ESTALE);
     }
     Ok(i)
@@ -39,7 +39,7 @@ pub fn inode(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Inode> {
 pub fn identity(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Inode> {
     let i = slot(tx, ino)?;
     tx.check(ino.node(), tx.vol.inode_addr(ino) + field::IGENERATION, 12);
-    if i.is_free() {
+    if i.is_free() || !tx.is_expected(ino, &i) {
         return errno(libc::ENOENT);
     }
     Ok(i)
@@ -399,9 +399,9 @@ pub fn lookup(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> OpResult<(Ino, Inod
 pub enum Unlinked {
     /// Links remain, or it was freed with its blocks in the same minitransaction.
     Done,
-    /// It is kept as an orphan: open here, or too large to free at once. The driver frees
-    /// it with `reclaim` (after the last close).
-    Orphan(Ino),
+    /// It is kept as an orphan (the inode and its `igeneration`): open here, or too large
+    /// to free at once. The driver frees it with `reclaim` (after the last close).
+    Orphan(Ino, u64),
 }
 
 /// Drops one link of `ino` (not a directory); frees it when none remain.
@@ -422,7 +422,7 @@ pub(crate) fn drop_link(
     if is_open || old.blocks as usize > FREE_BLOCKS_PER_TXN {
         new.flags |= FLAG_ORPHAN;
         stage_inode(tx, ino, old, new);
-        return Ok(Unlinked::Orphan(ino));
+        return Ok(Unlinked::Orphan(ino, old.igeneration));
     }
     let mut budget = FREE_BLOCKS_PER_TXN;
     let all = free_from(tx, ino, old.iversion, &mut new, 0, &mut budget)?;
@@ -453,12 +453,12 @@ fn free_inode(tx: &mut Txn<'_>, ino: Ino, old: &Inode, mut new: Inode) -> OpResu
 }
 
 /// Removes `name` (not a directory) from `parent`. `is_open` says whether this mount holds
-/// the file open, in which case its inode outlives its last link.
+/// the file (inode, `igeneration`) open, in which case its inode outlives its last link.
 pub fn unlink(
     tx: &mut Txn<'_>,
     parent: Ino,
     name: &[u8],
-    is_open: &dyn Fn(Ino) -> bool,
+    is_open: &dyn Fn(Ino, u64) -> bool,
     now: Time,
 ) -> OpResult<Unlinked> {
     let p = place(tx, parent, name)?;
@@ -474,7 +474,7 @@ pub fn unlink(
     bucket.entries.remove(i);
     stage_bucket(tx, p.bucket_ref, bucket);
     touch_dir(tx, parent, -1, 0, now);
-    drop_link(tx, ino, &child, is_open(ino), now)
+    drop_link(tx, ino, &child, is_open(ino, child.igeneration), now)
 }
 
 /// Frees empty directory `ino` (its table, buckets and inode).
@@ -556,8 +556,9 @@ pub fn link(
     Ok(Made::Done(new))
 }
 
-/// Every entry of directory `ino` (for readdir), validated together.
-pub fn list(tx: &mut Txn<'_>, ino: Ino) -> OpResult<(Inode, Vec<Entry>)> {
+/// Every entry of directory `ino` (for readdir), validated together, and the
+/// `igeneration` its parent has in this mount's cache (for the number of `..`, not validated).
+pub fn list(tx: &mut Txn<'_>, ino: Ino) -> OpResult<(Inode, Vec<Entry>, u64)> {
     let dir = identity(tx, ino)?;
     if !dir.is_dir() {
         return errno(libc::ENOTDIR);
@@ -577,7 +578,11 @@ pub fn list(tx: &mut Txn<'_>, ino: Ino) -> OpResult<(Inode, Vec<Entry>)> {
     for b in refs {
         entries.extend(bucket(tx, ino, &dir, b)?.entries);
     }
-    Ok((dir, entries))
+    let parent = match tx.vol.valid_ino(dir.parent) {
+        true => slot(tx, dir.parent)?.igeneration,
+        false => 0,
+    };
+    Ok((dir, entries, parent))
 }
 
 fn cached(tx: &mut Txn<'_>, b: BlockRef) -> bool {

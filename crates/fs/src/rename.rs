@@ -51,7 +51,7 @@ pub fn rename(
     dp: Ino,
     dname: &[u8],
     flags: u32,
-    is_open: &dyn Fn(Ino) -> bool,
+    is_open: &dyn Fn(Ino, u64) -> bool,
     now: Time,
 ) -> OpResult<Made<Unlinked>> {
     let exchange = flags & libc::RENAME_EXCHANGE != 0;
@@ -162,7 +162,7 @@ pub fn rename(
                 crate::ops::free_dir(tx, t.ino, ti)?;
                 d_nlink -= 1;
             } else {
-                result = crate::ops::drop_link(tx, t.ino, ti, is_open(t.ino), now)?;
+                result = crate::ops::drop_link(tx, t.ino, ti, is_open(t.ino, ti.igeneration), now)?;
             }
         }
         (None, _) => {}

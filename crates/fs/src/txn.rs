@@ -247,6 +247,8 @@ pub struct Txn<'a> {
     pointers: BTreeMap<(Ino, BlockRef), Vec<u8>>,
     freed_pointers: Vec<(Ino, BlockRef)>,
     cursors: Vec<(NodeId, crate::layout::Bitmap, u64)>,
+    /// Files named by kernel handles: the generation bits each must have.
+    expected: Vec<(Ino, u64)>,
 }
 
 /// Changed byte spans closer than this are written as one item.
@@ -270,7 +272,23 @@ impl<'a> Txn<'a> {
             pointers: BTreeMap::new(),
             freed_pointers: vec![],
             cursors: vec![],
+            expected: vec![],
         }
+    }
+
+    /// Says that `ino` came from a kernel handle with generation bits `generation`: the
+    /// operation answers ESTALE (ENOENT for a directory it works in) if the slot now holds
+    /// another file.
+    pub fn expect_generation(&mut self, ino: Ino, generation: u64) {
+        self.expected.push((ino, generation));
+    }
+
+    /// Is `i`, read from slot `ino`, the file the kernel's handle named (if one did)?
+    pub fn is_expected(&self, ino: Ino, i: &crate::inode::Inode) -> bool {
+        let mask = self.vol.handle_generation_mask();
+        (self.expected.iter())
+            .filter(|(e, _)| *e == ino)
+            .all(|(_, g)| i.igeneration & mask == *g)
     }
 
     /// The object of `len` bytes at `addr` of `node`, as this run has staged it or as cached.
@@ -372,10 +390,14 @@ impl<'a> Txn<'a> {
         self.iversions.push((ino, from, to));
     }
 
-    /// A pointer block of `ino` as of `iversion` (staged by this run, or cached).
+    /// A pointer block of `ino` as of `iversion` (staged by this run, or cached). EIO if `b`
+    /// is not a block of the volume: the validated inode that names it is damaged.
     pub fn pointer_block(&mut self, ino: Ino, iversion: u64, b: BlockRef) -> OpResult<Vec<u8>> {
         if let Some(p) = self.pointers.get(&(ino, b)) {
             return Ok(p.clone());
+        }
+        if !self.vol.valid_block(b) {
+            return Err(Stop::Errno(libc::EIO));
         }
         if let Some(file) = self.cache.pointers.get(&ino) {
             if file.iversion == iversion {
@@ -392,6 +414,18 @@ impl<'a> Txn<'a> {
             block: b,
         });
         Err(Stop::Miss)
+    }
+
+    /// Reads pointer block `b` of `ino` again, filed under `iversion`.
+    pub fn refetch_pointers(&mut self, ino: Ino, iversion: u64, b: BlockRef) -> Stop {
+        self.misses.insert(Fetch {
+            node: b.node(),
+            addr: self.vol.block_addr(b),
+            len: self.vol.geometry.block_bytes,
+            dest: Dest::Pointers(ino, iversion),
+            block: b,
+        });
+        Stop::Miss
     }
 
     /// A newly allocated pointer block of `ino`, all holes.
@@ -477,7 +511,7 @@ impl<'a> Txn<'a> {
         entry.1 = new;
     }
 
-    /// Takes a free bit of `kind` on `node`, or `None` if the node has none (every page is
+    /// Takes a free bit of `kind` on `node`, or `None` if the node has none (every word is
     /// then compared, so that a stale "full" is found out).
     pub fn alloc_on(&mut self, node: NodeId, kind: crate::layout::Bitmap) -> OpResult<Option<u64>> {
         let pages = self.bitmap_pages(node, kind);
@@ -506,9 +540,7 @@ impl<'a> Txn<'a> {
                 return Ok(Some(w * 64 + bit));
             }
         }
-        for (a, len) in pages {
-            self.check(node, a, len);
-        }
+        // Every word was read through `word`, which compares it: a stale "full" fails.
         Ok(None)
     }
 

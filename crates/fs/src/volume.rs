@@ -54,6 +54,24 @@ pub struct Shape {
     pub bytes_per_inode: u32,
 }
 
+/// A file as the kernel names it: its slot and the low bits of its `igeneration`
+/// (`Volume::handle`). Without a generation, whatever file the slot holds (the root, fsck).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Handle {
+    pub ino: Ino,
+    pub generation: Option<u64>,
+}
+
+impl Handle {
+    /// The file in slot `ino`, whichever it is.
+    pub fn any(ino: Ino) -> Handle {
+        Handle {
+            ino,
+            generation: None,
+        }
+    }
+}
+
 /// Free space, as statfs reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Usage {
@@ -271,13 +289,28 @@ impl FileSystem {
         &self,
         op: impl Fn(&mut Txn<'_>) -> OpResult<T>,
     ) -> Result<(T, Vec<Vec<u8>>), i32> {
+        self.run_for(&[], op).await
+    }
+
+    /// `run` for an operation on files the kernel named by `handles`: ESTALE (ENOENT for a
+    /// directory) if a slot now holds another file.
+    pub async fn run_for<T>(
+        &self,
+        handles: &[Handle],
+        op: impl Fn(&mut Txn<'_>) -> OpResult<T>,
+    ) -> Result<(T, Vec<Vec<u8>>), i32> {
         let until = Instant::now() + self.deadline;
         let mut backoff = Backoff::new(Duration::from_micros(200), Duration::from_millis(50));
         let mut conflicts = 0u32;
         loop {
             let plan = {
-                let cache = self.cache.lock().expect("cache poisoned");
+                let cache = self.cache();
                 let mut tx = Txn::new(&self.vol, &cache, rand::random());
+                for h in handles {
+                    if let Some(g) = h.generation {
+                        tx.expect_generation(h.ino, g);
+                    }
+                }
                 let answer = op(&mut tx);
                 tx.finish(answer)
             };
@@ -292,7 +325,7 @@ impl FileSystem {
                     let data = fetch(&self.cluster, &fetches, until)
                         .await
                         .map_err(|e| self.failed(e))?;
-                    let mut cache = self.cache.lock().expect("cache poisoned");
+                    let mut cache = self.cache();
                     for (f, bytes) in fetches.iter().zip(data) {
                         cache.fill(f, bytes);
                     }
@@ -306,12 +339,8 @@ impl FileSystem {
                     let outcome =
                         (exec(&self.cluster, &tx, until).await).map_err(|e| self.failed(e))?;
                     let committed = outcome.committed;
-                    (self.cache.lock().expect("cache poisoned")).settle(
-                        committed,
-                        &outcome.failed_compares,
-                        &compared,
-                        *effects,
-                    );
+                    self.cache()
+                        .settle(committed, &outcome.failed_compares, &compared, *effects);
                     if committed {
                         return result.map(|t| (t, outcome.reads));
                     }
@@ -327,23 +356,40 @@ impl FileSystem {
         }
     }
 
+    /// The mount's cache. An operation that panicked while planning (a bug) leaves it
+    /// poisoned and perhaps half changed: it starts over empty, which is always safe since
+    /// nothing in it is trusted without a compare, so that one bad operation does not fail
+    /// every later one.
+    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|poisoned| {
+            tracing::error!(volume = %self.name, "an operation panicked; the mount's cache starts over");
+            self.cache.clear_poison();
+            let mut cache = poisoned.into_inner();
+            *cache = Cache::default();
+            cache
+        })
+    }
+
     fn failed(&self, e: FsError) -> i32 {
         tracing::warn!(volume = %self.name, "operation failed: {e}");
         libc::EIO
     }
 
-    pub async fn getattr(&self, ino: Ino) -> Result<Inode, i32> {
-        Ok(self.run(|tx| ops::inode(tx, ino)).await?.0)
+    pub async fn getattr(&self, h: Handle) -> Result<Inode, i32> {
+        Ok(self.run_for(&[h], |tx| ops::inode(tx, h.ino)).await?.0)
     }
 
-    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<(Ino, Inode), i32> {
-        Ok(self.run(|tx| ops::lookup(tx, parent, name)).await?.0)
+    pub async fn lookup(&self, parent: Handle, name: &[u8]) -> Result<(Ino, Inode), i32> {
+        Ok(self
+            .run_for(&[parent], |tx| ops::lookup(tx, parent.ino, name))
+            .await?
+            .0)
     }
 
     /// Creates a file, directory, symlink or special file (EEXIST if `name` is taken).
     pub async fn make(
         &self,
-        parent: Ino,
+        parent: Handle,
         name: &[u8],
         new: &NewFile,
         who: Caller,
@@ -352,11 +398,13 @@ impl FileSystem {
         // minitransaction; a directory goes to the preferred node, which spreads the tree.
         let prefer = match new.mode & crate::inode::S_IFMT {
             S_IFDIR => self.preferred(),
-            _ => parent.node(),
+            _ => parent.ino.node(),
         };
         loop {
             let made = self
-                .run(|tx| ops::make(tx, parent, name, new, who, prefer, now()))
+                .run_for(&[parent], |tx| {
+                    ops::make(tx, parent.ino, name, new, who, prefer, now())
+                })
                 .await?
                 .0;
             if let Made::Done(r) = made {
@@ -367,12 +415,14 @@ impl FileSystem {
 
     pub async fn unlink(
         &self,
-        parent: Ino,
+        parent: Handle,
         name: &[u8],
-        is_open: &(dyn Fn(Ino) -> bool + Sync),
-    ) -> Result<Option<Ino>, i32> {
+        is_open: &(dyn Fn(Ino, u64) -> bool + Sync),
+    ) -> Result<Option<(Ino, u64)>, i32> {
         let (gone, _) = self
-            .run(|tx| ops::unlink(tx, parent, name, is_open, now()))
+            .run_for(&[parent], |tx| {
+                ops::unlink(tx, parent.ino, name, is_open, now())
+            })
             .await?;
         self.after_unlink(gone, is_open).await
     }
@@ -381,31 +431,40 @@ impl FileSystem {
     async fn after_unlink(
         &self,
         gone: Unlinked,
-        is_open: &(dyn Fn(Ino) -> bool + Sync),
-    ) -> Result<Option<Ino>, i32> {
+        is_open: &(dyn Fn(Ino, u64) -> bool + Sync),
+    ) -> Result<Option<(Ino, u64)>, i32> {
         match gone {
-            Unlinked::Orphan(ino) if is_open(ino) => Ok(Some(ino)),
-            Unlinked::Orphan(ino) => self.reclaim(ino).await.map(|()| None),
+            Unlinked::Orphan(ino, g) if is_open(ino, g) => Ok(Some((ino, g))),
+            Unlinked::Orphan(ino, g) => self.reclaim(ino, Some(g)).await.map(|()| None),
             Unlinked::Done => Ok(None),
         }
     }
 
     /// Frees orphan `ino` (no links left, no longer open here), a bounded number of blocks
-    /// per minitransaction. A file linked again meanwhile is left alone.
-    pub async fn reclaim(&self, ino: Ino) -> Result<(), i32> {
-        while !self.run(|tx| ops::reclaim(tx, ino)).await?.0 {}
+    /// per minitransaction; if `generation` is given, only while the slot holds that file. A
+    /// file linked again meanwhile is left alone.
+    pub async fn reclaim(&self, ino: Ino, generation: Option<u64>) -> Result<(), i32> {
+        let mask = self.vol.handle_generation_mask();
+        let h = Handle {
+            ino,
+            generation: generation.map(|g| g & mask),
+        };
+        while !self.run_for(&[h], |tx| ops::reclaim(tx, ino)).await?.0 {}
         Ok(())
     }
 
-    pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<(), i32> {
-        self.run(|tx| ops::rmdir(tx, parent, name, now())).await?;
+    pub async fn rmdir(&self, parent: Handle, name: &[u8]) -> Result<(), i32> {
+        self.run_for(&[parent], |tx| ops::rmdir(tx, parent.ino, name, now()))
+            .await?;
         Ok(())
     }
 
-    pub async fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> Result<Inode, i32> {
+    pub async fn link(&self, h: Handle, parent: Handle, name: &[u8]) -> Result<Inode, i32> {
         loop {
             if let Made::Done(i) = self
-                .run(|tx| ops::link(tx, ino, parent, name, now()))
+                .run_for(&[h, parent], |tx| {
+                    ops::link(tx, h.ino, parent.ino, name, now())
+                })
                 .await?
                 .0
             {
@@ -417,16 +476,18 @@ impl FileSystem {
     #[allow(clippy::too_many_arguments)]
     pub async fn rename(
         &self,
-        sp: Ino,
+        sp: Handle,
         sname: &[u8],
-        dp: Ino,
+        dp: Handle,
         dname: &[u8],
         flags: u32,
-        is_open: &(dyn Fn(Ino) -> bool + Sync),
-    ) -> Result<Option<Ino>, i32> {
+        is_open: &(dyn Fn(Ino, u64) -> bool + Sync),
+    ) -> Result<Option<(Ino, u64)>, i32> {
         loop {
             let made = self
-                .run(|tx| ops::rename(tx, sp, sname, dp, dname, flags, is_open, now()))
+                .run_for(&[sp, dp], |tx| {
+                    ops::rename(tx, sp.ino, sname, dp.ino, dname, flags, is_open, now())
+                })
                 .await?
                 .0;
             if let Made::Done(gone) = made {
@@ -435,10 +496,10 @@ impl FileSystem {
         }
     }
 
-    pub async fn setattr(&self, ino: Ino, set: &SetAttr, privileged: bool) -> Result<Inode, i32> {
+    pub async fn setattr(&self, h: Handle, set: &SetAttr, privileged: bool) -> Result<Inode, i32> {
         loop {
             let (inode, done) = self
-                .run(|tx| ops::setattr(tx, ino, set, privileged, now()))
+                .run_for(&[h], |tx| ops::setattr(tx, h.ino, set, privileged, now()))
                 .await?
                 .0;
             if done {
@@ -447,8 +508,10 @@ impl FileSystem {
         }
     }
 
-    pub async fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, i32> {
-        let (pieces, reads) = self.run(|tx| ops::read(tx, ino, offset, len)).await?;
+    pub async fn read(&self, h: Handle, offset: u64, len: u32) -> Result<Vec<u8>, i32> {
+        let (pieces, reads) = self
+            .run_for(&[h], |tx| ops::read(tx, h.ino, offset, len))
+            .await?;
         let mut data = Vec::with_capacity(len as usize);
         for p in pieces {
             match p {
@@ -462,20 +525,22 @@ impl FileSystem {
     /// Writes `extents` in one minitransaction; returns the new size.
     pub async fn write(
         &self,
-        ino: Ino,
+        h: Handle,
         extents: &[(u64, Vec<u8>)],
         append: bool,
         privileged: bool,
     ) -> Result<u64, i32> {
         Ok(self
-            .run(|tx| ops::write(tx, ino, extents, append, privileged, now()))
+            .run_for(&[h], |tx| {
+                ops::write(tx, h.ino, extents, append, privileged, now())
+            })
             .await?
             .0)
     }
 
     /// fallocate(2): `mode` is Linux's (KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE); a long range
     /// takes several minitransactions.
-    pub async fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32) -> Result<(), i32> {
+    pub async fn fallocate(&self, h: Handle, offset: u64, len: u64, mode: i32) -> Result<(), i32> {
         let end = offset.checked_add(len).ok_or(libc::EFBIG)?;
         if len == 0 {
             return Err(libc::EINVAL);
@@ -483,51 +548,60 @@ impl FileSystem {
         let mut at = offset;
         while at < end {
             at = self
-                .run(|tx| ops::fallocate(tx, ino, at, end, mode, now()))
+                .run_for(&[h], |tx| ops::fallocate(tx, h.ino, at, end, mode, now()))
                 .await?
                 .0;
         }
         Ok(())
     }
 
-    pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>, i32> {
-        let (target, reads) = self.run(|tx| ops::readlink(tx, ino)).await?;
+    pub async fn readlink(&self, h: Handle) -> Result<Vec<u8>, i32> {
+        let (target, reads) = self.run_for(&[h], |tx| ops::readlink(tx, h.ino)).await?;
         Ok(match target {
             Target::Inline(t) => t,
             Target::Read(i) => reads[i].clone(),
         })
     }
 
-    /// The value of extended attribute `name` of `ino`.
-    pub async fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, i32> {
-        Ok(self.run(|tx| crate::xattr::get(tx, ino, name)).await?.0)
+    /// The value of extended attribute `name` of `h`.
+    pub async fn getxattr(&self, h: Handle, name: &[u8]) -> Result<Vec<u8>, i32> {
+        Ok(self
+            .run_for(&[h], |tx| crate::xattr::get(tx, h.ino, name))
+            .await?
+            .0)
     }
 
-    /// The names of `ino`'s extended attributes, each followed by a NUL.
-    pub async fn listxattr(&self, ino: Ino) -> Result<Vec<u8>, i32> {
-        Ok(self.run(|tx| crate::xattr::list(tx, ino)).await?.0)
+    /// The names of `h`'s extended attributes, each followed by a NUL.
+    pub async fn listxattr(&self, h: Handle) -> Result<Vec<u8>, i32> {
+        Ok(self
+            .run_for(&[h], |tx| crate::xattr::list(tx, h.ino))
+            .await?
+            .0)
     }
 
     pub async fn setxattr(
         &self,
-        ino: Ino,
+        h: Handle,
         name: &[u8],
         value: &[u8],
         flags: i32,
     ) -> Result<(), i32> {
-        self.run(|tx| crate::xattr::set(tx, ino, name, value, flags, now()))
+        self.run_for(&[h], |tx| {
+            crate::xattr::set(tx, h.ino, name, value, flags, now())
+        })
+        .await?;
+        Ok(())
+    }
+
+    pub async fn removexattr(&self, h: Handle, name: &[u8]) -> Result<(), i32> {
+        self.run_for(&[h], |tx| crate::xattr::remove(tx, h.ino, name, now()))
             .await?;
         Ok(())
     }
 
-    pub async fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<(), i32> {
-        self.run(|tx| crate::xattr::remove(tx, ino, name, now()))
-            .await?;
-        Ok(())
-    }
-
-    pub async fn list(&self, ino: Ino) -> Result<(Inode, Vec<Entry>), i32> {
-        Ok(self.run(|tx| ops::list(tx, ino)).await?.0)
+    /// Directory `h` and its entries, with the `igeneration` of its parent (for `..`).
+    pub async fn list(&self, h: Handle) -> Result<(Inode, Vec<Entry>, u64), i32> {
+        Ok(self.run_for(&[h], |tx| ops::list(tx, h.ino)).await?.0)
     }
 
     /// Free inodes and blocks, counted at most `USAGE_FRESH` ago.
@@ -768,7 +842,7 @@ impl FileSystem {
         let mut repaired = 0;
         for p in problems {
             match p {
-                crate::fsck::Problem::Orphan(ino) => self.reclaim(*ino).await?,
+                crate::fsck::Problem::Orphan(ino) => self.reclaim(*ino, None).await?,
                 crate::fsck::Problem::LeakedBlock(b) => {
                     self.run(|tx| ops::free_leaked(tx, *b)).await?.0
                 }

@@ -4,6 +4,7 @@
 //! saw commit is lost, money is conserved, no tid stays uncertain, no lock is held, and the
 //! redo logs are collected again. The crash tests and `tutti chaos` both run on this.
 
+use crate::fs_workload::{FsCheck, FsClients};
 use crate::local::{LocalCluster, LocalError};
 use crate::log_workload::{LogCheck, LogClients};
 use crate::objects_workload::{ObjectClients, ObjectsCheck};
@@ -378,6 +379,8 @@ pub enum ChaosWorkload {
     /// Tango's objects: registers and maps checked by Porcupine, a bank over eight maps
     /// in layered partitions, a maintainer that checkpoints and trims (`objects_workload`).
     Objects,
+    /// tutti-fs: clients are mounts with a process working through each.
+    Fs,
 }
 
 #[derive(Clone, Debug)]
@@ -422,6 +425,8 @@ pub struct ChaosReport {
     pub log: Option<LogCheck>,
     /// The objects workload's final check.
     pub objects: Option<ObjectsCheck>,
+    /// The file system workload's final check.
+    pub fs: Option<FsCheck>,
     pub reads: OpCounts,
     pub writes: OpCounts,
     pub cases: OpCounts,
@@ -472,7 +477,7 @@ impl ChaosReport {
                 self.manager_kills.to_string(),
             ),
         ];
-        if cfg.workload != ChaosWorkload::Bank {
+        if matches!(cfg.workload, ChaosWorkload::Log | ChaosWorkload::Objects) {
             rows.push((
                 "kill -9 the sequencer, restart it".into(),
                 interval(&cfg.sequencer),
@@ -570,6 +575,48 @@ impl ChaosReport {
                 ),
             ]);
         }
+        if cfg.workload == ChaosWorkload::Fs {
+            let check = self.fs.as_ref();
+            let count = |f: fn(&FsCheck) -> u64| check.map_or("-".into(), |c| f(c).to_string());
+            let ops = |c: &OpCounts| {
+                format!(
+                    "{} ({} ok, {} failed, {} unknown)",
+                    c.calls, c.ok, c.aborted, c.unknown
+                )
+            };
+            let clients = format!("{} mounts × 2 threads", cfg.clients);
+            rows.extend([
+                (
+                    "register file read".to_string(),
+                    clients.clone(),
+                    ops(&self.reads),
+                ),
+                (
+                    "register file replace (rename)".into(),
+                    clients.clone(),
+                    ops(&self.writes),
+                ),
+                (
+                    "register file create-if-absent".into(),
+                    clients,
+                    ops(&self.cases),
+                ),
+                (
+                    "fs action (create, rename, write, …)".into(),
+                    format!("{} mounts × 1", cfg.clients),
+                    format!(
+                        "{} ({} unknown)",
+                        count(|c| c.actions),
+                        count(|c| c.unknown)
+                    ),
+                ),
+                (
+                    "fsck --repair after the run".into(),
+                    "orphans and leaks of killed mounts".into(),
+                    check.map_or("-".into(), |c| c.repaired.to_string()),
+                ),
+            ]);
+        }
         let bank = cfg.workload == ChaosWorkload::Bank;
         if bank {
             rows.push((
@@ -638,6 +685,7 @@ enum Workload {
         maintainer: Option<tutti_tango::Tango>,
         next_trim: Duration,
     },
+    Fs(FsClients),
 }
 
 impl Workload {
@@ -660,6 +708,11 @@ impl Workload {
                 clients.kill(id);
                 clients.start(id)
             }
+            Workload::Fs(clients) => {
+                let id = rng.gen_range(0..clients.count);
+                clients.kill(id);
+                clients.start(id)
+            }
         };
         restarted.map_err(|e| LocalError::Config(format!("restart a client: {e}")))
     }
@@ -669,6 +722,7 @@ impl Workload {
             Workload::Bank(clients) => clients.kill_all(),
             Workload::Log { clients, .. } => clients.kill_all(),
             Workload::Objects { clients, .. } => clients.kill_all(),
+            Workload::Fs(clients) => clients.kill_all(),
         }
     }
 
@@ -739,6 +793,7 @@ impl Workload {
             Workload::Objects { clients, .. } => {
                 format!("{} transfers committed", clients.committed())
             }
+            Workload::Fs(clients) => format!("{} fs actions", clients.actions_done()),
         }
     }
 }
@@ -771,6 +826,7 @@ pub fn run(
     bank_clients.mix = cfg.mix;
     let mut log_clients = LogClients::new(exe, &manager, dir, cfg.clients);
     let mut object_clients = ObjectClients::new(exe, &manager, dir, cfg.clients);
+    let mut fs_clients = FsClients::new(exe, &manager, dir, cfg.clients);
     let proxy = match (cfg.partitions, cfg.workload) {
         (None, _) => None,
         (Some(_), ChaosWorkload::Bank) => {
@@ -791,6 +847,12 @@ pub fn run(
             let names = object_clients.names();
             let proxy = rt.block_on(start_proxy(&mut local, names.clone(), true))?;
             object_clients.flags = routes(&proxy, names);
+            Some(proxy)
+        }
+        (Some(_), ChaosWorkload::Fs) => {
+            let names = fs_clients.names();
+            let proxy = rt.block_on(start_proxy(&mut local, names.clone(), false))?;
+            fs_clients.flags = names.iter().map(|n| proxy.route_flags(n)).collect();
             Some(proxy)
         }
     };
@@ -832,6 +894,13 @@ pub fn run(
                 next_trim: Duration::from_secs(3),
             }
         }
+        ChaosWorkload::Fs => {
+            mkfs(exe, &manager)?;
+            fs_clients
+                .start_all()
+                .map_err(|e| LocalError::Config(format!("start clients: {e}")))?;
+            Workload::Fs(fs_clients)
+        }
     };
     let mut report = ChaosReport::default();
     let mut faults = Faults::new(cfg);
@@ -842,6 +911,11 @@ pub fn run(
         let now = start.elapsed();
         faults.inject(now, &mut local, &mut workload, proxy.as_ref(), &mut report)?;
         workload.trim(&rt, now, &mut report);
+        if let Workload::Fs(clients) = &mut workload {
+            clients
+                .tend()
+                .map_err(|e| LocalError::Config(format!("restart a client: {e}")))?;
+        }
         if now < next_progress {
             continue;
         }
@@ -878,6 +952,7 @@ pub fn run(
             }
             Workload::Log { clients, .. } => verify_log(&local, clients, &mut report).await,
             Workload::Objects { .. } => verify_objects(&local, dir, &mut report).await,
+            Workload::Fs(clients) => verify_fs(&local, dir, clients.count, &mut report).await,
         };
         match verified {
             Ok(cluster) => match wait_log_collected(&cluster, Duration::from_secs(45)).await {
@@ -889,13 +964,43 @@ pub fn run(
     });
     local.stop_all();
     drop(proxy);
-    if cfg.workload == ChaosWorkload::Objects
+    if matches!(cfg.workload, ChaosWorkload::Objects | ChaosWorkload::Fs)
         || (cfg.workload == ChaosWorkload::Bank && cfg.mix.has_registers())
     {
         progress("checking the register history with Porcupine…");
         check_registers(dir, cfg, &mut report);
     }
     Ok(report)
+}
+
+/// Makes the file system's volume on the run's cluster (`tutti fs mkfs`).
+fn mkfs(exe: &Path, manager: &str) -> Result<(), LocalError> {
+    let out = Command::new(exe)
+        .args(["fs", "mkfs", "--cluster", manager, "--name"])
+        .arg(crate::fs_workload::VOLUME)
+        .args(["--bytes-per-node", crate::fs_workload::BYTES_PER_NODE])
+        .output()
+        .map_err(|e| LocalError::Config(format!("tutti fs mkfs: {e}")))?;
+    if !out.status.success() {
+        return Err(LocalError::Config(format!(
+            "tutti fs mkfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+/// Once healed and the mounts stopped: the cluster idle, then the file system's check.
+async fn verify_fs(
+    local: &LocalCluster,
+    dir: &Path,
+    clients: u64,
+    report: &mut ChaosReport,
+) -> Result<Cluster, Vec<String>> {
+    let cluster = healed(local).await?;
+    report.fs = Some(crate::fs_workload::check(&cluster, dir, clients).await?);
+    cluster.flush().await.map_err(|e| vec![e.to_string()])?;
+    Ok(cluster)
 }
 
 /// The chaos run's log: striped over the 4 nodes in 512-byte slots, 16 MiB of each (32,768
@@ -1043,7 +1148,7 @@ impl<'a> Faults<'a> {
             next_manager: draw(&mut rng, &cfg.manager),
             next_sequencer: match cfg.workload {
                 ChaosWorkload::Log | ChaosWorkload::Objects => draw(&mut rng, &cfg.sequencer),
-                ChaosWorkload::Bank => Duration::MAX,
+                ChaosWorkload::Bank | ChaosWorkload::Fs => Duration::MAX,
             },
             next_partition: cfg
                 .partitions

@@ -3,10 +3,11 @@
 //! (`supervisor`), local clusters (`local`), the fault-injecting proxy (`proxy`), the driver of `tutti-workload`'s workloads over a real
 //! cluster (`workload`), the register workload with its histories and Porcupine check
 //! (`registers`), the shared log's client processes and final check (`log_workload`), Tango's objects'
-//! (`objects_workload`), and
-//! the chaos engine (`chaos`). Internal: not published.
+//! (`objects_workload`), tutti-fs's mounts and workers (`fs_workload`), and the chaos engine
+//! (`chaos`). Internal: not published.
 
 pub mod chaos;
+pub mod fs_workload;
 pub mod local;
 pub mod log_workload;
 pub mod objects_workload;

@@ -106,6 +106,9 @@ enum Command {
     /// Tango's objects' client processes under `tutti chaos`.
     #[command(hide = true)]
     ObjectsWorkload(cmd::objects_workload::ObjectsWorkloadArgs),
+    /// tutti-fs's client processes under `tutti chaos`, each working through a mount.
+    #[command(hide = true)]
+    FsWorkload(cmd::fs_workload::FsWorkloadArgs),
 }
 
 /// Transparent huge pages off for this process and the nodes and managers it starts (the
@@ -221,6 +224,10 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         Command::ObjectsWorkload(a) => {
             init_tracing("error");
             cmd::objects_workload::run(a, &dialer).await
+        }
+        Command::FsWorkload(a) => {
+            init_tracing("error");
+            tokio::task::block_in_place(|| cmd::fs_workload::run(a))
         }
     };
     match result {

@@ -7,6 +7,7 @@
 
 use crate::{Violation, Workload};
 use rand::{Rng, RngCore};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tutti_client::{ExecError, Minitx, Outcome};
 use tutti_fs::inode::{Inode, Time, S_IFDIR, S_IFREG};
@@ -33,22 +34,24 @@ const NOW: Time = Time {
 const ROOT_USER: Caller = Caller { uid: 0, gid: 0 };
 
 /// Long names, so that a directory's 4 KiB buckets fill and split.
-fn file_name(i: u32) -> Vec<u8> {
+pub fn file_name(i: u32) -> Vec<u8> {
     format!("f{i:02}-{}", "x".repeat(80)).into_bytes()
 }
 
-fn dir_name(i: u32) -> Vec<u8> {
+pub fn dir_name(i: u32) -> Vec<u8> {
     format!("s{i}").into_bytes()
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Where {
+/// Where an action happens: the client's own directory, or the one all clients share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Where {
     Own,
     Shared,
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Action {
+/// One file-system action of a client, on names `file_name(i)` and `dir_name(i)`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub enum Action {
     Create(Where, u32),
     Unlink(Where, u32),
     Mkdir(Where, u32),
@@ -67,6 +70,51 @@ enum Action {
 }
 
 impl Action {
+    /// A random action: the mix both the simulator and `tutti chaos --workload fs` run.
+    pub fn random(rng: &mut dyn RngCore) -> Action {
+        let place = |rng: &mut dyn RngCore| {
+            if rng.gen_bool(0.5) {
+                Where::Own
+            } else {
+                Where::Shared
+            }
+        };
+        let file = |rng: &mut dyn RngCore| rng.gen_range(0..FILES);
+        let sub = |rng: &mut dyn RngCore| rng.gen_range(0..SUBDIRS);
+        match rng.gen_range(0..100) {
+            0..=24 => Action::Create(place(rng), file(rng)),
+            25..=36 => Action::Unlink(place(rng), file(rng)),
+            37..=44 => Action::Mkdir(place(rng), sub(rng)),
+            45..=51 => Action::Rmdir(place(rng), sub(rng)),
+            52..=71 => {
+                let dirs = rng.gen_bool(0.25);
+                let pick = |rng: &mut dyn RngCore| if dirs { sub(rng) } else { file(rng) };
+                let flags = match rng.gen_range(0..10) {
+                    0..=6 => 0,
+                    7 | 8 => libc::RENAME_NOREPLACE,
+                    _ => libc::RENAME_EXCHANGE,
+                };
+                Action::Rename {
+                    from: (place(rng), pick(rng)),
+                    to: (place(rng), pick(rng)),
+                    dirs,
+                    flags,
+                }
+            }
+            72..=89 => {
+                let off = rng.gen_range(0..FILE_BYTES_MAX);
+                Action::Write(
+                    place(rng),
+                    file(rng),
+                    off,
+                    rng.gen_range(1..=WRITE_BYTES_MAX),
+                )
+            }
+            90..=94 => Action::Truncate(place(rng), file(rng), rng.gen_range(0..FILE_BYTES_MAX)),
+            _ => Action::Xattr(place(rng), file(rng), rng.gen_bool(0.6)),
+        }
+    }
+
     fn places(&self) -> Vec<Where> {
         match *self {
             Action::Create(w, _)
@@ -149,12 +197,164 @@ enum Known {
     Uncertain,
 }
 
+/// What a client knows of the names in its own directory, from the answers its actions got
+/// (no other client changes it): what the simulator and `tutti chaos --workload fs` check
+/// its final listing against.
+#[derive(Clone, Debug, Default)]
+pub struct DirModel {
+    names: BTreeMap<Vec<u8>, Known>,
+}
+
+impl DirModel {
+    fn known(&self, name: &[u8]) -> Known {
+        self.names.get(name).copied().unwrap_or(Known::Absent)
+    }
+
+    /// Learns how `action` ended (`err`: its errno, if it failed); returns what contradicts
+    /// what was known, if anything does.
+    pub fn learn(&mut self, action: &Action, err: Option<i32>) -> Option<String> {
+        let mut wrong = None;
+        match (*action, err) {
+            (Action::Create(Where::Own, i), None) => {
+                if self.known(&file_name(i)) == Known::Present {
+                    wrong = Some(String::from("created a name that was there"));
+                }
+                self.names.insert(file_name(i), Known::Present);
+            }
+            (Action::Mkdir(Where::Own, i), None) => {
+                if self.known(&dir_name(i)) == Known::Present {
+                    wrong = Some(String::from("made a directory that was there"));
+                }
+                self.names.insert(dir_name(i), Known::Present);
+            }
+            (Action::Create(Where::Own, i), Some(libc::EEXIST))
+            | (Action::Mkdir(Where::Own, i), Some(libc::EEXIST)) => {
+                let name = if matches!(action, Action::Create(..)) {
+                    file_name(i)
+                } else {
+                    dir_name(i)
+                };
+                if self.known(&name) == Known::Absent {
+                    wrong = Some(String::from("EEXIST for a name that was not there"));
+                }
+            }
+            (Action::Unlink(Where::Own, i), None) | (Action::Rmdir(Where::Own, i), None) => {
+                let name = if matches!(action, Action::Unlink(..)) {
+                    file_name(i)
+                } else {
+                    dir_name(i)
+                };
+                if self.known(&name) == Known::Absent {
+                    wrong = Some(String::from("removed a name that was not there"));
+                }
+                self.names.insert(name, Known::Absent);
+            }
+            (Action::Unlink(Where::Own, i), Some(libc::ENOENT))
+            | (Action::Rmdir(Where::Own, i), Some(libc::ENOENT)) => {
+                let name = if matches!(action, Action::Unlink(..)) {
+                    file_name(i)
+                } else {
+                    dir_name(i)
+                };
+                if self.known(&name) == Known::Present {
+                    wrong = Some(String::from("ENOENT for a name that was there"));
+                }
+            }
+            (
+                Action::Rename {
+                    from,
+                    to,
+                    dirs,
+                    flags,
+                },
+                None,
+            ) => {
+                let name = |i| if dirs { dir_name(i) } else { file_name(i) };
+                let same = from == to;
+                if from.0 == Where::Own && !same && flags & libc::RENAME_EXCHANGE == 0 {
+                    self.names.insert(name(from.1), Known::Absent);
+                }
+                if to.0 == Where::Own {
+                    self.names.insert(name(to.1), Known::Present);
+                }
+            }
+            (
+                Action::Rename {
+                    from: (Where::Own, i),
+                    dirs,
+                    flags,
+                    ..
+                },
+                Some(libc::ENOENT),
+            ) => {
+                // With EXCHANGE, ENOENT may be the target's.
+                let name = if dirs { dir_name(i) } else { file_name(i) };
+                if self.known(&name) == Known::Present && flags & libc::RENAME_EXCHANGE == 0 {
+                    wrong = Some(String::from("ENOENT for a source that was there"));
+                }
+            }
+            (_, Some(e))
+                if !matches!(
+                    e,
+                    libc::ENOENT
+                        | libc::EEXIST
+                        | libc::ENOTEMPTY
+                        | libc::ESTALE
+                        | libc::EISDIR
+                        | libc::ENOTDIR
+                        | libc::ENODATA
+                ) =>
+            {
+                wrong = Some(format!("errno {e}"));
+            }
+            _ => {}
+        }
+        wrong
+    }
+
+    /// `action` ended with an unknown outcome: the names it may have changed are uncertain.
+    pub fn unknown(&mut self, action: &Action) {
+        for (name, _) in action.own_names() {
+            self.names.insert(name, Known::Uncertain);
+        }
+    }
+
+    /// Where the directory's `listed` names contradict the model.
+    pub fn check(&self, listed: &std::collections::BTreeSet<Vec<u8>>) -> Vec<String> {
+        let mut out = vec![];
+        for (name, known) in &self.names {
+            let there = listed.contains(name);
+            let wrong = match known {
+                Known::Present => !there,
+                Known::Absent => there,
+                Known::Uncertain => false,
+            };
+            if wrong {
+                out.push(format!(
+                    "{} is {} but the model says {known:?}",
+                    String::from_utf8_lossy(name),
+                    if there { "there" } else { "not there" }
+                ));
+            }
+        }
+        for name in listed {
+            if !self.names.contains_key(name) {
+                out.push(format!(
+                    "{} is there, never made",
+                    String::from_utf8_lossy(name)
+                ));
+            }
+        }
+        out
+    }
+}
+
 #[derive(Default)]
 struct Client {
     cache: Cache,
     own: Option<Ino>,
     shared: Option<Ino>,
-    model: BTreeMap<Vec<u8>, Known>,
+    model: DirModel,
 }
 
 /// How the workload's operations ended.
@@ -192,50 +392,6 @@ impl FsWorkload {
 
     pub fn volume(&self) -> &Volume {
         &self.vol
-    }
-
-    fn random_action(rng: &mut dyn RngCore) -> Action {
-        let place = |rng: &mut dyn RngCore| {
-            if rng.gen_bool(0.5) {
-                Where::Own
-            } else {
-                Where::Shared
-            }
-        };
-        let file = |rng: &mut dyn RngCore| rng.gen_range(0..FILES);
-        let sub = |rng: &mut dyn RngCore| rng.gen_range(0..SUBDIRS);
-        match rng.gen_range(0..100) {
-            0..=24 => Action::Create(place(rng), file(rng)),
-            25..=36 => Action::Unlink(place(rng), file(rng)),
-            37..=44 => Action::Mkdir(place(rng), sub(rng)),
-            45..=51 => Action::Rmdir(place(rng), sub(rng)),
-            52..=71 => {
-                let dirs = rng.gen_bool(0.25);
-                let pick = |rng: &mut dyn RngCore| if dirs { sub(rng) } else { file(rng) };
-                let flags = match rng.gen_range(0..10) {
-                    0..=6 => 0,
-                    7 | 8 => libc::RENAME_NOREPLACE,
-                    _ => libc::RENAME_EXCHANGE,
-                };
-                Action::Rename {
-                    from: (place(rng), pick(rng)),
-                    to: (place(rng), pick(rng)),
-                    dirs,
-                    flags,
-                }
-            }
-            72..=89 => {
-                let off = rng.gen_range(0..FILE_BYTES_MAX);
-                Action::Write(
-                    place(rng),
-                    file(rng),
-                    off,
-                    rng.gen_range(1..=WRITE_BYTES_MAX),
-                )
-            }
-            90..=94 => Action::Truncate(place(rng), file(rng), rng.gen_range(0..FILE_BYTES_MAX)),
-            _ => Action::Xattr(place(rng), file(rng), rng.gen_bool(0.6)),
-        }
     }
 
     fn dir(&self, client: u64, w: Where) -> Option<Ino> {
@@ -307,7 +463,7 @@ impl FsWorkload {
         let dir = |w| self.dir(client, w).expect("resolved before");
         let file = NewFile::of(S_IFREG | 0o644);
         let subdir = NewFile::of(S_IFDIR | 0o755);
-        let never_open = |_: Ino| false;
+        let never_open = |_: Ino, _: u64| false;
         match op.action {
             Action::Create(w, i) => {
                 ops::make(tx, dir(w), &file_name(i), &file, ROOT_USER, prefer, NOW).map(made)
@@ -456,124 +612,25 @@ impl FsWorkload {
         true
     }
 
-    /// Feeds the model with how an action on the client's own directory ended.
+    /// Feeds the client's model with how an action ended.
     fn learn(&mut self, client: u64, action: &Action, err: Option<i32>) {
-        let c = &mut self.clients[client as usize];
         match err {
             None => self.counts.done += 1,
             Some(_) => self.counts.errors += 1,
         }
-        let known = |c: &Client, n: &Vec<u8>| c.model.get(n).copied().unwrap_or(Known::Absent);
-        let mut wrong = |what: String| {
+        let c = &mut self.clients[client as usize];
+        if let Some(what) = c.model.learn(action, err) {
             self.violations.push(Violation::new(
                 "model",
                 format!("client {client}: {action:?}: {what}"),
-            ))
-        };
-        match (*action, err) {
-            (Action::Create(Where::Own, i), None) => {
-                if known(c, &file_name(i)) == Known::Present {
-                    wrong("created a name that was there".into());
-                }
-                c.model.insert(file_name(i), Known::Present);
-            }
-            (Action::Mkdir(Where::Own, i), None) => {
-                if known(c, &dir_name(i)) == Known::Present {
-                    wrong("made a directory that was there".into());
-                }
-                c.model.insert(dir_name(i), Known::Present);
-            }
-            (Action::Create(Where::Own, i), Some(libc::EEXIST))
-            | (Action::Mkdir(Where::Own, i), Some(libc::EEXIST)) => {
-                let name = if matches!(action, Action::Create(..)) {
-                    file_name(i)
-                } else {
-                    dir_name(i)
-                };
-                if known(c, &name) == Known::Absent {
-                    wrong("EEXIST for a name that was not there".into());
-                }
-            }
-            (Action::Unlink(Where::Own, i), None) | (Action::Rmdir(Where::Own, i), None) => {
-                let name = if matches!(action, Action::Unlink(..)) {
-                    file_name(i)
-                } else {
-                    dir_name(i)
-                };
-                if known(c, &name) == Known::Absent {
-                    wrong("removed a name that was not there".into());
-                }
-                c.model.insert(name, Known::Absent);
-            }
-            (Action::Unlink(Where::Own, i), Some(libc::ENOENT))
-            | (Action::Rmdir(Where::Own, i), Some(libc::ENOENT)) => {
-                let name = if matches!(action, Action::Unlink(..)) {
-                    file_name(i)
-                } else {
-                    dir_name(i)
-                };
-                if known(c, &name) == Known::Present {
-                    wrong("ENOENT for a name that was there".into());
-                }
-            }
-            (
-                Action::Rename {
-                    from,
-                    to,
-                    dirs,
-                    flags,
-                },
-                None,
-            ) => {
-                let name = |i| if dirs { dir_name(i) } else { file_name(i) };
-                let same = from == to;
-                if from.0 == Where::Own && !same && flags & libc::RENAME_EXCHANGE == 0 {
-                    c.model.insert(name(from.1), Known::Absent);
-                }
-                if to.0 == Where::Own {
-                    c.model.insert(name(to.1), Known::Present);
-                }
-            }
-            (
-                Action::Rename {
-                    from: (Where::Own, i),
-                    dirs,
-                    flags,
-                    ..
-                },
-                Some(libc::ENOENT),
-            ) => {
-                // With EXCHANGE, ENOENT may be the target's.
-                let name = if dirs { dir_name(i) } else { file_name(i) };
-                if known(c, &name) == Known::Present && flags & libc::RENAME_EXCHANGE == 0 {
-                    wrong("ENOENT for a source that was there".into());
-                }
-            }
-            (_, Some(e))
-                if !matches!(
-                    e,
-                    libc::ENOENT
-                        | libc::EEXIST
-                        | libc::ENOTEMPTY
-                        | libc::ESTALE
-                        | libc::EISDIR
-                        | libc::ENOTDIR
-                        | libc::ENODATA
-                ) =>
-            {
-                wrong(format!("errno {e}"));
-            }
-            _ => {}
+            ));
         }
     }
 
     /// An unknown outcome: the names the action may have changed are uncertain now.
     fn unknown(&mut self, client: u64, action: &Action) {
         self.counts.unknown += 1;
-        let c = &mut self.clients[client as usize];
-        for (name, _) in action.own_names() {
-            c.model.insert(name, Known::Uncertain);
-        }
+        self.clients[client as usize].model.unknown(action);
     }
 }
 
@@ -594,7 +651,7 @@ impl Workload for FsWorkload {
 
     fn next(&mut self, client: u64, rng: &mut dyn RngCore) -> (FsOp, Minitx) {
         loop {
-            let action = Self::random_action(rng);
+            let action = Action::random(rng);
             let mut op = FsOp {
                 action,
                 step: Step::Act,
@@ -688,32 +745,8 @@ impl Workload for FsWorkload {
             };
             let listed: std::collections::BTreeSet<Vec<u8>> =
                 entries.into_iter().map(|e| e.name).collect();
-            for (name, known) in &c.model {
-                let there = listed.contains(name);
-                let wrong = match known {
-                    Known::Present => !there,
-                    Known::Absent => there,
-                    Known::Uncertain => false,
-                };
-                if wrong {
-                    let detail = format!(
-                        "client {client}: {} is {} but the model says {known:?}",
-                        String::from_utf8_lossy(name),
-                        if there { "there" } else { "not there" }
-                    );
-                    out.push(Violation::new("model", detail));
-                }
-            }
-            for name in &listed {
-                if !c.model.contains_key(name) {
-                    out.push(Violation::new(
-                        "model",
-                        format!(
-                            "client {client}: {} is there, never made",
-                            String::from_utf8_lossy(name)
-                        ),
-                    ));
-                }
+            for what in c.model.check(&listed) {
+                out.push(Violation::new("model", format!("client {client}: {what}")));
             }
         }
         out

@@ -15,11 +15,14 @@ pub(crate) struct ChaosArgs {
     /// the readers; the sequencer is killed too) or `objects` (Tango's objects, each client
     /// with its own views: a register and a map's keys checked by Porcupine, transfers in
     /// transactions across eight maps hosted in layered partitions, checkpoints and trims;
-    /// the sequencer is killed too).
+    /// the sequencer is killed too) or `fs` (tutti-fs: each client a `tutti fs mount` and a
+    /// process working through it: register files replaced by rename and checked by
+    /// Porcupine, the simulator's file-system actions in its own and a shared directory;
+    /// a client kill kills both; fsck and each client's directory model at the end).
     #[arg(long, value_enum, default_value = "bank")]
     workload: WorkloadArg,
-    /// Client processes: bank clients (default 6), the log's appenders (6), or objects
-    /// clients (4).
+    /// Client processes: bank clients (default 6), the log's appenders (6), objects clients
+    /// (4), or file-system mounts (3).
     #[arg(long)]
     clients: Option<u64>,
     /// Seconds between memory node kills, as MIN-MAX.
@@ -65,6 +68,7 @@ enum WorkloadArg {
     Bank,
     Log,
     Objects,
+    Fs,
 }
 
 pub(crate) fn run(a: ChaosArgs) -> Result<(), String> {
@@ -78,11 +82,13 @@ pub(crate) fn run(a: ChaosArgs) -> Result<(), String> {
             WorkloadArg::Bank => ChaosWorkload::Bank,
             WorkloadArg::Log => ChaosWorkload::Log,
             WorkloadArg::Objects => ChaosWorkload::Objects,
+            WorkloadArg::Fs => ChaosWorkload::Fs,
         },
         clients: a
             .clients
             .unwrap_or(match a.workload {
                 WorkloadArg::Objects => 4,
+                WorkloadArg::Fs => 3,
                 WorkloadArg::Bank | WorkloadArg::Log => 6,
             })
             .max(1),
@@ -136,6 +142,7 @@ pub(crate) fn run(a: ChaosArgs) -> Result<(), String> {
                 println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected{registers})");
             }
             ChaosWorkload::Objects => println!("invariants: all hold (register and map history linearizable, money conserved over 8 maps, every account's balance its receipts', each transfer seen committed in the log and none seen aborted, nothing uncertain or locked, logs collected)"),
+            ChaosWorkload::Fs => println!("invariants: all hold (register files linearizable across mounts, every client's directory as its answers say, fsck clean once what killed mounts left is repaired, nothing uncertain or locked, logs collected)"),
             ChaosWorkload::Log => println!("invariants: all hold (no two appends at one position, every acknowledged append at its position, every reader's stream in log order with each acknowledged append once, nothing uncertain or locked, logs collected)"),
         }
         Ok(())

@@ -5,6 +5,7 @@ pub(crate) mod args;
 pub(crate) mod bench;
 pub(crate) mod chaos;
 pub(crate) mod fs;
+pub(crate) mod fs_workload;
 mod items;
 pub(crate) mod log;
 pub(crate) mod log_workload;

@@ -372,6 +372,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kernel_handles_round_trip_and_differ_by_generation() {
+        for bytes in [1u64 << 22, 512 << 20, 64 << 30] {
+            let g = Geometry::new(bytes, BLOCK_BYTES_DEFAULT, BYTES_PER_INODE_DEFAULT).unwrap();
+            let vol = Volume {
+                geometry: g.clone(),
+                nodes: vec![(1, 0), (7, 0), (u16::MAX, 0)],
+            };
+            let mask = vol.handle_generation_mask();
+            assert!(mask >= (1 << 20) - 1, "{bytes}: {mask:#x}");
+            for node in [1, 7, u16::MAX] {
+                for slot in [0, 1, g.inodes_per_node - 1] {
+                    let ino = Ino::new(node, slot);
+                    for generation in [0, 1, mask, mask + 2, u64::MAX] {
+                        let h = vol.handle(ino, generation);
+                        assert_ne!(h, 1, "1 is the kernel's root");
+                        assert_eq!(vol.from_handle(h), (ino, generation & mask));
+                    }
+                    assert_ne!(vol.handle(ino, 3), vol.handle(ino, 4));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn sections_fit_and_do_not_overlap() {
         for bytes in [1u64 << 22, 100 << 20, 512 << 20, 1 << 30] {
             let g = Geometry::new(bytes, BLOCK_BYTES_DEFAULT, BYTES_PER_INODE_DEFAULT).unwrap();

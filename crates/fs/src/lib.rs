@@ -26,6 +26,10 @@ pub use layout::{BlockRef, Ino};
 pub enum Bug {
     /// A directory operation changes a bucket without comparing the version it read.
     BucketNotValidated,
+    /// An operation acts on a file's inode as cached without comparing it: its frees
+    /// (atomic adds on the bitmaps, which that compare vouches for) may return bits
+    /// another mount already returned, and its block map may be stale.
+    InodeNotValidated,
 }
 
 tutti_wire::planted_bugs!(Bug);

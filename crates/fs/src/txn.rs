@@ -249,6 +249,8 @@ pub struct Txn<'a> {
     cursors: Vec<(NodeId, crate::layout::Bitmap, u64)>,
     /// Files named by kernel handles: the generation bits each must have.
     expected: Vec<(Ino, u64)>,
+    /// Bits `free` returns by atomic adds, per bitmap word.
+    freed: BTreeMap<(NodeId, u64), u64>,
 }
 
 /// Changed byte spans closer than this are written as one item.
@@ -273,6 +275,7 @@ impl<'a> Txn<'a> {
             freed_pointers: vec![],
             cursors: vec![],
             expected: vec![],
+            freed: BTreeMap::new(),
         }
     }
 
@@ -561,8 +564,39 @@ impl<'a> Txn<'a> {
         Err(Stop::Errno(libc::ENOSPC))
     }
 
-    /// Returns bit `index` of `kind` on `node`; the bit must be set.
+    /// Returns bit `index` of `kind` on `node`, which belongs to a file whose inode this
+    /// run compares (so the bit is set when the minitransaction commits): by an atomic add
+    /// on its word, not a compared write, so that mounts freeing neighbouring bits (two
+    /// unlinking in one directory) do not fail each other's compares.
     pub fn free(&mut self, node: NodeId, kind: crate::layout::Bitmap, index: u64) -> OpResult<()> {
+        let addr = self.vol.bitmap_word_addr(node, kind, index);
+        let bit = 1u64 << (index % 64);
+        let cached_set = self.cache.containing(node, addr).is_some_and(|(at, _)| {
+            let obj = self.cache.object(node, at).expect("cached");
+            let off = (addr - at) as usize;
+            u64::from_le_bytes(obj[off..off + 8].try_into().expect("8")) & bit != 0
+        });
+        // A word this run writes carries the change itself; a bit this mount saw clear is
+        // checked the compared way (stale, or damage that fsck reports).
+        if self.bits.contains_key(&(node, addr)) || !cached_set {
+            return self.free_compared(node, kind, index);
+        }
+        let freed = self.freed.entry((node, addr)).or_insert(0);
+        if *freed & bit != 0 {
+            return Err(Stop::Errno(libc::EIO));
+        }
+        *freed |= bit;
+        Ok(())
+    }
+
+    /// Returns bit `index` of `kind` on `node` by a compared write of its word: for a bit
+    /// no compared inode vouches for (fsck's repair of a leak). EIO if it is not set.
+    pub fn free_compared(
+        &mut self,
+        node: NodeId,
+        kind: crate::layout::Bitmap,
+        index: u64,
+    ) -> OpResult<()> {
         let addr = self.vol.bitmap_word_addr(node, kind, index);
         let value = self.word(node, addr)?;
         let bit = 1u64 << (index % 64);
@@ -594,6 +628,7 @@ impl<'a> Txn<'a> {
                 self.freed_pointers.clear();
                 self.cursors.clear();
                 self.bits.clear();
+                self.freed.clear();
                 Err(e)
             }
             Ok(t) => Ok(t),
@@ -636,7 +671,11 @@ impl<'a> Txn<'a> {
             tx = tx.write(node, addr, bytes.clone());
             effects.writes.push((node, addr, bytes));
         }
-        for (node, addr, delta) in self.adds {
+        // After the words' writes: a word this run also allocates from is written with the
+        // freed bits still set, and the add then clears them.
+        let freed =
+            (self.freed.into_iter()).map(|((n, a), mask)| (n, a, (mask as i64).wrapping_neg()));
+        for (node, addr, delta) in self.adds.into_iter().chain(freed) {
             tx = tx.add(node, addr, delta);
             effects.adds.push((node, addr, delta));
         }

@@ -134,6 +134,17 @@ pub fn region_name(name: &str) -> String {
 
 /// Runs `tx` until it has an outcome; retries what the client could not decide.
 async fn exec(cluster: &Cluster, tx: &Minitx, until: Instant) -> Result<Outcome, FsError> {
+    exec_noting(cluster, tx, until, &mut false).await
+}
+
+/// `exec`, setting `uncertain` if an attempt may have committed before the one that
+/// answered (so that a retry's failed compares may be the first attempt's own writes).
+async fn exec_noting(
+    cluster: &Cluster,
+    tx: &Minitx,
+    until: Instant,
+    uncertain: &mut bool,
+) -> Result<Outcome, FsError> {
     let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
     loop {
         let last = match cluster.exec_and_commit(tx).await {
@@ -142,6 +153,10 @@ async fn exec(cluster: &Cluster, tx: &Minitx, until: Instant) -> Result<Outcome,
                 e
                 @ (ExecError::Invalid(_) | ExecError::UnknownNode(_) | ExecError::Rejected { .. }),
             ) => return Err(FsError::Cluster(e.to_string())),
+            Err(e @ (ExecError::OutcomeUnknown { .. } | ExecError::ReadsLost { .. })) => {
+                *uncertain = true;
+                e.to_string()
+            }
             Err(e) => e.to_string(),
         };
         if !backoff.pause_before(until).await {
@@ -302,6 +317,8 @@ impl FileSystem {
         let until = Instant::now() + self.deadline;
         let mut backoff = Backoff::new(Duration::from_micros(200), Duration::from_millis(50));
         let mut conflicts = 0u32;
+        // Set when an attempt may have committed without our learning it (see below).
+        let mut uncertain = false;
         loop {
             let plan = {
                 let cache = self.cache();
@@ -336,13 +353,25 @@ impl FileSystem {
                     effects,
                     compared,
                 } => {
-                    let outcome =
-                        (exec(&self.cluster, &tx, until).await).map_err(|e| self.failed(e))?;
+                    let outcome = exec_noting(&self.cluster, &tx, until, &mut uncertain)
+                        .await
+                        .map_err(|e| self.failed(e))?;
                     let committed = outcome.committed;
                     self.cache()
                         .settle(committed, &outcome.failed_compares, &compared, *effects);
                     if committed {
                         return result.map(|t| (t, outcome.reads));
+                    }
+                    if uncertain {
+                        // An earlier attempt of this minitransaction may have committed, and
+                        // every writing operation changes a byte it compares: the compares
+                        // that failed may be its own writes. Running the operation again
+                        // could answer from its own effect (ENOENT for a rename that
+                        // happened) or do it twice (an O_APPEND write): "may or may not have
+                        // happened" is EIO.
+                        return Err(self.failed(FsError::Deadline(
+                            "an attempt may have committed and the next one found changes".into(),
+                        )));
                     }
                     // A first failed compare is another mount's change: fetch and go again at
                     // once. Only repeated failures back off, so that mounts racing for one

@@ -927,7 +927,12 @@ pub fn run(
             )
             .await
         }) {
-            report.log_peak_bytes = report.log_peak_bytes.max(rt.block_on(log_bytes(&cluster)));
+            // A node cut off or recovering answers its stats late; the next second asks again.
+            let bytes = rt.block_on(tokio::time::timeout(
+                Duration::from_secs(2),
+                log_bytes(&cluster),
+            ));
+            report.log_peak_bytes = report.log_peak_bytes.max(bytes.unwrap_or(0));
         }
         progress(&format!(
             "{:>4.0} s: {} node, {} client, {} manager, {} sequencer kills, {} partitions, {}",

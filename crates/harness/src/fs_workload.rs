@@ -167,10 +167,15 @@ impl FsClients {
         Ok(())
     }
 
-    /// `kill -9` the client's worker and its mount, and detaches the dead mount.
+    /// `kill -9` the client's worker and its mount, and detaches the dead mount. The worker
+    /// is reaped last: a thread of it waiting on a request the mount holds dies only when
+    /// the request ends, which the mount's death ends at once (the mount could otherwise
+    /// take its whole deadline, waiting on a partition that only this loop heals).
     pub fn kill(&mut self, client: u64) {
-        self.workers.kill(&format!("worker-{client}"));
+        let worker = format!("worker-{client}");
+        self.workers.start_kill(&worker);
         self.mounts.kill(&format!("mount-{client}"));
+        self.workers.kill(&worker);
         self.pending.remove(&client);
         detach(&self.mountpoint(client));
     }

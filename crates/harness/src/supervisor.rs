@@ -73,6 +73,14 @@ impl Supervisor {
         reap_blocking(&mut child, None)
     }
 
+    /// Sends SIGKILL to the child `name` without waiting for it: a process blocked on a
+    /// request another child serves dies only once that one answers or dies (FUSE).
+    pub fn start_kill(&mut self, name: &str) {
+        if let Some(child) = self.children.get_mut(name) {
+            let _ = child.start_kill();
+        }
+    }
+
     /// Sends `signal` to the child `name`, waits up to `grace` for it to exit, then kills it.
     pub fn stop(&mut self, name: &str, signal: i32, grace: Duration) -> Option<ExitStatus> {
         let mut child = self.children.remove(name)?;

@@ -121,7 +121,8 @@ pub fn chaos(
     dir: &Path,
     cfg: &tutti_harness::chaos::ChaosConfig,
 ) -> tutti_harness::chaos::ChaosReport {
-    let report = tutti_harness::chaos::run(&exe(), dir, cfg, |_| {}).expect("a chaos run");
+    let report =
+        tutti_harness::chaos::run(&exe(), dir, cfg, |p| eprintln!("{p}")).expect("a chaos run");
     eprint!("{}", report.table(cfg));
     assert!(
         report.violations.is_empty(),

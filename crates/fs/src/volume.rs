@@ -96,7 +96,8 @@ pub fn now() -> Time {
 pub struct FileSystem {
     cluster: Cluster,
     name: String,
-    vol: Volume,
+    /// The layout as this mount last read it; a grow adds nodes (`refresh_volume`).
+    vol: std::sync::RwLock<std::sync::Arc<Volume>>,
     cache: Mutex<Cache>,
     prefer: AtomicU16,
     deadline: Duration,
@@ -257,21 +258,12 @@ impl FileSystem {
         name: &str,
         deadline: Duration,
     ) -> Result<FileSystem, FsError> {
-        let info = region(cluster, &region_name(name)).await?;
-        let geometry = Geometry::from_params(info.bytes_per_node, &info.params)?;
-        let vol = Volume {
-            geometry,
-            nodes: info.nodes,
-        };
-        let headers = read_headers(cluster, &vol, Instant::now() + deadline).await?;
-        for (i, h) in headers.iter().enumerate() {
-            vol.check_header(i, h)?;
-        }
+        let (vol, _) = current(cluster, name, Instant::now() + deadline).await?;
         let prefer = vol.nodes[rand::random::<usize>() % vol.nodes.len()].0;
         Ok(FileSystem {
             cluster: cluster.clone(),
             name: name.into(),
-            vol,
+            vol: std::sync::RwLock::new(std::sync::Arc::new(vol)),
             cache: Mutex::default(),
             prefer: AtomicU16::new(prefer),
             deadline,
@@ -279,14 +271,87 @@ impl FileSystem {
         })
     }
 
-    pub fn volume(&self) -> &Volume {
-        &self.vol
+    /// The layout as this mount knows it now (a grow adds nodes to the next one).
+    pub fn volume(&self) -> std::sync::Arc<Volume> {
+        self.vol.read().expect("volume poisoned").clone()
+    }
+
+    /// Extends volume `name` onto `nodes` (memory nodes it does not span yet): their share
+    /// of the volume's region, then one minitransaction that writes every node's header with
+    /// the new node count, comparing the old headers. Bitmaps and inode tables of the new
+    /// nodes are zero, as mkfs leaves them: regions are new space, never reused. A grow
+    /// that stopped between the two steps leaves the region longer than the volume; the
+    /// next one finishes it. Returns the volume as it is after.
+    pub async fn grow(
+        cluster: &Cluster,
+        name: &str,
+        nodes: &[NodeId],
+        deadline: Duration,
+    ) -> Result<Volume, FsError> {
+        let until = Instant::now() + deadline;
+        loop {
+            let (old, headers) = current(cluster, name, until).await?;
+            let extend = Request::ExtendRegion {
+                name: region_name(name),
+                nodes: nodes.to_vec(),
+            };
+            let info = match cluster.ask_manager(&extend).await {
+                Ok(Response::Region(r)) => *r,
+                Ok(other) => {
+                    return Err(FsError::Cluster(format!("the manager answered {other:?}")))
+                }
+                Err(e) => return Err(FsError::Cluster(e.to_string())),
+            };
+            let new = Volume {
+                geometry: old.geometry.clone(),
+                nodes: info.nodes,
+            };
+            if new.nodes.len() == old.nodes.len() {
+                return Ok(old);
+            }
+            let (id, created) = (
+                layout::get_u64(&headers[0], layout::field::VOLUME_ID),
+                layout::get_u64(&headers[0], layout::field::CREATED_UNIX_S),
+            );
+            let mut tx = Minitx::new();
+            for (i, &(node, base)) in new.nodes.iter().enumerate() {
+                tx = match i < old.nodes.len() {
+                    true => tx.compare(node, base, old.header(i, id, created)),
+                    false => tx.compare(node, base, vec![0; 8]),
+                };
+                tx = tx.write(node, base, new.header(i, id, created));
+            }
+            if exec(cluster, &tx.class("fs"), until).await?.committed {
+                return Ok(new);
+            }
+            // Another grow went first: start over from what it left.
+        }
+    }
+
+    /// Reads the superblock's node count and, if a grow raised it, learns the new nodes.
+    /// Returns whether the volume grew.
+    pub async fn refresh_volume(&self) -> Result<bool, FsError> {
+        let known = self.volume().nodes.len();
+        let until = Instant::now() + self.deadline;
+        let (first, base) = self.volume().nodes[0];
+        let read = Minitx::new().read(first, base, layout::field::END as u32);
+        let header = exec(&self.cluster, &read, until).await?.reads.remove(0);
+        if layout::get_u32(&header, layout::field::NODES) as usize <= known {
+            return Ok(false);
+        }
+        let (vol, _) = current(&self.cluster, &self.name, until).await?;
+        let grew = vol.nodes.len() > known;
+        if grew {
+            tracing::info!(nodes = vol.nodes.len(), "the volume grew");
+            *self.vol.write().expect("volume poisoned") = std::sync::Arc::new(vol);
+        }
+        Ok(grew)
     }
     pub fn name(&self) -> &str {
         &self.name
     }
     pub fn root(&self) -> Ino {
-        self.vol.root()
+        self.volume().root()
     }
 
     /// The node new files go to (Sinfonia §5.3); `set_preferred` moves it.
@@ -294,7 +359,7 @@ impl FileSystem {
         self.prefer.load(Ordering::Relaxed)
     }
     pub fn set_preferred(&self, node: NodeId) {
-        if self.vol.holds(node) {
+        if self.volume().holds(node) {
             self.prefer.store(node, Ordering::Relaxed);
         }
     }
@@ -319,10 +384,12 @@ impl FileSystem {
         let mut conflicts = 0u32;
         // Set when an attempt may have committed without our learning it (see below).
         let mut uncertain = false;
+        let mut fetch_rounds = 0u32;
         loop {
+            let vol = self.volume();
             let plan = {
                 let cache = self.cache();
-                let mut tx = Txn::new(&self.vol, &cache, rand::random());
+                let mut tx = Txn::new(&vol, &cache, rand::random());
                 for h in handles {
                     if let Some(g) = h.generation {
                         tx.expect_generation(h.ino, g);
@@ -332,8 +399,17 @@ impl FileSystem {
                 tx.finish(answer)
             };
             match plan {
+                // A reference to a node this mount does not know is what another mount
+                // leaves on nodes a grow added: learn them and go again. It answers EIO
+                // where it is validated, and elsewhere looks like a stale cached block,
+                // fetched again and again (so a third round of fetches looks too).
+                Plan::Done(Err(libc::EIO)) if matches!(self.refresh_volume().await, Ok(true)) => {}
                 Plan::Done(result) => return result.map(|t| (t, vec![])),
                 Plan::Fetch(fetches) => {
+                    fetch_rounds += 1;
+                    if fetch_rounds == 3 {
+                        self.refresh_volume().await.map_err(|e| self.failed(e))?;
+                    }
                     if Instant::now() >= until {
                         // A bounded wait even if an operation kept missing what it fetched.
                         let why = "the operation kept missing what it fetched".to_string();
@@ -473,7 +549,7 @@ impl FileSystem {
     /// per minitransaction; if `generation` is given, only while the slot holds that file. A
     /// file linked again meanwhile is left alone.
     pub async fn reclaim(&self, ino: Ino, generation: Option<u64>) -> Result<(), i32> {
-        let mask = self.vol.handle_generation_mask();
+        let mask = self.volume().handle_generation_mask();
         let h = Handle {
             ino,
             generation: generation.map(|g| g & mask),
@@ -646,13 +722,11 @@ impl FileSystem {
 
     /// Counts free inodes and blocks from every node's bitmaps, read now.
     pub async fn count_usage(&self) -> Result<Usage, i32> {
+        let vol = self.volume();
         let mut fetches = vec![];
-        for &(node, _) in &self.vol.nodes {
+        for &(node, _) in &vol.nodes {
             for kind in [Bitmap::Inodes, Bitmap::Blocks] {
-                let (at, bytes) = (
-                    self.vol.bitmap_addr(node, kind),
-                    self.vol.bitmap_bytes(kind),
-                );
+                let (at, bytes) = (vol.bitmap_addr(node, kind), vol.bitmap_bytes(kind));
                 for page in (0..bytes).step_by(crate::txn::BITMAP_PAGE_BYTES as usize) {
                     let len = (bytes - page).min(crate::txn::BITMAP_PAGE_BYTES) as u32;
                     fetches.push((kind, Fetch::object(node, at + page, len)));
@@ -672,8 +746,8 @@ impl FileSystem {
                 Bitmap::Blocks => used_blocks += ones,
             }
         }
-        let g = &self.vol.geometry;
-        let n = self.vol.nodes.len() as u64;
+        let g = &vol.geometry;
+        let n = vol.nodes.len() as u64;
         Ok(Usage {
             blocks: g.blocks_per_node * n,
             blocks_free: g.blocks_per_node * n - used_blocks,
@@ -692,6 +766,30 @@ fn load(r: &tutti_wire::StatsReport) -> u64 {
         .filter_map(|c| c.windows.first())
         .map(|w| w.committed + w.bytes_written / (16 << 10))
         .sum()
+}
+
+/// Volume `name` as its superblock says it is now: the region's nodes up to the node count
+/// in the first node's header (a grow that stopped half-way leaves the region spanning
+/// nodes the volume does not), with their headers, each checked.
+async fn current(
+    cluster: &Cluster,
+    name: &str,
+    until: Instant,
+) -> Result<(Volume, Vec<Vec<u8>>), FsError> {
+    let info = region(cluster, &region_name(name)).await?;
+    let geometry = Geometry::from_params(info.bytes_per_node, &info.params)?;
+    let mut vol = Volume {
+        geometry,
+        nodes: info.nodes,
+    };
+    let mut headers = read_headers(cluster, &vol, until).await?;
+    let spans = layout::get_u32(&headers[0], layout::field::NODES) as usize;
+    vol.nodes.truncate(spans.clamp(1, vol.nodes.len()));
+    headers.truncate(vol.nodes.len());
+    for (i, h) in headers.iter().enumerate() {
+        vol.check_header(i, h)?;
+    }
+    Ok((vol, headers))
 }
 
 async fn read_headers(
@@ -794,17 +892,21 @@ pub fn least_loaded(loads: &[(NodeId, u64)]) -> Option<NodeId> {
 }
 
 impl FileSystem {
-    /// Every `PLACEMENT_EVERY`, with `PLACEMENT_CHANGE_PROBABILITY`, moves this mount's
-    /// preferred node to the volume's least loaded node (minitransactions committed and
-    /// bytes written in the nodes' shortest window), until the file system is dropped.
+    /// Every `PLACEMENT_EVERY`, learns nodes a grow added and, with
+    /// `PLACEMENT_CHANGE_PROBABILITY`, moves this mount's preferred node to the volume's
+    /// least loaded node (minitransactions committed and bytes written in the nodes'
+    /// shortest window), until the file system is dropped.
     pub fn spawn_placement(self: &std::sync::Arc<Self>) {
         let fs = std::sync::Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(PLACEMENT_EVERY).await;
                 let Some(fs) = fs.upgrade() else { return };
+                if let Err(e) = fs.refresh_volume().await {
+                    tracing::warn!("reading the volume's node count: {e}");
+                }
                 let loads: Vec<(NodeId, u64)> = (fs.cluster.stats().await.into_iter())
-                    .filter(|(n, _)| fs.vol.holds(*n))
+                    .filter(|(n, _)| fs.volume().holds(*n))
                     .filter_map(|(n, r)| r.ok().map(|r| (n, load(&r))))
                     .collect();
                 if rand::random::<f64>() < PLACEMENT_CHANGE_PROBABILITY {
@@ -822,12 +924,13 @@ impl FileSystem {
     pub async fn fsck(&self) -> Result<crate::fsck::Report, FsError> {
         let until = Instant::now() + self.deadline.max(Duration::from_secs(600));
         let mut snap = crate::fsck::Snapshot::default();
-        let g = &self.vol.geometry;
-        for &(node, _) in &self.vol.nodes {
+        let vol = self.volume();
+        let g = &vol.geometry;
+        for &(node, _) in &vol.nodes {
             let ib = self
                 .read_range(
                     node,
-                    self.vol.bitmap_addr(node, Bitmap::Inodes),
+                    vol.bitmap_addr(node, Bitmap::Inodes),
                     g.inode_bitmap_bytes(),
                     until,
                 )
@@ -835,12 +938,12 @@ impl FileSystem {
             let bb = self
                 .read_range(
                     node,
-                    self.vol.bitmap_addr(node, Bitmap::Blocks),
+                    vol.bitmap_addr(node, Bitmap::Blocks),
                     g.block_bitmap_bytes(),
                     until,
                 )
                 .await?;
-            let table_at = self.vol.inode_addr(Ino::new(node, 0));
+            let table_at = vol.inode_addr(Ino::new(node, 0));
             let it = self
                 .read_range(node, table_at, g.inodes_per_node * INODE_BYTES, until)
                 .await?;
@@ -849,12 +952,12 @@ impl FileSystem {
             snap.inode_tables.insert(node, it);
         }
         loop {
-            match crate::fsck::check(&self.vol, &snap) {
+            match crate::fsck::check(&vol, &snap) {
                 Ok(report) => return Ok(report),
                 Err(need) => {
                     let fetches: Vec<Fetch> = need
                         .iter()
-                        .map(|b| Fetch::object(b.node(), self.vol.block_addr(*b), g.block_bytes))
+                        .map(|b| Fetch::object(b.node(), vol.block_addr(*b), g.block_bytes))
                         .collect();
                     let data = fetch(&self.cluster, &fetches, until).await?;
                     for (b, bytes) in need.into_iter().zip(data) {

@@ -255,6 +255,21 @@ impl LocalCluster {
         self.file.nodes.iter().map(|n| n.id).collect()
     }
 
+    /// Adds memory node max+1 to the cluster (in cluster.json, then started): it registers
+    /// with the manager, and clients find it in the directory. Returns its id.
+    pub fn add_node(&mut self) -> Result<NodeId, LocalError> {
+        let id = self.node_ids().into_iter().max().unwrap_or(0) + 1;
+        self.file.nodes.push(NodeEntry {
+            id,
+            addr: format!("127.0.0.1:{}", free_port()?),
+            metrics: format!("127.0.0.1:{}", free_port()?),
+            data: self.dir.join(format!("node-{id}")),
+        });
+        write_file(&self.dir, &self.file)?;
+        self.start_node(id)?;
+        Ok(id)
+    }
+
     /// `kill -9` a memory node.
     pub fn kill_node(&mut self, id: NodeId) {
         self.processes.kill(&format!("node-{id}"));

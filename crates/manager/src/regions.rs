@@ -90,25 +90,10 @@ impl Regions {
             let m = "a region takes at least one byte on at least one node".to_string();
             return refuse(ErrorCode::BadRequest, m);
         }
-        let mut placed = Vec::with_capacity(nodes.len());
-        for (i, &node) in nodes.iter().enumerate() {
-            if nodes[..i].contains(&node) {
-                return refuse(
-                    ErrorCode::BadRequest,
-                    format!("node {node} is listed twice"),
-                );
-            }
-            let Some(size) = sizes(node) else {
-                let m = format!("node {node} is not in the directory");
-                return refuse(ErrorCode::UnknownNode, m);
-            };
-            let floor = self.floor(node, size);
-            let Some(base) = floor.checked_sub(bytes_per_node).map(|b| b / ALIGN * ALIGN) else {
-                let m = format!("node {node} has {floor} bytes below its regions; {name} needs {bytes_per_node}");
-                return refuse(ErrorCode::NoSpace, m);
-            };
-            placed.push((node, base));
-        }
+        let placed = match self.place(&name, &nodes, bytes_per_node, sizes) {
+            Ok(placed) => placed,
+            Err(refused) => return (refused, false),
+        };
         let region = Region {
             kind,
             nodes: placed,
@@ -120,6 +105,62 @@ impl Regions {
         let reply = Response::Region(Box::new(Self::info(&name, &region)));
         self.by_name.insert(name, region);
         (reply, true)
+    }
+
+    /// Where `bytes_per_node` of region `name` go on each of `nodes`: below what is
+    /// allocated there already.
+    fn place(
+        &self,
+        name: &str,
+        nodes: &[NodeId],
+        bytes_per_node: u64,
+        sizes: impl Fn(NodeId) -> Option<u64>,
+    ) -> Result<Vec<(NodeId, u64)>, Response> {
+        let mut placed = Vec::with_capacity(nodes.len());
+        for (i, &node) in nodes.iter().enumerate() {
+            if nodes[..i].contains(&node) {
+                let m = format!("node {node} is listed twice");
+                return Err(error(ErrorCode::BadRequest, m));
+            }
+            let Some(size) = sizes(node) else {
+                let m = format!("node {node} is not in the directory");
+                return Err(error(ErrorCode::UnknownNode, m));
+            };
+            let floor = self.floor(node, size);
+            let Some(base) = floor.checked_sub(bytes_per_node).map(|b| b / ALIGN * ALIGN) else {
+                let m = format!("node {node} has {floor} bytes below its regions; {name} needs {bytes_per_node}");
+                return Err(error(ErrorCode::NoSpace, m));
+            };
+            placed.push((node, base));
+        }
+        Ok(placed)
+    }
+
+    /// Gives region `name` its size on each of `nodes` it does not span yet, after the nodes
+    /// it has. Returns the region as it is after and whether it changed.
+    pub(crate) fn extend(
+        &mut self,
+        name: &str,
+        nodes: Vec<NodeId>,
+        sizes: impl Fn(NodeId) -> Option<u64>,
+    ) -> (Response, bool) {
+        let Some(r) = self.by_name.get(name) else {
+            let m = format!("no region is called {name}");
+            return (error(ErrorCode::NotFound, m), false);
+        };
+        let new: Vec<NodeId> = (nodes.into_iter())
+            .filter(|n| !r.nodes.iter().any(|(m, _)| m == n))
+            .collect();
+        let placed = match self.place(name, &new, r.bytes_per_node, sizes) {
+            Ok(placed) => placed,
+            Err(refused) => return (refused, false),
+        };
+        let r = self.by_name.get_mut(name).expect("looked up above");
+        r.nodes.extend(placed);
+        (
+            Response::Region(Box::new(Self::info(name, r))),
+            !new.is_empty(),
+        )
     }
 
     pub(crate) fn get(&self, name: &str) -> Response {
@@ -202,6 +243,29 @@ mod tests {
         let (unnamed, _) = r.create(String::new(), "log".into(), vec![1], MIB, vec![], size);
         assert_eq!(code(unnamed), ErrorCode::BadRequest);
         assert_eq!(code(r.get("c")), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn an_extended_region_spans_new_nodes_after_its_own() {
+        let mut r = Regions::default();
+        let _ = r.create("a".into(), "fs".into(), vec![1], 4 * MIB, vec![], size);
+        let _ = r.create("b".into(), "log".into(), vec![3], MIB, vec![], size);
+        let (grown, changed) = r.extend("a", vec![1, 3], size);
+        assert!(changed);
+        assert_eq!(region(grown).nodes, vec![(1, 12 * MIB), (3, 11 * MIB)]);
+        let (again, changed) = r.extend("a", vec![3], size);
+        assert!(!changed, "a retried extension changes nothing");
+        assert_eq!(region(again).nodes.len(), 2);
+        assert_eq!(code(r.extend("a", vec![9], size).0), ErrorCode::UnknownNode);
+        assert_eq!(code(r.extend("z", vec![2], size).0), ErrorCode::NotFound);
+        let _ = r.create("c".into(), "fs".into(), vec![1], 10 * MIB, vec![], size);
+        let _ = r.create("d".into(), "log".into(), vec![2], 10 * MIB, vec![], size);
+        assert_eq!(code(r.extend("c", vec![2], size).0), ErrorCode::NoSpace);
+        assert_eq!(
+            region(r.get("c")).nodes.len(),
+            1,
+            "a refused extension adds nothing"
+        );
     }
 
     #[test]

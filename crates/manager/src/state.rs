@@ -269,8 +269,9 @@ impl ManagerState {
         )
     }
 
-    /// Answers a request about regions (`CreateRegion`, `Region`, `Regions`, `TakeRegion`)
-    /// or the logs' sequencer (`SetSequencer`, `Sequencer`); `None` for any other. With a snapshot, write it before sending the reply.
+    /// Answers a request about regions (`CreateRegion`, `Region`, `ExtendRegion`, `Regions`,
+    /// `TakeRegion`) or the logs' sequencer (`SetSequencer`, `Sequencer`); `None` for any
+    /// other. With a snapshot, write it before sending the reply.
     pub fn region_request(&mut self, req: Request) -> Option<(Response, Option<Persisted>)> {
         let (resp, changed) = match req {
             Request::CreateRegion {
@@ -286,6 +287,11 @@ impl ManagerState {
                 regions.create(name, kind, nodes, bytes_per_node, params, size)
             }
             Request::Region { name } => (self.persisted.regions.get(&name), false),
+            Request::ExtendRegion { name, nodes } => {
+                let known = &self.persisted.nodes;
+                let size = |n| known.get(&n).map(|n: &PersistedNode| n.size_bytes);
+                self.persisted.regions.extend(&name, nodes, size)
+            }
             Request::Regions => (self.persisted.regions.all(), false),
             Request::TakeRegion {
                 name,

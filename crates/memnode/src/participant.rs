@@ -470,6 +470,7 @@ impl<R> Participant<R> {
             | Request::Heartbeat { .. }
             | Request::CreateRegion { .. }
             | Request::Region { .. }
+            | Request::ExtendRegion { .. }
             | Request::Regions
             | Request::TakeRegion { .. }
             | Request::SetSequencer { .. }

@@ -412,3 +412,114 @@ fn a_tar_extract_survives_killed_nodes_and_a_killed_mount() {
     drop(b);
     assert_eq!(fsck(&c.local.dir, false)["clean"], true);
 }
+
+/// Writes `bytes` to a new file `path` and fsyncs it (a buffered write's error shows there).
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+fn free_blocks(at: &Path) -> u64 {
+    let path = std::ffi::CString::new(at.to_str().unwrap()).unwrap();
+    // SAFETY: statvfs fills the struct it is given from a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut st) }, 0);
+    st.f_bfree
+}
+
+/// A full volume grown onto a memory node added while two mounts run: `tutti fs grow` adds
+/// it, the mounts take the new space without a remount (one reads at once what a new mount
+/// wrote to the new node, the other writes there), a second grow adds nothing, and fsck is
+/// clean.
+#[test]
+fn a_memory_node_added_to_a_full_volume_extends_it_under_running_mounts() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let mut c = common::start("fs-grow", 1, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    let dir = c.local.dir.clone();
+    let out = tutti(&[
+        "fs",
+        "mkfs",
+        "--cluster",
+        dir.to_str().unwrap(),
+        "--bytes-per-node",
+        "8M",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = Mounted::new(&dir, dir.join("a"));
+    let chunk = vec![5u8; 1 << 20];
+    let mut written = 0;
+    let full = loop {
+        match write_synced(&a.at.join(format!("f{written}")), &chunk) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 64, "an 8 MiB volume took 64 MiB");
+    };
+    assert_eq!(full.raw_os_error(), Some(libc::ENOSPC), "{full}");
+    let added = c.local.add_node().unwrap();
+    rt.block_on(common::ready(&c));
+    // Mounted now, b first looks for new nodes 5 s from now, after what follows.
+    let b = Mounted::new(&dir, dir.join("b"));
+    let before = free_blocks(&b.at);
+    let grow = || {
+        let out = tutti(&["fs", "grow", "--cluster", dir.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let grown = grow();
+    assert_eq!(grown["added"], serde_json::json!([added]), "{grown}");
+    assert_eq!(grown["nodes"], serde_json::json!([1, added]), "{grown}");
+
+    // A mount made now knows the new node; what it writes goes there (the first is full),
+    // and mount b, which may not have looked yet, reads it at once: its first reference to
+    // a node it does not know makes it look.
+    let c_mount = Mounted::new(&dir, dir.join("c"));
+    write_synced(&c_mount.at.join("new"), &chunk).unwrap();
+    let reading = Instant::now();
+    assert_eq!(fs::read(b.at.join("new")).unwrap(), chunk);
+    assert!(
+        reading.elapsed() < Duration::from_secs(1),
+        "b's read waited {:?} for its periodic look",
+        reading.elapsed()
+    );
+    // Mount a's writes find the new space within the 5 s its own look takes.
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut extra = 0;
+    while extra < 4 {
+        match write_synced(&a.at.join(format!("g{extra}")), &chunk) {
+            Ok(()) => extra += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && Instant::now() < until => {
+                let _ = fs::remove_file(a.at.join(format!("g{extra}")));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("writing to the grown volume: {e}"),
+        }
+    }
+    for i in 0..extra {
+        assert_eq!(fs::read(b.at.join(format!("g{i}"))).unwrap(), chunk);
+    }
+    let until = Instant::now() + Duration::from_secs(15);
+    while free_blocks(&b.at) <= before {
+        assert!(
+            Instant::now() < until,
+            "mount b never saw the new node's space"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(grow()["added"], serde_json::json!([]));
+    drop((a, b, c_mount));
+    let report = fsck(&dir, false);
+    assert_eq!(report["clean"], true, "{report}");
+}

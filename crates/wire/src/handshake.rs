@@ -7,7 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The protocol this build speaks; it changes whenever a message or frame encoding does.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// What a hello starts with.
 const HELLO_MAGIC: [u8; 8] = *b"TUTTIRPC";
 pub const HELLO_BYTES: usize = 12;

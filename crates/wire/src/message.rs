@@ -441,6 +441,10 @@ pub enum Request {
     },
     /// Anyone → manager: the region called `name`. Replies `Region`.
     Region { name: String },
+    /// Anyone → manager: give region `name` `bytes_per_node` on each of `nodes` too, after
+    /// its nodes (a volume grown onto new memory nodes). Nodes it spans already are left as
+    /// they are, so that a grower may retry. Replies `Region` as it is after.
+    ExtendRegion { name: String, nodes: Vec<NodeId> },
     /// Anyone → manager: every region. Replies `Regions`.
     Regions,
     /// A would-be holder → manager: if the region's epoch is still `expect`, raise it and

@@ -1,6 +1,6 @@
-//! `tutti fs`: make, mount and check tutti-fs volumes (docs/fs.md). mkfs and fsck print one
-//! JSON object; mount stays in the foreground until unmounted or interrupted, or with
-//! --background returns once the mount is ready.
+//! `tutti fs`: make, grow, mount and check tutti-fs volumes (docs/fs.md). mkfs, grow and
+//! fsck print one JSON object; mount stays in the foreground until unmounted or interrupted,
+//! or with --background returns once the mount is ready.
 
 use super::args::{parse_size, shutdown_signal, ClusterArg};
 use clap::{Args, Subcommand};
@@ -45,6 +45,17 @@ enum FsCommand {
         bytes_per_inode: u64,
         #[arg(long)]
         force: bool,
+    },
+    /// Extend a volume onto memory nodes added to the cluster: {"volume": NAME, "added":
+    /// [...], ...}. Running mounts learn the new nodes within 5 s, without a remount.
+    ///
+    /// The new nodes get the volume's share of space (--bytes-per-node at mkfs) each.
+    /// Safe to rerun: nodes the volume spans already are left alone.
+    Grow {
+        /// A memory node to add (repeat the flag); by default every live node of the
+        /// cluster that the volume does not span.
+        #[arg(long = "node")]
+        nodes: Vec<tutti_wire::NodeId>,
     },
     /// Mount a volume with FUSE, in the foreground until unmounted (fusermount -u, umount)
     /// or interrupted (Ctrl-C, SIGTERM), which unmounts it.
@@ -135,16 +146,30 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
             let vol = FileSystem::mkfs(&cluster, &a.name, &shape, force, deadline)
                 .await
                 .map_err(|e| e.to_string())?;
-            let g = &vol.geometry;
-            let n = vol.nodes.len() as u64;
-            let out = json!({
-                "volume": a.name,
-                "nodes": vol.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-                "block_bytes": g.block_bytes,
-                "blocks": g.blocks_per_node * n,
-                "inodes": g.inodes_per_node * n,
-                "bytes": g.blocks_per_node * n * g.block_bytes as u64,
-            });
+            println!("{}", shape_json(&a.name, &vol));
+            Ok(())
+        }
+        FsCommand::Grow { nodes } => {
+            let before = FileSystem::open(&cluster, &a.name, deadline)
+                .await
+                .map_err(|e| e.to_string())?
+                .volume();
+            let nodes = match nodes.is_empty() {
+                true => (cluster.nodes().iter())
+                    .filter(|n| n.alive && !before.holds(n.id))
+                    .map(|n| n.id)
+                    .collect(),
+                false => nodes,
+            };
+            let vol = FileSystem::grow(&cluster, &a.name, &nodes, deadline)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut out = shape_json(&a.name, &vol);
+            out["added"] = (vol.nodes.iter())
+                .map(|(n, _)| *n)
+                .filter(|n| !before.holds(*n))
+                .collect::<Vec<_>>()
+                .into();
             println!("{out}");
             Ok(())
         }
@@ -190,6 +215,20 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// A volume's nodes and size, as mkfs and grow print them.
+fn shape_json(name: &str, vol: &tutti_fs::layout::Volume) -> serde_json::Value {
+    let g = &vol.geometry;
+    let n = vol.nodes.len() as u64;
+    json!({
+        "volume": name,
+        "nodes": vol.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "block_bytes": g.block_bytes,
+        "blocks": g.blocks_per_node * n,
+        "inodes": g.inodes_per_node * n,
+        "bytes": g.blocks_per_node * n * g.block_bytes as u64,
+    })
 }
 
 /// Mounts `fs` at `at` with FUSE, served by threads of this process until the session is

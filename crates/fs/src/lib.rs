@@ -30,6 +30,9 @@ pub enum Bug {
     /// (atomic adds on the bitmaps, which that compare vouches for) may return bits
     /// another mount already returned, and its block map may be stale.
     InodeNotValidated,
+    /// A grow that formats the new nodes (zeroes their bitmaps) without comparing that the
+    /// volume does not span them yet: run again, it frees everything allocated there since.
+    GrowNotValidated,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -309,19 +309,8 @@ impl FileSystem {
             if new.nodes.len() == old.nodes.len() {
                 return Ok(old);
             }
-            let (id, created) = (
-                layout::get_u64(&headers[0], layout::field::VOLUME_ID),
-                layout::get_u64(&headers[0], layout::field::CREATED_UNIX_S),
-            );
-            let mut tx = Minitx::new();
-            for (i, &(node, base)) in new.nodes.iter().enumerate() {
-                tx = match i < old.nodes.len() {
-                    true => tx.compare(node, base, old.header(i, id, created)),
-                    false => tx.compare(node, base, vec![0; 8]),
-                };
-                tx = tx.write(node, base, new.header(i, id, created));
-            }
-            if exec(cluster, &tx.class("fs"), until).await?.committed {
+            let tx = grow_minitx(&old, &new, &headers[0]);
+            if exec(cluster, &tx, until).await?.committed {
                 return Ok(new);
             }
             // Another grow went first: start over from what it left.
@@ -875,6 +864,34 @@ pub fn format_minitx(vol: &Volume, old_root: &Inode, volume_id: u64, t: Time) ->
     .write(first, vol.block_addr(table_ref), table.encode(bs))
     .write(first, vol.block_addr(bucket_ref), bucket.encode(bs))
     .class("fs")
+}
+
+/// The minitransaction that makes volume `old` (whose superblock is `superblock`) span
+/// `new`'s nodes too: it compares every old header as it is and each new node's first header
+/// word to zero, and writes every node's header with the new node count.
+pub fn grow_minitx(old: &Volume, new: &Volume, superblock: &[u8]) -> Minitx {
+    let (id, created) = (
+        layout::get_u64(superblock, layout::field::VOLUME_ID),
+        layout::get_u64(superblock, layout::field::CREATED_UNIX_S),
+    );
+    let planted = crate::planted(crate::Bug::GrowNotValidated);
+    let mut tx = Minitx::new();
+    for (i, &(node, base)) in new.nodes.iter().enumerate() {
+        let known = i < old.nodes.len();
+        tx = match (planted, known) {
+            (true, true) => tx,
+            (true, false) => [Bitmap::Inodes, Bitmap::Blocks]
+                .iter()
+                .fold(tx, |tx, &kind| {
+                    let len = new.bitmap_bytes(kind) as usize;
+                    tx.write(node, new.bitmap_addr(node, kind), vec![0; len])
+                }),
+            (false, true) => tx.compare(node, base, old.header(i, id, created)),
+            (false, false) => tx.compare(node, base, vec![0; 8]),
+        };
+        tx = tx.write(node, base, new.header(i, id, created));
+    }
+    tx.class("fs")
 }
 
 /// How often a mount looks at the memory nodes' load to move its preferred node.

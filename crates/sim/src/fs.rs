@@ -14,6 +14,9 @@ use tutti_workload::Workload;
 #[derive(Clone, Debug)]
 pub struct FsSimConfig {
     pub nodes: u16,
+    /// Nodes the volume does not span at first: clients grow it onto them during the run
+    /// (`tutti fs grow`'s minitransaction), then once more as a rerun that must change nothing.
+    pub spare: u16,
     pub clients: usize,
     pub ops_per_client: usize,
     pub faults: Faults,
@@ -23,6 +26,7 @@ impl Default for FsSimConfig {
     fn default() -> Self {
         FsSimConfig {
             nodes: 3,
+            spare: 1,
             clients: 3,
             ops_per_client: 30,
             faults: crate::SimConfig::default().faults,
@@ -33,7 +37,7 @@ impl Default for FsSimConfig {
 pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
     let base = crate::SimConfig::default();
     let mut world = World::new(seed, cfg.faults.clone());
-    let fs = FsWorkload::new(cfg.nodes, cfg.clients as u64);
+    let fs = FsWorkload::new(cfg.nodes, cfg.spare, cfg.clients as u64);
     let images = crate::initial_images(&fs, cfg.nodes, BYTES_PER_NODE);
     let fs = Rc::new(RefCell::new(fs));
     let client_cfg = base.client_config(cfg.ops_per_client);

@@ -2,7 +2,7 @@
 //! tutti-fs operations (the real sans-I/O `ops`, each step a minitransaction) on a volume:
 //! creates, unlinks, mkdirs, rmdirs, renames (across directories, NOREPLACE, EXCHANGE),
 //! writes and truncates, each client in a directory of its own and all of them in a shared
-//! one. The checks: every invariant fsck checks, on the final images; and each client's own
+//! one; now and then a client first grows the volume onto a spare node. The checks: every invariant fsck checks, on the final images; and each client's own
 //! directory holds exactly the names its operations' answers say it must.
 
 use crate::{Violation, Workload};
@@ -152,6 +152,8 @@ impl Action {
 
 #[derive(Debug)]
 enum Step {
+    /// Grow the volume onto the next spare node (`tutti fs grow`), before the action.
+    Grow,
     /// Look the client's own or the shared directory up in the root.
     Root(Where),
     /// Make it (it was not there).
@@ -172,6 +174,8 @@ enum Answer {
 #[derive(Debug)]
 enum Pending {
     Fetch(Vec<Fetch>),
+    /// The grow's minitransaction, to the volume it makes.
+    Grow(Volume),
     Run {
         result: Result<Answer, i32>,
         effects: Box<Effects>,
@@ -369,21 +373,34 @@ pub struct FsCounts {
 
 pub struct FsWorkload {
     vol: Volume,
+    /// Nodes the volume does not span yet, in the order grows add them.
+    spare: Vec<NodeId>,
+    /// Grows still to draw: each spare node is grown onto twice, the second time as an
+    /// operator reruns `tutti fs grow` (which must then change nothing).
+    grows_left: usize,
     clients: Vec<Client>,
     violations: Vec<Violation>,
     pub counts: FsCounts,
 }
 
+/// One in this many operations grows the volume first, while grows are left.
+const GROW_ONE_IN: u32 = 24;
+
 impl FsWorkload {
-    pub fn new(nodes: NodeId, clients: u64) -> FsWorkload {
+    /// A volume over nodes 1..=`nodes` − `spare`; clients grow it onto the `spare` others
+    /// during the run.
+    pub fn new(nodes: NodeId, spare: NodeId, clients: u64) -> FsWorkload {
         let geometry =
             Geometry::new(BYTES_PER_NODE, BLOCK_BYTES, BYTES_PER_INODE).expect("a valid geometry");
+        let spanned = nodes - spare.min(nodes - 1);
         let vol = Volume {
             geometry,
-            nodes: (1..=nodes).map(|n| (n, 0)).collect(),
+            nodes: (1..=spanned).map(|n| (n, 0)).collect(),
         };
         FsWorkload {
             vol,
+            spare: (spanned + 1..=nodes).collect(),
+            grows_left: 2 * (nodes - spanned) as usize,
             clients: (0..clients).map(|_| Client::default()).collect(),
             violations: vec![],
             counts: FsCounts::default(),
@@ -455,6 +472,7 @@ impl FsWorkload {
                 _ => unreachable!("only writes, truncates and attributes find a file"),
             },
             Step::Act => self.act(&mut tx, client, op, prefer),
+            Step::Grow => unreachable!("a grow is not planned"),
         };
         tx.finish(answer)
     }
@@ -535,6 +553,20 @@ impl FsWorkload {
 
     /// Plans until there is a minitransaction to run; `None` when the operation is over.
     fn advance(&mut self, client: u64, op: &mut FsOp, rng: &mut dyn RngCore) -> Option<Minitx> {
+        if let Step::Grow = op.step {
+            // Onto the node after the volume's last (the volume as this client knows it),
+            // or, once every spare is in, onto the last again: a rerun.
+            let spans = self.vol.nodes.len();
+            let (mut old, mut new) = (self.vol.clone(), self.vol.clone());
+            match self.spare.iter().find(|n| !self.vol.holds(**n)) {
+                Some(&node) => new.nodes.push((node, 0)),
+                None => old.nodes.truncate(spans - 1),
+            }
+            let superblock = self.vol.header(0, 1, NOW.s as u64);
+            let tx = tutti_fs::volume::grow_minitx(&old, &new, &superblock);
+            op.pending = Some(Pending::Grow(new));
+            return Some(tx);
+        }
         loop {
             match self.plan(client, op, rng.next_u64()) {
                 Plan::Fetch(fetches) => {
@@ -659,6 +691,10 @@ impl Workload for FsWorkload {
                 pending: None,
             };
             op.step = self.first_step(client, &op);
+            if self.grows_left > 0 && rng.gen_ratio(1, GROW_ONE_IN) {
+                self.grows_left -= 1;
+                op.step = Step::Grow;
+            }
             self.counts.ops += 1;
             if let Some(tx) = self.advance(client, &mut op, rng) {
                 return (op, tx);
@@ -684,6 +720,21 @@ impl Workload for FsWorkload {
                 }
             }
             (Pending::Fetch(_), Err(_)) => {}
+            (Pending::Grow(new), Ok(outcome)) => {
+                // A failed compare means the volume spans `new` already (this grow is a
+                // rerun, or another client's came first; the only grows are these).
+                let spans = outcome.committed || !outcome.failed_compares.is_empty();
+                if spans && new.nodes.len() > self.vol.nodes.len() {
+                    self.vol = new;
+                }
+                op.step = self.first_step(client, op);
+            }
+            (Pending::Grow(_), Err(_)) => {
+                // Unknown: the next grow finds out (its compares fail if this one committed).
+                // The operation ends here, its action not run.
+                self.grows_left += 1;
+                return None;
+            }
             (
                 Pending::Run {
                     result,

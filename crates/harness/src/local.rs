@@ -125,7 +125,8 @@ impl LocalCluster {
                     file.sequencer = format!("127.0.0.1:{}", free_port()?);
                     write_file(&dir, &file)?;
                 }
-                if strict && (file.nodes.len() != layout.nodes || file.mode != layout.mode) {
+                // More nodes than asked for is the same cluster grown by `tutti node add`.
+                if strict && (file.nodes.len() < layout.nodes || file.mode != layout.mode) {
                     return Err(LocalError::Config(format!(
                         "{} holds a {}-node {} cluster; use another --data to make a {}-node {} one",
                         dir.display(),
@@ -258,16 +259,23 @@ impl LocalCluster {
     /// Adds memory node max+1 to the cluster (in cluster.json, then started): it registers
     /// with the manager, and clients find it in the directory. Returns its id.
     pub fn add_node(&mut self) -> Result<NodeId, LocalError> {
-        let id = self.node_ids().into_iter().max().unwrap_or(0) + 1;
-        self.file.nodes.push(NodeEntry {
-            id,
-            addr: format!("127.0.0.1:{}", free_port()?),
-            metrics: format!("127.0.0.1:{}", free_port()?),
-            data: self.dir.join(format!("node-{id}")),
-        });
-        write_file(&self.dir, &self.file)?;
-        self.start_node(id)?;
-        Ok(id)
+        let node = record_node(&self.dir)?;
+        self.adopt_new_nodes()?;
+        Ok(node.id)
+    }
+
+    /// Starts the nodes that cluster.json lists and this cluster does not run yet (added
+    /// by `tutti node add` from another process); returns them.
+    pub fn adopt_new_nodes(&mut self) -> Result<Vec<NodeEntry>, LocalError> {
+        let file = read_file(&self.dir)?;
+        let new: Vec<NodeEntry> = (file.nodes.into_iter())
+            .filter(|n| !self.file.nodes.iter().any(|m| m.id == n.id))
+            .collect();
+        for n in &new {
+            self.file.nodes.push(n.clone());
+            self.start_node(n.id)?;
+        }
+        Ok(new)
     }
 
     /// `kill -9` a memory node.
@@ -343,6 +351,36 @@ impl LocalCluster {
 }
 
 /// Writes `dir/cluster.json` through a temporary file, so that a reader never sees half.
+/// Records a new memory node, id max+1 with free ports, in `dir/cluster.json` (under a lock,
+/// so that two adds never take one id); the cluster's `tutti up` starts it.
+pub fn record_node(dir: &Path) -> Result<NodeEntry, LocalError> {
+    use std::os::fd::AsRawFd;
+    let lock = File::create(dir.join("cluster.json.lock")).map_err(io("lock cluster.json"))?;
+    // SAFETY: flock(2) on a descriptor we own; released when `lock` closes.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io("lock cluster.json")(std::io::Error::last_os_error()));
+    }
+    let mut file = read_file(dir)?;
+    let id = file.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+    let node = NodeEntry {
+        id,
+        addr: format!("127.0.0.1:{}", free_port()?),
+        metrics: format!("127.0.0.1:{}", free_port()?),
+        data: dir.join(format!("node-{id}")),
+    };
+    file.nodes.push(node.clone());
+    write_file(dir, &file)?;
+    Ok(node)
+}
+
+/// `dir/cluster.json`.
+pub fn read_file(dir: &Path) -> Result<ClusterFile, LocalError> {
+    let path = dir.join("cluster.json");
+    let bytes = std::fs::read(&path).map_err(io(format!("read {}", path.display())))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| LocalError::Config(format!("{}: {e}", path.display())))
+}
+
 fn write_file(dir: &Path, file: &ClusterFile) -> Result<(), LocalError> {
     let tmp = dir.join("cluster.json.tmp");
     std::fs::write(&tmp, serde_json::to_vec_pretty(file).expect("serialisable"))

@@ -70,6 +70,8 @@ enum Command {
     /// Any number of mounts, on any machines, share a volume; every operation is one
     /// minitransaction. See docs/fs.md.
     Fs(cmd::fs::FsArgs),
+    /// Memory nodes of a local cluster: add one while `tutti up` serves.
+    Node(cmd::node::NodeArgs),
     /// Print the load statistics of every memory node.
     Stats(cmd::stats::StatsArgs),
     /// Benchmarks; print JSON.
@@ -199,6 +201,10 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         Command::Fs(a) => {
             init_tracing("warn");
             cmd::fs::run(a, &dialer).await
+        }
+        Command::Node(a) => {
+            init_tracing("error");
+            cmd::node::run(a).await
         }
         Command::Stats(a) => {
             init_tracing("error");

@@ -171,3 +171,45 @@ fn up_refuses_to_reshape_an_existing_cluster() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `tutti node add` while `tutti up` serves: the node joins (up starts it), serves
+/// minitransactions at once, is restarted by up like the others, and comes back with the
+/// cluster, data intact, though up is started again with the --nodes it was made with.
+#[test]
+fn a_node_added_while_up_serves_joins_and_stays() {
+    let data = common::scratch("up-node-add");
+    let (mut child, manager) = up(&data);
+    let dir = data.display().to_string();
+    let add = || {
+        let out = Command::new(common::exe())
+            .args(["node", "add", "--data", &dir])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    assert_eq!(add()["node"], 3);
+    let out = txn(&manager, &["write:3:0:0700000000000000", "add:1:0:1"]);
+    assert_eq!(out["committed"], true);
+    let stats = Command::new(common::exe())
+        .args(["stats", "--json", "--cluster", &dir])
+        .output()
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats.as_array().unwrap().len(), 3);
+    sigterm_and_wait(&mut child);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(children_alive(&data), 0, "the added node stopped with up");
+
+    let (mut child, _) = up(&data);
+    let out = txn(&dir, &["read:3:0:8", "read:1:0:8"]);
+    assert_eq!(
+        out["reads"],
+        serde_json::json!(["0700000000000000", "0100000000000000"])
+    );
+    sigterm_and_wait(&mut child);
+}

@@ -11,6 +11,7 @@ pub(crate) mod log;
 pub(crate) mod log_workload;
 pub(crate) mod manager;
 pub(crate) mod memnode;
+pub(crate) mod node;
 pub(crate) mod ns;
 pub(crate) mod obj;
 pub(crate) mod objects_workload;

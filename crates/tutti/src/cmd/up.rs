@@ -91,6 +91,9 @@ pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
     failure.map_or(Ok(()), Err)
 }
 
+/// How often `tutti up` reads cluster.json for nodes `tutti node add` recorded.
+const NEW_NODES_EVERY: Duration = Duration::from_millis(500);
+
 /// A child that exits within this long of its start died quickly; more than
 /// `QUICK_DEATHS_MAX` quick deaths in a row stop the cluster.
 const QUICK_DEATH: Duration = Duration::from_secs(10);
@@ -111,19 +114,31 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), String> {
         Shutdown,
         Exited(String, ExitStatus),
         Due,
+        /// Time to look for nodes `tutti node add` recorded.
+        Look,
     }
     let mut signal = Box::pin(shutdown_signal());
     let mut children: HashMap<String, Restarts> = HashMap::new();
+    let mut look = tokio::time::interval(NEW_NODES_EVERY);
     loop {
         let due = children.values().filter_map(|r| r.due).min();
         let event = tokio::select! {
             _ = &mut signal => Event::Shutdown,
             (name, status) = cluster.exited() => Event::Exited(name, status),
             _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now).into()), if due.is_some() => Event::Due,
+            _ = look.tick() => Event::Look,
         };
         let now = Instant::now();
         match event {
             Event::Shutdown => return Ok(()),
+            Event::Look => match cluster.adopt_new_nodes() {
+                Ok(added) => {
+                    for n in added {
+                        println!("tutti: memory node {} added, at {}", n.id, n.addr);
+                    }
+                }
+                Err(e) => eprintln!("tutti: looking for added nodes: {e}"),
+            },
             Event::Exited(name, status) => {
                 let log = cluster.dir.join("logs").join(format!("{name}.log"));
                 let r = children.entry(name.clone()).or_insert(Restarts {

@@ -320,9 +320,9 @@ impl FileSystem {
     /// Reads the superblock's node count and, if a grow raised it, learns the new nodes.
     /// Returns whether the volume grew.
     pub async fn refresh_volume(&self) -> Result<bool, FsError> {
-        let known = self.volume().nodes.len();
+        let vol = self.volume();
+        let (known, (first, base)) = (vol.nodes.len(), vol.nodes[0]);
         let until = Instant::now() + self.deadline;
-        let (first, base) = self.volume().nodes[0];
         let read = Minitx::new().read(first, base, layout::field::END as u32);
         let header = exec(&self.cluster, &read, until).await?.reads.remove(0);
         if layout::get_u32(&header, layout::field::NODES) as usize <= known {

@@ -23,13 +23,17 @@ fn tutti(args: &[&str]) -> std::process::Output {
 }
 
 fn mkfs(cluster: &Path) {
+    mkfs_sized(cluster, "48M");
+}
+
+fn mkfs_sized(cluster: &Path, bytes_per_node: &str) {
     let out = tutti(&[
         "fs",
         "mkfs",
         "--cluster",
         cluster.to_str().unwrap(),
         "--bytes-per-node",
-        "48M",
+        bytes_per_node,
     ]);
     assert!(
         out.status.success(),
@@ -440,19 +444,7 @@ fn a_memory_node_added_to_a_full_volume_extends_it_under_running_mounts() {
     let mut c = common::start("fs-grow", 1, "log", &[], &[]);
     rt.block_on(common::ready(&c));
     let dir = c.local.dir.clone();
-    let out = tutti(&[
-        "fs",
-        "mkfs",
-        "--cluster",
-        dir.to_str().unwrap(),
-        "--bytes-per-node",
-        "8M",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mkfs_sized(&dir, "8M");
     let a = Mounted::new(&dir, dir.join("a"));
     let chunk = vec![5u8; 1 << 20];
     let mut written = 0;

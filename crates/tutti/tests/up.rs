@@ -83,6 +83,22 @@ fn children_alive(data: &std::path::Path) -> usize {
         .count()
 }
 
+/// `tutti stats --json` of the cluster in `dir`.
+fn stats_json(dir: &str) -> serde_json::Value {
+    let out = Command::new(common::exe())
+        .args(["stats", "--json", "--cluster", dir])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Stops `tutti up` with SIGTERM; the children of its cluster still alive a moment later.
+fn stop_and_count_children(child: &mut Child, data: &std::path::Path) -> usize {
+    sigterm_and_wait(child);
+    std::thread::sleep(Duration::from_millis(300));
+    children_alive(data)
+}
+
 /// Each `tutti txn` is a process that exits right after its minitransaction: its one-way
 /// decisions must be on the wire by then, or the next one finds the locks still held.
 #[test]
@@ -125,11 +141,7 @@ fn up_serves_stops_cleanly_and_restarts_with_data_intact() {
         out,
         serde_json::json!({"committed": true, "reads": ["0100000000000000"], "failed_compares": []})
     );
-    let stats = Command::new(common::exe())
-        .args(["stats", "--json", "--cluster", &dir])
-        .output()
-        .unwrap();
-    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let stats = stats_json(&dir);
     assert_eq!(stats.as_array().unwrap().len(), 2);
     let metrics = scrape(&data, 2);
     assert!(metrics.contains("tutti_serving{node=\"2\"} 1"), "{metrics}");
@@ -137,10 +149,8 @@ fn up_serves_stops_cleanly_and_restarts_with_data_intact() {
         metrics.contains("tutti_load_committed{node=\"2\",class=\"txn\",window=\"60s\"} 2"),
         "{metrics}"
     );
-    sigterm_and_wait(&mut child);
-    std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
-        children_alive(&data),
+        stop_and_count_children(&mut child, &data),
         0,
         "every child stopped with tutti up"
     );
@@ -195,15 +205,13 @@ fn a_node_added_while_up_serves_joins_and_stays() {
     assert_eq!(add()["node"], 3);
     let out = txn(&manager, &["write:3:0:0700000000000000", "add:1:0:1"]);
     assert_eq!(out["committed"], true);
-    let stats = Command::new(common::exe())
-        .args(["stats", "--json", "--cluster", &dir])
-        .output()
-        .unwrap();
-    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let stats = stats_json(&dir);
     assert_eq!(stats.as_array().unwrap().len(), 3);
-    sigterm_and_wait(&mut child);
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(children_alive(&data), 0, "the added node stopped with up");
+    assert_eq!(
+        stop_and_count_children(&mut child, &data),
+        0,
+        "the added node stopped with up"
+    );
 
     let (mut child, _) = up(&data);
     let out = txn(&dir, &["read:3:0:8", "read:1:0:8"]);

@@ -122,7 +122,9 @@ impl Cluster {
             match fetch_directory(manager, opts.frame_bytes_max, &opts.dialer).await {
                 Ok(d) => break d,
                 Err(e) => {
-                    if !backoff.pause_before(until).await {
+                    let permanent =
+                        matches!(&e, RpcError::Handshake { reason, .. } if reason.is_permanent());
+                    if permanent || !backoff.pause_before(until).await {
                         return Err(ConnectError::Manager {
                             addr: manager.to_string(),
                             reason: e.to_string(),
@@ -370,7 +372,9 @@ impl Cluster {
             let conn = match self.conn(node).await {
                 Ok(c) => c,
                 Err(e) => {
-                    if !backoff.pause_before(until).await {
+                    let permanent =
+                        matches!(&e, RpcError::Handshake { reason, .. } if reason.is_permanent());
+                    if permanent || !backoff.pause_before(until).await {
                         return (id, NodeReply::Unreachable(e.to_string()));
                     }
                     self.refresh_directory().await;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 use tutti_client::{ClientOptions, Cluster};
-use tutti_wire::NodeId;
+use tutti_wire::{ClusterToken, Dialer, NodeId};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct NodeEntry {
@@ -32,6 +32,10 @@ pub struct ClusterFile {
     /// when opened.
     #[serde(default)]
     pub sequencer: String,
+    /// The cluster token every process proves (`tutti up --token-file`), if the cluster has
+    /// one; clients given `--cluster DIR` read it from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +71,8 @@ pub struct Layout {
 pub struct LocalCluster {
     pub dir: PathBuf,
     pub file: ClusterFile,
+    /// The token in `file.token_file`.
+    token: Option<ClusterToken>,
     exe: PathBuf,
     layout: Layout,
     /// The manager runs as `manager`, memory node N as `node-N`.
@@ -155,14 +161,17 @@ impl LocalCluster {
                     size_bytes: layout.size_bytes,
                     nodes,
                     sequencer: format!("127.0.0.1:{}", free_port()?),
+                    token_file: None,
                 };
                 write_file(&dir, &file)?;
                 file
             }
         };
+        let token = file.token_file.as_deref().map(read_token).transpose()?;
         Ok(LocalCluster {
             dir,
             file,
+            token,
             exe: exe.to_path_buf(),
             layout,
             processes: Supervisor::new(),
@@ -170,9 +179,32 @@ impl LocalCluster {
         })
     }
 
+    /// Makes every process of the cluster prove the token in `path` from its next start,
+    /// and records the file in cluster.json for clients.
+    pub fn set_token_file(&mut self, path: &Path) -> Result<(), LocalError> {
+        let path = path
+            .canonicalize()
+            .map_err(io(format!("resolve {}", path.display())))?;
+        self.token = Some(read_token(&path)?);
+        self.file.token_file = Some(path);
+        write_file(&self.dir, &self.file)
+    }
+
+    /// How a client of this cluster dials it: with its token, if it has one.
+    pub fn dialer(&self) -> Dialer {
+        let dialer = Dialer::default();
+        match &self.token {
+            Some(token) => dialer.with_token(token.clone()),
+            None => dialer,
+        }
+    }
+
     /// Starts `name` (needs a tokio runtime context, as every supervised child does).
     fn spawn(&mut self, name: &str, mut args: Vec<String>) -> Result<(), LocalError> {
         args.extend(self.process_flags.get(name).into_iter().flatten().cloned());
+        if let Some(path) = &self.file.token_file {
+            args.extend(["--token-file".into(), path.display().to_string()]);
+        }
         let log = self.dir.join("logs").join(format!("{name}.log"));
         let mut cmd = Command::new(&self.exe);
         cmd.args(&args);
@@ -311,6 +343,7 @@ impl LocalCluster {
         while Instant::now() < until {
             let opts = ClientOptions {
                 deadline: Duration::from_millis(500),
+                dialer: self.dialer(),
                 ..ClientOptions::default()
             };
             match Cluster::connect(&self.file.manager, opts).await {
@@ -321,7 +354,11 @@ impl LocalCluster {
                             .iter()
                             .all(|(_, s)| s.as_ref().is_ok_and(|s| s.serving));
                     if all {
-                        return Cluster::connect(&self.file.manager, ClientOptions::default())
+                        let opts = ClientOptions {
+                            dialer: self.dialer(),
+                            ..ClientOptions::default()
+                        };
+                        return Cluster::connect(&self.file.manager, opts)
                             .await
                             .map_err(|e| LocalError::NotReady(timeout, e.to_string()));
                     }
@@ -350,7 +387,6 @@ impl LocalCluster {
     }
 }
 
-/// Writes `dir/cluster.json` through a temporary file, so that a reader never sees half.
 /// Records a new memory node, id max+1 with free ports, in `dir/cluster.json` (under a lock,
 /// so that two adds never take one id); the cluster's `tutti up` starts it.
 pub fn record_node(dir: &Path) -> Result<NodeEntry, LocalError> {
@@ -381,6 +417,7 @@ pub fn read_file(dir: &Path) -> Result<ClusterFile, LocalError> {
         .map_err(|e| LocalError::Config(format!("{}: {e}", path.display())))
 }
 
+/// Writes `dir/cluster.json` through a temporary file, so that a reader never sees half.
 fn write_file(dir: &Path, file: &ClusterFile) -> Result<(), LocalError> {
     let tmp = dir.join("cluster.json.tmp");
     std::fs::write(&tmp, serde_json::to_vec_pretty(file).expect("serialisable"))
@@ -388,14 +425,19 @@ fn write_file(dir: &Path, file: &ClusterFile) -> Result<(), LocalError> {
     std::fs::rename(&tmp, dir.join("cluster.json")).map_err(io("write cluster.json"))
 }
 
-/// Reads the manager address from `ADDR` or from a cluster.json path (or its directory).
-pub fn manager_addr(cluster: &str) -> Result<String, LocalError> {
+fn read_token(path: &Path) -> Result<ClusterToken, LocalError> {
+    ClusterToken::read(path).map_err(|e| LocalError::Config(e.to_string()))
+}
+
+/// How a client reaches `cluster` (`ADDR`, or a cluster.json path or its directory): the
+/// manager's address, and the cluster's token file if cluster.json records one.
+pub fn access(cluster: &str) -> Result<(String, Option<PathBuf>), LocalError> {
     let path = Path::new(cluster);
     let host_port = cluster
         .rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
     if host_port && !path.exists() {
-        return Ok(cluster.to_string());
+        return Ok((cluster.to_string(), None));
     }
     let json = if path.is_dir() || !cluster.ends_with(".json") {
         path.join("cluster.json")
@@ -411,5 +453,5 @@ pub fn manager_addr(cluster: &str) -> Result<String, LocalError> {
     let file: ClusterFile =
         serde_json::from_reader(File::open(&json).map_err(io(format!("open {}", json.display())))?)
             .map_err(|e| LocalError::Config(format!("{}: {e}", json.display())))?;
-    Ok(file.manager)
+    Ok((file.manager, file.token_file))
 }

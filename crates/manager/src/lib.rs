@@ -49,6 +49,8 @@ pub enum ManagerError {
         what: String,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Config(String),
     #[error("manager state {path} is unreadable: {reason}")]
     State { path: PathBuf, reason: String },
 }
@@ -89,6 +91,12 @@ pub async fn run(
             what: format!("listen on {}", cfg.listen),
             source,
         })?;
+    let listening = listener.local_addr().map_err(|source| ManagerError::Io {
+        what: "local address".into(),
+        source,
+    })?;
+    tutti_wire::require_token_beyond_loopback(listening, cfg.dialer.token())
+        .map_err(ManagerError::Config)?;
     tracing::info!(addr = %cfg.listen, epoch = state.epoch(), "manager listening");
     let conns = Connections::new(
         cfg.frame_bytes_max,
@@ -103,12 +111,18 @@ pub async fn run(
     });
     let acceptor = {
         let (manager, frame_bytes_max) = (manager.clone(), manager.cfg.frame_bytes_max);
-        tokio::spawn(serve(listener, frame_bytes_max, move |id, req, replies| {
-            let resp = handle(&manager, req);
-            if id != tutti_wire::ONE_WAY {
-                let _ = replies.send((id, resp));
-            }
-        }))
+        let token = manager.cfg.dialer.token().cloned();
+        tokio::spawn(serve(
+            listener,
+            frame_bytes_max,
+            token,
+            move |id, req, replies| {
+                let resp = handle(&manager, req);
+                if id != tutti_wire::ONE_WAY {
+                    let _ = replies.send((id, resp));
+                }
+            },
+        ))
     };
     let epochs = tokio::spawn(epoch_clock(manager.clone()));
     shutdown.await;

@@ -276,10 +276,10 @@ pub async fn run(
     let listener = TcpListener::bind(&cfg.listen)
         .await
         .map_err(io(format!("listen on {}", cfg.listen)))?;
-    let listen_addr = listener
-        .local_addr()
-        .map_err(io("local address"))?
-        .to_string();
+    let listening = listener.local_addr().map_err(io("local address"))?;
+    tutti_wire::require_token_beyond_loopback(listening, cfg.dialer.token())
+        .map_err(NodeError::Config)?;
+    let listen_addr = listening.to_string();
     let pcfg = Config {
         id: cfg.id,
         mode: cfg.mode,
@@ -336,6 +336,7 @@ pub async fn run(
         tokio::spawn(tutti_wire::serve(
             listener,
             frame_bytes_max,
+            cfg.dialer.token().cloned(),
             move |id, req, replies| node.step_request(|p, now| p.on_request(now, replies, id, req)),
         ))
     };

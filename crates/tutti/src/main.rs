@@ -26,6 +26,12 @@ struct Cli {
     /// own fault-injecting proxy for every peer.
     #[arg(long, global = true, hide = true, value_name = "FROM=VIA", value_parser = parse_route)]
     route: Vec<(String, String)>,
+    /// The cluster token, in a file only its owner can read (`tutti token new FILE`). With
+    /// it, this process proves the token on every connection and refuses peers that do not;
+    /// a process serving beyond 127.0.0.1 needs one. `--cluster DIR` finds the token that
+    /// `tutti up --token-file` recorded there.
+    #[arg(long, global = true, env = "TUTTI_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 fn parse_route(s: &str) -> Result<(String, String), String> {
@@ -72,6 +78,12 @@ enum Command {
     Fs(cmd::fs::FsArgs),
     /// Memory nodes of a local cluster: add one while `tutti up` serves.
     Node(cmd::node::NodeArgs),
+    /// Cluster tokens: `tutti token new FILE` makes one for --token-file.
+    ///
+    /// With a token, every process proves it on each connection (HMAC over fresh nonces; the
+    /// token never crosses the wire) and refuses peers that do not. Processes serving beyond
+    /// 127.0.0.1 refuse to start without one. See docs/operations.md, "Security".
+    Token(cmd::token::TokenArgs),
     /// Print the load statistics of every memory node.
     Stats(cmd::stats::StatsArgs),
     /// Benchmarks; print JSON.
@@ -128,7 +140,16 @@ fn disable_transparent_huge_pages() {
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
     let cli = Cli::parse();
-    let dialer = Dialer::with_routes(cli.route.into_iter().collect());
+    let mut dialer = Dialer::with_routes(cli.route.into_iter().collect());
+    if let Some(path) = &cli.token_file {
+        match tutti_wire::ClusterToken::read(path) {
+            Ok(token) => dialer = dialer.with_token(token),
+            Err(e) => {
+                eprintln!("tutti: --token-file: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if let Command::Chaos(a) = cli.command {
         // Chaos drives its own runtime between the processes it kills.
         init_tracing("error");
@@ -156,7 +177,7 @@ fn main() -> ExitCode {
             .build(),
     };
     match runtime {
-        Ok(rt) => rt.block_on(run(cli.command, dialer)),
+        Ok(rt) => rt.block_on(run(cli.command, dialer, cli.token_file)),
         Err(e) => {
             eprintln!("tutti: cannot start the async runtime: {e}");
             ExitCode::FAILURE
@@ -164,7 +185,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command, dialer: Dialer) -> ExitCode {
+async fn run(command: Command, dialer: Dialer, token_file: Option<std::path::PathBuf>) -> ExitCode {
     let result = match command {
         Command::Memnode(a) => {
             init_tracing("info");
@@ -192,7 +213,7 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         }
         Command::Up(a) => {
             init_tracing("warn");
-            cmd::up::run(a).await
+            cmd::up::run(a, token_file.as_deref()).await
         }
         Command::Txn(a) => {
             init_tracing("error");
@@ -204,8 +225,9 @@ async fn run(command: Command, dialer: Dialer) -> ExitCode {
         }
         Command::Node(a) => {
             init_tracing("error");
-            cmd::node::run(a).await
+            cmd::node::run(a, &dialer).await
         }
+        Command::Token(a) => cmd::token::run(a),
         Command::Stats(a) => {
             init_tracing("error");
             cmd::stats::run(a, &dialer).await

@@ -8,9 +8,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn up(data: &std::path::Path) -> (Child, String) {
+    up_with(data, &[])
+}
+
+/// `up`, with more flags.
+fn up_with(data: &std::path::Path, flags: &[&str]) -> (Child, String) {
     let mut child = Command::new(common::exe())
         .args(["up", "--nodes", "2", "--size", "16M", "--data"])
         .arg(data)
+        .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -24,17 +30,28 @@ fn up(data: &std::path::Path) -> (Child, String) {
 }
 
 fn txn(cluster: &str, items: &[&str]) -> serde_json::Value {
-    let out = Command::new(common::exe())
-        .args(["txn", "--cluster", cluster])
-        .args(items)
-        .output()
-        .unwrap();
+    let out = try_txn(cluster, items);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `tutti txn --cluster CLUSTER ITEMS...` (items may carry flags), however it ends.
+fn try_txn(cluster: &str, items: &[&str]) -> std::process::Output {
+    Command::new(common::exe())
+        .args(["txn", "--deadline-ms", "3000", "--cluster", cluster])
+        .args(items)
+        .output()
+        .unwrap()
+}
+
+/// The error a failed command printed; asserts that it failed.
+fn failure(out: &std::process::Output) -> String {
+    assert!(!out.status.success(), "succeeded: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// GET the OpenMetrics text of a node, at the metrics address `tutti up` recorded, as a
@@ -219,5 +236,76 @@ fn a_node_added_while_up_serves_joins_and_stays() {
         out["reads"],
         serde_json::json!(["0700000000000000", "0100000000000000"])
     );
+    sigterm_and_wait(&mut child);
+}
+
+#[test]
+fn a_cluster_with_a_token_serves_only_clients_that_prove_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (token, other) = (dir.path().join("token"), dir.path().join("other"));
+    let new_token = |path: &std::path::Path| {
+        Command::new(common::exe())
+            .args(["token", "new"])
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    for path in [&token, &other] {
+        assert!(new_token(path).status.success());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(&token).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(meta.len(), 65, "64 hex digits and a newline");
+    assert!(failure(&new_token(&token)).contains("exists"));
+    let (token_s, other_s) = (token.to_str().unwrap(), other.to_str().unwrap());
+
+    let data = dir.path().join("data");
+    let (mut child, manager) = up_with(&data, &["--token-file", token_s]);
+    let data_s = data.to_str().unwrap();
+    // `--cluster DIR` finds the token that up recorded.
+    assert_eq!(txn(data_s, &["write:1:0:6869"])["committed"], true);
+    let started = Instant::now();
+    let err = failure(&try_txn(&manager, &["read:1:0:2"]));
+    assert!(err.contains("requires the cluster token"), "{err}");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(2),
+        "a refusal is not retried: {waited:?}"
+    );
+    let read = txn(&manager, &["--token-file", token_s, "read:1:0:2"]);
+    assert_eq!(read["reads"][0], "6869");
+    let err = failure(&try_txn(&manager, &["--token-file", other_s, "read:1:0:2"]));
+    assert!(err.contains("token differs"), "{err}");
+    let err = failure(&try_txn(data_s, &["--token-file", other_s, "read:1:0:2"]));
+    assert!(err.contains("token differs"), "{err}");
+
+    // Serving beyond loopback without a token: refused at start, by each kind of process.
+    let mdata = dir.path().join("manager");
+    for args in [
+        vec![
+            "manager",
+            "--listen",
+            "0.0.0.0:0",
+            "--data",
+            mdata.to_str().unwrap(),
+        ],
+        vec![
+            "memnode",
+            "--id",
+            "9",
+            "--mode",
+            "ram",
+            "--listen",
+            "0.0.0.0:0",
+            "--manager",
+            &manager,
+        ],
+        vec!["sequencer", "--listen", "0.0.0.0:0", "--cluster", &manager],
+    ] {
+        let out = Command::new(common::exe()).args(&args).output().unwrap();
+        let err = failure(&out);
+        assert!(err.contains("no cluster token"), "{args:?}: {err}");
+    }
     sigterm_and_wait(&mut child);
 }

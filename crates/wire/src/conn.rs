@@ -5,6 +5,7 @@
 
 use crate::frame::{decode_envelope, encode_envelope, ONE_WAY};
 use crate::message::{Decision, ErrorCode, Request, Response};
+use crate::token::{ClusterToken, Side};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use rustc_hash::FxHashMap;
@@ -23,7 +24,7 @@ pub const IN_FLIGHT_MAX: usize = 4096;
 pub enum RpcError {
     #[error("cannot connect to {addr}: {reason}")]
     Connect { addr: String, reason: String },
-    #[error("{addr} refused the connection: {reason}")]
+    #[error("no connection with {addr}: {reason}")]
     Handshake {
         addr: String,
         reason: crate::HandshakeError,
@@ -79,10 +80,12 @@ pub struct Connection {
 
 /// How a process reaches an address: directly, or through another address for some
 /// (`--route FROM=VIA`: `tutti chaos` points each process at its own fault-injecting proxy
-/// for every peer). Passed in each component's options; cheap to clone.
+/// for every peer); and the cluster token it proves on each connection, if any. Passed in
+/// each component's options; cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct Dialer {
     routes: Arc<HashMap<String, String>>,
+    token: Option<ClusterToken>,
 }
 
 impl Dialer {
@@ -90,7 +93,21 @@ impl Dialer {
     pub fn with_routes(routes: HashMap<String, String>) -> Dialer {
         Dialer {
             routes: Arc::new(routes),
+            token: None,
         }
+    }
+
+    /// This dialer, proving `token` on every connection (and asking peers for it).
+    pub fn with_token(self, token: ClusterToken) -> Dialer {
+        Dialer {
+            token: Some(token),
+            ..self
+        }
+    }
+
+    /// The cluster token this process proves, which its servers also ask of their peers.
+    pub fn token(&self) -> Option<&ClusterToken> {
+        self.token.as_ref()
     }
 
     /// Where a connection to `addr` really goes.
@@ -113,7 +130,7 @@ impl Connection {
                 reason: e.to_string(),
             })?;
         stream.set_nodelay(true).ok();
-        crate::handshake::greet(&mut stream)
+        crate::handshake::greet(&mut stream, Side::Connector, dialer.token())
             .await
             .map_err(|reason| RpcError::Handshake {
                 addr: addr.to_string(),
@@ -286,19 +303,24 @@ impl Connection {
     }
 }
 
-/// Serves one accepted connection: exchanges hellos (a peer of another protocol version is
-/// refused and the refusal logged with both versions), then decodes requests and hands
+/// Serves one accepted connection: exchanges hellos and, with `token`, proofs of it (a peer
+/// of another protocol version, or without the token, is refused and the refusal logged),
+/// then decodes requests and hands
 /// each to `handle` with the id to reply to; replies sent on the returned channel are
 /// written back in batches. A frame that does not decode gets an error reply and closes
 /// the connection. At most
 /// `IN_FLIGHT_MAX` requests await their reply: past that the connection is not read until
 /// replies drain, so a client that never reads cannot grow the server's memory.
-pub async fn serve_connection<H>(mut stream: TcpStream, frame_bytes_max: usize, mut handle: H)
-where
+pub async fn serve_connection<H>(
+    mut stream: TcpStream,
+    frame_bytes_max: usize,
+    token: Option<ClusterToken>,
+    mut handle: H,
+) where
     H: FnMut(u64, Request, Replies),
 {
     stream.set_nodelay(true).ok();
-    if let Err(e) = crate::handshake::greet(&mut stream).await {
+    if let Err(e) = crate::handshake::greet(&mut stream, Side::Acceptor, token.as_ref()).await {
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
@@ -379,8 +401,12 @@ pub async fn accept(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream
 
 /// Accepts connections on `listener` forever and serves each with `handle`
 /// (see `serve_connection`).
-pub async fn serve<H>(listener: tokio::net::TcpListener, frame_bytes_max: usize, handle: H)
-where
+pub async fn serve<H>(
+    listener: tokio::net::TcpListener,
+    frame_bytes_max: usize,
+    token: Option<ClusterToken>,
+    handle: H,
+) where
     H: Fn(u64, Request, Replies) + Send + Sync + 'static,
 {
     let handle = Arc::new(handle);
@@ -390,6 +416,7 @@ where
         tokio::spawn(serve_connection(
             stream,
             frame_bytes_max,
+            token.clone(),
             move |id, req, replies| handle(id, req, replies),
         ));
     }

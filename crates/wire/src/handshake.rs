@@ -1,24 +1,41 @@
-//! The first bytes on every connection: each side sends a hello (magic and protocol
-//! version) before any frame, and a side that hears another version closes the connection
-//! naming both (docs/protocol.md, "Handshake"). Frames follow only between equal versions,
-//! so a frame's encoding may change from one version to the next.
+//! The first bytes on every connection. Each side sends a hello (magic, protocol version,
+//! whether it holds a cluster token, a fresh nonce) before any frame; a side that hears
+//! another version closes the connection naming both. Where both hold a token, the
+//! connector proves it first and the acceptor answers with a verdict and its own proof, so
+//! a peer without the token hears nothing past the hello (docs/protocol.md, "Handshake").
+//! Frames follow only between equal versions, so a frame's encoding may change from one
+//! version to the next.
 
+use crate::token::{ClusterToken, Side, NONCE_BYTES, PROOF_BYTES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The protocol this build speaks; it changes whenever a message or frame encoding does.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// What a hello starts with.
 const HELLO_MAGIC: [u8; 8] = *b"TUTTIRPC";
-pub const HELLO_BYTES: usize = 12;
-/// How long a side waits for the other's hello.
+/// The magic and the version: every protocol version starts its hello with them, so that
+/// two versions always name each other.
+pub const HELLO_VERSION_BYTES: usize = 12;
+/// A whole hello: the magic, the version, the flags byte and the nonce.
+pub const HELLO_BYTES: usize = HELLO_VERSION_BYTES + 1 + NONCE_BYTES;
+/// The flag saying that the sender holds a cluster token and will ask for its proof.
+const FLAG_TOKEN: u8 = 1;
+/// The acceptor's verdict on the connector's proof: its own proof follows.
+const VERDICT_ACCEPTED: u8 = 1;
+/// The acceptor's verdict on the connector's proof: the connection closes.
+const VERDICT_REFUSED: u8 = 0;
+/// How long a side waits for each of the other's messages.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// This build's hello: the magic, then the protocol version as a little-endian u32.
-pub fn hello() -> [u8; HELLO_BYTES] {
+/// This build's hello: the magic, the protocol version as a little-endian u32, the flags
+/// and `nonce`.
+pub fn hello(token: bool, nonce: &[u8; NONCE_BYTES]) -> [u8; HELLO_BYTES] {
     let mut h = [0; HELLO_BYTES];
     h[..8].copy_from_slice(&HELLO_MAGIC);
-    h[8..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    h[8..HELLO_VERSION_BYTES].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    h[HELLO_VERSION_BYTES] = if token { FLAG_TOKEN } else { 0 };
+    h[HELLO_VERSION_BYTES + 1..].copy_from_slice(nonce);
     h
 }
 
@@ -30,30 +47,102 @@ pub enum HandshakeError {
     Version { ours: u32, theirs: u32 },
     #[error("the peer is not a tutti endpoint (its first bytes were {0:02x?})")]
     NotTutti(Vec<u8>),
-    #[error("no hello within {} ms", HELLO_TIMEOUT.as_millis())]
+    #[error("the peer requires the cluster token and this process has none: pass the cluster's --token-file")]
+    TokenRequired,
+    #[error("the peer presented no cluster token and this process requires one: give every process of the cluster the same --token-file")]
+    TokenMissing,
+    #[error("the peer's cluster token differs from this process's: give every process of the cluster the same --token-file")]
+    TokenWrong,
+    #[error("no answer within {} ms", HELLO_TIMEOUT.as_millis())]
     Timeout,
     #[error("{0}")]
     Io(String),
 }
 
-/// Sends this build's hello and checks the peer's; both sides call it on a new connection.
-pub async fn greet(stream: &mut TcpStream) -> Result<(), HandshakeError> {
-    let io = |e: std::io::Error| HandshakeError::Io(e.to_string());
-    stream.write_all(&hello()).await.map_err(io)?;
-    let mut theirs = [0; HELLO_BYTES];
-    tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut theirs))
+impl HandshakeError {
+    /// Whether the two ends are set up so that they never connect (versions, tokens), as
+    /// opposed to a connection lost on the way: trying again changes nothing.
+    pub fn is_permanent(&self) -> bool {
+        !matches!(self, HandshakeError::Timeout | HandshakeError::Io(_))
+    }
+}
+
+fn io(e: std::io::Error) -> HandshakeError {
+    HandshakeError::Io(e.to_string())
+}
+
+async fn read_within(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), HandshakeError> {
+    tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(buf))
         .await
         .map_err(|_| HandshakeError::Timeout)?
         .map_err(io)?;
-    check(&theirs)
+    Ok(())
 }
 
-/// Checks a peer's hello against this build's.
-fn check(theirs: &[u8; HELLO_BYTES]) -> Result<(), HandshakeError> {
+/// Opens a new connection from `side`: exchanges hellos and, where both ends hold a token,
+/// proofs of it. With `token`, a peer without it (or with another) is refused; without,
+/// a peer that asks for one is.
+pub async fn greet(
+    stream: &mut TcpStream,
+    side: Side,
+    token: Option<&ClusterToken>,
+) -> Result<(), HandshakeError> {
+    let nonce: [u8; NONCE_BYTES] = rand::random();
+    stream
+        .write_all(&hello(token.is_some(), &nonce))
+        .await
+        .map_err(io)?;
+    let mut theirs = [0; HELLO_BYTES];
+    // The version first: a peer of another version may send a hello of another length.
+    read_within(stream, &mut theirs[..HELLO_VERSION_BYTES]).await?;
+    check_version(&theirs[..HELLO_VERSION_BYTES])?;
+    read_within(stream, &mut theirs[HELLO_VERSION_BYTES..]).await?;
+    let peer_token = theirs[HELLO_VERSION_BYTES] & FLAG_TOKEN != 0;
+    let peer_nonce: [u8; NONCE_BYTES] = theirs[HELLO_VERSION_BYTES + 1..]
+        .try_into()
+        .expect("a hello ends with a nonce");
+    let token = match (token, peer_token) {
+        (None, false) => return Ok(()),
+        (None, true) => return Err(HandshakeError::TokenRequired),
+        (Some(_), false) => return Err(HandshakeError::TokenMissing),
+        (Some(token), true) => token,
+    };
+    let mut proof = [0; PROOF_BYTES];
+    match side {
+        Side::Connector => {
+            let ours = token.proof(Side::Connector, &nonce, &peer_nonce);
+            stream.write_all(&ours).await.map_err(io)?;
+            let mut verdict = [VERDICT_REFUSED];
+            read_within(stream, &mut verdict).await?;
+            if verdict[0] != VERDICT_ACCEPTED {
+                return Err(HandshakeError::TokenWrong);
+            }
+            read_within(stream, &mut proof).await?;
+            if !token.verify(Side::Acceptor, &peer_nonce, &nonce, &proof) {
+                return Err(HandshakeError::TokenWrong);
+            }
+        }
+        Side::Acceptor => {
+            read_within(stream, &mut proof).await?;
+            if !token.verify(Side::Connector, &peer_nonce, &nonce, &proof) {
+                let _ = stream.write_all(&[VERDICT_REFUSED]).await;
+                return Err(HandshakeError::TokenWrong);
+            }
+            let mut answer = [0; 1 + PROOF_BYTES];
+            answer[0] = VERDICT_ACCEPTED;
+            answer[1..].copy_from_slice(&token.proof(Side::Acceptor, &nonce, &peer_nonce));
+            stream.write_all(&answer).await.map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks the magic and version a peer's hello starts with against this build's.
+fn check_version(theirs: &[u8]) -> Result<(), HandshakeError> {
     if theirs[..8] != HELLO_MAGIC {
         return Err(HandshakeError::NotTutti(theirs.to_vec()));
     }
-    let version = u32::from_le_bytes(theirs[8..].try_into().expect("4 bytes"));
+    let version = u32::from_le_bytes(theirs[8..12].try_into().expect("4 bytes"));
     if version != PROTOCOL_VERSION {
         return Err(HandshakeError::Version {
             ours: PROTOCOL_VERSION,

@@ -10,6 +10,7 @@ pub mod handshake;
 pub mod limits;
 pub mod message;
 mod planted;
+pub mod token;
 
 pub use backoff::Backoff;
 pub use conn::{
@@ -19,3 +20,4 @@ pub use frame::{decode_envelope, encode_envelope, FrameError, FRAME_BYTES_MAX_DE
 pub use handshake::{HandshakeError, PROTOCOL_VERSION};
 pub use limits::Limits;
 pub use message::*;
+pub use token::{require_token_beyond_loopback, ClusterToken, TokenError};

@@ -3,12 +3,20 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tutti_wire::{Connection, Connections, Request, Response, FRAME_BYTES_MAX_DEFAULT};
+use tutti_wire::handshake::{hello, HELLO_BYTES, HELLO_VERSION_BYTES};
+use tutti_wire::{
+    ClusterToken, Connection, Connections, Dialer, Request, Response, FRAME_BYTES_MAX_DEFAULT,
+};
 
 type Served = Arc<Mutex<Vec<tokio::task::AbortHandle>>>;
 
 /// A server answering `Directory` with an empty one; hands out its connections' tasks.
 async fn server() -> (String, Served) {
+    server_with(None).await
+}
+
+/// `server`, asking its peers for `token`.
+async fn server_with(token: Option<ClusterToken>) -> (String, Served) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let served = Served::default();
@@ -19,6 +27,7 @@ async fn server() -> (String, Served) {
             let task = tokio::spawn(tutti_wire::serve_connection(
                 stream,
                 FRAME_BYTES_MAX_DEFAULT,
+                token.clone(),
                 |id, _req, replies| {
                     let _ = replies.send((
                         id,
@@ -107,7 +116,8 @@ async fn one_connection_per_node_is_shared_by_every_task() {
     assert_eq!(served.lock().unwrap().len(), 1);
 }
 
-/// A raw listener that opens every connection with `hello` and keeps what it is sent.
+/// A raw listener that opens every connection with `hello` and keeps the first
+/// `HELLO_VERSION_BYTES` it is sent.
 async fn raw_server(hello: Vec<u8>) -> (String, tokio::sync::mpsc::Receiver<Vec<u8>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -116,29 +126,35 @@ async fn raw_server(hello: Vec<u8>) -> (String, tokio::sync::mpsc::Receiver<Vec<
     tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.unwrap();
         stream.write_all(&hello).await.unwrap();
-        let mut got = vec![0; tutti_wire::handshake::HELLO_BYTES];
+        let mut got = vec![0; HELLO_VERSION_BYTES];
         stream.read_exact(&mut got).await.unwrap();
         heard.send(got).await.unwrap();
     });
     (addr, rx)
 }
 
+/// The hello of a build that speaks `version`, as every version starts it.
+fn hello_of_version(version: u32) -> Vec<u8> {
+    let mut theirs = hello(false, &[0; 16])[..HELLO_VERSION_BYTES].to_vec();
+    theirs[8..].copy_from_slice(&version.to_le_bytes());
+    theirs
+}
+
 #[tokio::test]
 async fn a_peer_of_another_protocol_version_is_refused_naming_both() {
-    let mut theirs = tutti_wire::handshake::hello().to_vec();
-    theirs[8..].copy_from_slice(&7u32.to_le_bytes());
-    let (addr, mut heard) = raw_server(theirs).await;
+    let ours = tutti_wire::PROTOCOL_VERSION;
+    let (addr, mut heard) = raw_server(hello_of_version(ours - 1)).await;
     let err = Connection::connect(&addr, FRAME_BYTES_MAX_DEFAULT, &Default::default())
         .await
         .err()
         .expect("refused");
     let message = err.to_string();
     assert!(
-        message.contains("version 7")
-            && message.contains(&format!("version {}", tutti_wire::PROTOCOL_VERSION)),
+        message.contains(&format!("version {}", ours - 1))
+            && message.contains(&format!("version {ours}")),
         "{message}"
     );
-    assert_eq!(heard.recv().await.unwrap(), tutti_wire::handshake::hello());
+    assert_eq!(heard.recv().await.unwrap(), hello_of_version(ours));
 
     let (addr, _heard) = raw_server(b"HTTP/1.1 400".to_vec()).await;
     let err = Connection::connect(&addr, FRAME_BYTES_MAX_DEFAULT, &Default::default())
@@ -148,19 +164,90 @@ async fn a_peer_of_another_protocol_version_is_refused_naming_both() {
     assert!(err.to_string().contains("not a tutti endpoint"), "{err}");
 }
 
+/// Everything a server sends to a raw connection that sends `bytes`, until it closes. A
+/// server that closes with bytes unread resets the connection, after what it sent.
+async fn answer_to(addr: &str, bytes: &[u8]) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let mut rest = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf));
+        match read.await.expect("the server closes") {
+            Ok(0) | Err(_) => return rest,
+            Ok(n) => rest.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_server_answers_another_version_with_its_own_and_closes() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (addr, _served) = server().await;
-    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let mut ours = tutti_wire::handshake::hello();
-    ours[8..].copy_from_slice(&9u32.to_le_bytes());
-    stream.write_all(&ours).await.unwrap();
-    let mut rest = Vec::new();
-    stream.read_to_end(&mut rest).await.unwrap();
+    let rest = answer_to(&addr, &hello_of_version(9)).await;
+    assert_eq!(rest.len(), HELLO_BYTES, "the server's hello, then the end");
     assert_eq!(
-        rest,
-        tutti_wire::handshake::hello(),
-        "the server's hello, then the end"
+        rest[..HELLO_VERSION_BYTES],
+        hello_of_version(tutti_wire::PROTOCOL_VERSION)
     );
+}
+
+fn token(secret: &str) -> ClusterToken {
+    ClusterToken::new(secret.as_bytes()).unwrap()
+}
+
+fn dialer(secret: Option<&str>) -> Dialer {
+    match secret {
+        Some(s) => Dialer::default().with_token(token(s)),
+        None => Dialer::default(),
+    }
+}
+
+/// Connects with the token `secret` (or none) and asks for the directory.
+async fn ask(addr: &str, secret: Option<&str>) -> Result<Response, tutti_wire::RpcError> {
+    let conn = Connection::connect(addr, FRAME_BYTES_MAX_DEFAULT, &dialer(secret)).await?;
+    conn.call(&Request::Directory).await
+}
+
+#[tokio::test]
+async fn a_server_with_a_token_serves_only_peers_that_prove_it() {
+    let secret = "0123456789abcdef0123456789abcdef";
+    let (addr, _served) = server_with(Some(token(secret))).await;
+    assert!(matches!(
+        ask(&addr, Some(secret)).await,
+        Ok(Response::Directory(_))
+    ));
+    let err = ask(&addr, None).await.unwrap_err().to_string();
+    assert!(err.contains("requires the cluster token"), "{err}");
+    let err = (ask(&addr, Some("0123456789abcdef0123456789abcdeX")).await)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("token differs"), "{err}");
+
+    let (open, _served) = server().await;
+    let err = ask(&open, Some(secret)).await.unwrap_err().to_string();
+    assert!(err.contains("presented no cluster token"), "{err}");
+}
+
+#[tokio::test]
+async fn a_connection_without_the_token_hears_nothing_past_the_hello() {
+    let secret = "0123456789abcdef0123456789abcdef";
+    let (addr, _served) = server_with(Some(token(secret))).await;
+    let frame = tutti_wire::encode_envelope(1, &Request::Directory);
+    let request = [&(frame.len() as u32).to_be_bytes()[..], &frame].concat();
+
+    // No token: the server's hello, then the end; the request is never read.
+    let rest = answer_to(&addr, &[&hello(false, &[7; 16])[..], &request].concat()).await;
+    assert_eq!(rest.len(), HELLO_BYTES);
+    assert_eq!(
+        rest[HELLO_VERSION_BYTES] & 1,
+        1,
+        "the server asks for a token"
+    );
+
+    // A token claimed with a made-up proof: the hello and a refusal, never the server's proof.
+    let claim = [&hello(true, &[7; 16])[..], &[0xab; 32], &request].concat();
+    let rest = answer_to(&addr, &claim).await;
+    assert_eq!(rest.len(), HELLO_BYTES + 1);
+    assert_eq!(rest[HELLO_BYTES], 0, "refused");
 }

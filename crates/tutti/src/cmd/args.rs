@@ -5,9 +5,9 @@
 use clap::{Args, ValueEnum};
 use std::time::Duration;
 use tutti_client::{ClientOptions, Cluster};
-use tutti_harness::local::manager_addr;
+use tutti_harness::local::access;
 use tutti_memnode::Mode;
-use tutti_wire::Dialer;
+use tutti_wire::{ClusterToken, Dialer};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 pub(crate) enum ModeArg {
@@ -62,15 +62,30 @@ impl ClusterArg {
     }
 
     pub(crate) async fn connect(&self, dialer: &Dialer) -> Result<Cluster, String> {
-        let addr = manager_addr(&self.cluster).map_err(|e| e.to_string())?;
+        let (addr, token_file) = access(&self.cluster).map_err(|e| e.to_string())?;
         let opts = ClientOptions {
             deadline: Duration::from_millis(self.deadline_ms),
-            dialer: dialer.clone(),
+            dialer: with_cluster_token(dialer, token_file.as_deref())?,
             ..ClientOptions::default()
         };
         Cluster::connect(&addr, opts)
             .await
             .map_err(|e| e.to_string())
+    }
+}
+
+/// `dialer`, proving the token in `token_file` (what cluster.json records) unless
+/// `--token-file` already gave one.
+pub(crate) fn with_cluster_token(
+    dialer: &Dialer,
+    token_file: Option<&std::path::Path>,
+) -> Result<Dialer, String> {
+    match token_file {
+        Some(path) if dialer.token().is_none() => {
+            let token = ClusterToken::read(path).map_err(|e| e.to_string())?;
+            Ok(dialer.clone().with_token(token))
+        }
+        _ => Ok(dialer.clone()),
     }
 }
 

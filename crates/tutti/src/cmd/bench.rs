@@ -267,13 +267,14 @@ mod measure {
         BenchAllArgs, BenchFsArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs,
         BenchObjectsArgs, BenchObjectsClientArgs, Layout2, ObjectsClientRole,
     };
+    use crate::cmd::args::with_cluster_token;
     use std::path::Path;
     use std::time::Duration;
     use tutti_bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
     use tutti_bench::suite::ScratchCluster;
     use tutti_bench::Point;
     use tutti_client::{ClientOptions, Cluster};
-    use tutti_harness::local::manager_addr;
+    use tutti_harness::local::access;
 
     /// A scratch directory for the bench's clusters and peers, removed when dropped: in
     /// `within`, or under $TMPDIR.
@@ -560,8 +561,13 @@ mod measure {
                     experiment: "fig16".into(),
                 };
                 let _local;
+                let mut dialer = tutti_wire::Dialer::default();
                 let manager = match &a.cluster {
-                    Some(c) => manager_addr(c).map_err(|e| e.to_string())?,
+                    Some(c) => {
+                        let (manager, token_file) = access(c).map_err(|e| e.to_string())?;
+                        dialer = with_cluster_token(&dialer, token_file.as_deref())?;
+                        manager
+                    }
                     None => {
                         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
                         let dir = scratch.path().join(format!("{}-{nodes}", mode.name()));
@@ -575,6 +581,7 @@ mod measure {
                 let connect = |connections: usize| {
                     let opts = ClientOptions {
                         connections,
+                        dialer: dialer.clone(),
                         ..ClientOptions::default()
                     };
                     Cluster::connect(&manager, opts)

@@ -271,15 +271,16 @@ pub(crate) async fn stop_session(
 /// `tutti up --fs`: the volume `fs` on the local cluster (made if it is not there, half of
 /// each node's space at most 512 MiB), mounted at `at`.
 pub(crate) async fn up_session(
-    manager: &str,
+    local: &tutti_harness::local::LocalCluster,
     node_bytes: u64,
     at: &Path,
 ) -> Result<fuser::BackgroundSession, String> {
     let opts = tutti_client::ClientOptions {
         deadline: Duration::from_secs(60),
+        dialer: local.dialer(),
         ..Default::default()
     };
-    let cluster = tutti_client::Cluster::connect(manager, opts)
+    let cluster = tutti_client::Cluster::connect(&local.file.manager, opts)
         .await
         .map_err(|e| e.to_string())?;
     let shape = Shape {

@@ -2,11 +2,13 @@
 //! It records the node in cluster.json, `tutti up` starts and supervises it, and this waits
 //! until the manager's directory has it serving.
 
+use super::args::with_cluster_token;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tutti_client::{ClientOptions, Cluster};
+use tutti_wire::Dialer;
 
 /// How long `node add` waits for the new node to serve.
 const JOIN_WAIT: Duration = Duration::from_secs(30);
@@ -33,7 +35,7 @@ enum NodeCommand {
     },
 }
 
-pub(crate) async fn run(a: NodeArgs) -> Result<(), String> {
+pub(crate) async fn run(a: NodeArgs, dialer: &Dialer) -> Result<(), String> {
     let NodeCommand::Add { data } = a.command;
     let dir = data.canonicalize().map_err(|e| {
         format!(
@@ -42,11 +44,13 @@ pub(crate) async fn run(a: NodeArgs) -> Result<(), String> {
         )
     })?;
     let file = tutti_harness::local::read_file(&dir).map_err(|e| e.to_string())?;
+    let dialer = with_cluster_token(dialer, file.token_file.as_deref())?;
     let node = tutti_harness::local::record_node(&dir).map_err(|e| e.to_string())?;
     let until = Instant::now() + JOIN_WAIT;
     loop {
         let opts = ClientOptions {
             deadline: Duration::from_millis(500),
+            dialer: dialer.clone(),
             ..ClientOptions::default()
         };
         if let Ok(cluster) = Cluster::connect(&file.manager, opts).await {

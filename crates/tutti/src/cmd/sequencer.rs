@@ -26,6 +26,8 @@ pub(crate) async fn run(a: SequencerArgs, dialer: Dialer) -> Result<(), String> 
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| format!("listen on {}: {e}", a.listen))?;
+    let listening = (listener.local_addr()).map_err(|e| format!("listen on {}: {e}", a.listen))?;
+    tutti_wire::require_token_beyond_loopback(listening, dialer.token())?;
     let cluster = a.cluster.connect(&dialer).await?;
     let opts = ServiceOptions {
         addr: a.listen,

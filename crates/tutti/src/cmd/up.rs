@@ -4,7 +4,7 @@
 use super::args::{parse_size, shutdown_signal, ModeArg};
 use clap::Args;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 use tutti_harness::local::{Layout, LocalCluster};
@@ -28,7 +28,7 @@ pub(crate) struct UpArgs {
     fs: Option<PathBuf>,
 }
 
-pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
+pub(crate) async fn run(a: UpArgs, token_file: Option<&Path>) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("locating the tutti executable: {e}"))?;
     let layout = Layout {
         nodes: a.nodes,
@@ -41,6 +41,9 @@ pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
         return Err("--nodes must be between 1 and 1000".into());
     }
     let mut cluster = LocalCluster::open(&exe, &a.data, layout, true).map_err(|e| e.to_string())?;
+    if let Some(path) = token_file {
+        (cluster.set_token_file(path)).map_err(|e| format!("--token-file: {e}"))?;
+    }
     cluster.start_all().map_err(|e| e.to_string())?;
     if let Err(e) = cluster.wait_ready(Duration::from_secs(60)).await {
         let tails: Vec<String> = std::iter::once("manager".to_string())
@@ -67,7 +70,7 @@ pub(crate) async fn run(a: UpArgs) -> Result<(), String> {
         cluster.file.manager
     );
     let session = match &a.fs {
-        Some(at) => match super::fs::up_session(&cluster.file.manager, a.size, at).await {
+        Some(at) => match super::fs::up_session(&cluster, a.size, at).await {
             Ok(s) => {
                 println!("tutti: file system mounted at {}", at.display());
                 Some(s)

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 use tutti_client::{ClientOptions, Cluster};
-use tutti_wire::{ClusterToken, Dialer, NodeId};
+use tutti_wire::{CredentialFiles, Credentials, Dialer, NodeId};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct NodeEntry {
@@ -32,10 +32,10 @@ pub struct ClusterFile {
     /// when opened.
     #[serde(default)]
     pub sequencer: String,
-    /// The cluster token every process proves (`tutti up --token-file`), if the cluster has
-    /// one; clients given `--cluster DIR` read it from here.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token_file: Option<PathBuf>,
+    /// What every process proves (`tutti up --token-file`, `--tls-*`), if anything; clients
+    /// given `--cluster DIR` read it from here.
+    #[serde(flatten)]
+    pub credentials: CredentialFiles,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,8 +71,8 @@ pub struct Layout {
 pub struct LocalCluster {
     pub dir: PathBuf,
     pub file: ClusterFile,
-    /// The token in `file.token_file`.
-    token: Option<ClusterToken>,
+    /// What `file.credentials` names.
+    credentials: Credentials,
     exe: PathBuf,
     layout: Layout,
     /// The manager runs as `manager`, memory node N as `node-N`.
@@ -161,17 +161,17 @@ impl LocalCluster {
                     size_bytes: layout.size_bytes,
                     nodes,
                     sequencer: format!("127.0.0.1:{}", free_port()?),
-                    token_file: None,
+                    credentials: CredentialFiles::default(),
                 };
                 write_file(&dir, &file)?;
                 file
             }
         };
-        let token = file.token_file.as_deref().map(read_token).transpose()?;
+        let credentials = file.credentials.load().map_err(LocalError::Config)?;
         Ok(LocalCluster {
             dir,
             file,
-            token,
+            credentials,
             exe: exe.to_path_buf(),
             layout,
             processes: Supervisor::new(),
@@ -179,32 +179,24 @@ impl LocalCluster {
         })
     }
 
-    /// Makes every process of the cluster prove the token in `path` from its next start,
-    /// and records the file in cluster.json for clients.
-    pub fn set_token_file(&mut self, path: &Path) -> Result<(), LocalError> {
-        let path = path
-            .canonicalize()
-            .map_err(io(format!("resolve {}", path.display())))?;
-        self.token = Some(read_token(&path)?);
-        self.file.token_file = Some(path);
+    /// Makes every process of the cluster prove `files` from its next start (they replace
+    /// what it proved), and records them in cluster.json for clients.
+    pub fn set_credentials(&mut self, files: &CredentialFiles) -> Result<(), LocalError> {
+        let files = files.absolute().map_err(LocalError::Config)?;
+        self.credentials = files.load().map_err(LocalError::Config)?;
+        self.file.credentials = files;
         write_file(&self.dir, &self.file)
     }
 
-    /// How a client of this cluster dials it: with its token, if it has one.
+    /// How a client of this cluster dials it: with its credentials.
     pub fn dialer(&self) -> Dialer {
-        let dialer = Dialer::default();
-        match &self.token {
-            Some(token) => dialer.with_token(token.clone()),
-            None => dialer,
-        }
+        Dialer::default().with_credentials(self.credentials.clone())
     }
 
     /// Starts `name` (needs a tokio runtime context, as every supervised child does).
     fn spawn(&mut self, name: &str, mut args: Vec<String>) -> Result<(), LocalError> {
         args.extend(self.process_flags.get(name).into_iter().flatten().cloned());
-        if let Some(path) = &self.file.token_file {
-            args.extend(["--token-file".into(), path.display().to_string()]);
-        }
+        args.extend(self.file.credentials.flags());
         let log = self.dir.join("logs").join(format!("{name}.log"));
         let mut cmd = Command::new(&self.exe);
         cmd.args(&args);
@@ -425,19 +417,15 @@ fn write_file(dir: &Path, file: &ClusterFile) -> Result<(), LocalError> {
     std::fs::rename(&tmp, dir.join("cluster.json")).map_err(io("write cluster.json"))
 }
 
-fn read_token(path: &Path) -> Result<ClusterToken, LocalError> {
-    ClusterToken::read(path).map_err(|e| LocalError::Config(e.to_string()))
-}
-
 /// How a client reaches `cluster` (`ADDR`, or a cluster.json path or its directory): the
-/// manager's address, and the cluster's token file if cluster.json records one.
-pub fn access(cluster: &str) -> Result<(String, Option<PathBuf>), LocalError> {
+/// manager's address, and the credentials cluster.json records.
+pub fn access(cluster: &str) -> Result<(String, CredentialFiles), LocalError> {
     let path = Path::new(cluster);
     let host_port = cluster
         .rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
     if host_port && !path.exists() {
-        return Ok((cluster.to_string(), None));
+        return Ok((cluster.to_string(), CredentialFiles::default()));
     }
     let json = if path.is_dir() || !cluster.ends_with(".json") {
         path.join("cluster.json")
@@ -453,5 +441,5 @@ pub fn access(cluster: &str) -> Result<(String, Option<PathBuf>), LocalError> {
     let file: ClusterFile =
         serde_json::from_reader(File::open(&json).map_err(io(format!("open {}", json.display())))?)
             .map_err(|e| LocalError::Config(format!("{}: {e}", json.display())))?;
-    Ok((file.manager, file.token_file))
+    Ok((file.manager, file.credentials))
 }

@@ -56,8 +56,8 @@ pub async fn serve(
     tracing::info!(addr = %opts.addr, "sequencer serving");
     let logs: Arc<Mutex<FxHashMap<String, mpsc::Sender<Frame>>>> = Arc::default();
     let frame_bytes_max = cluster.options().frame_bytes_max;
-    // The sequencer asks its clients for the token it proves to the memory nodes.
-    let token = cluster.options().dialer.token().cloned();
+    // The sequencer asks its clients for what it proves to the memory nodes.
+    let credentials = cluster.options().dialer.credentials().clone();
     let handle = move |id: u64, req: Request, replies: Replies| {
         let Request::Sequence {
             log,
@@ -92,7 +92,7 @@ pub async fn serve(
         }
     };
     tokio::select! {
-        _ = tutti_wire::serve(listener, frame_bytes_max, token, handle) => {}
+        _ = tutti_wire::serve(listener, frame_bytes_max, credentials, handle) => {}
         _ = shutdown => {}
     }
 }

@@ -95,7 +95,7 @@ pub async fn run(
         what: "local address".into(),
         source,
     })?;
-    tutti_wire::require_token_beyond_loopback(listening, cfg.dialer.token())
+    tutti_wire::require_credentials_beyond_loopback(listening, cfg.dialer.credentials())
         .map_err(ManagerError::Config)?;
     tracing::info!(addr = %cfg.listen, epoch = state.epoch(), "manager listening");
     let conns = Connections::new(
@@ -111,11 +111,11 @@ pub async fn run(
     });
     let acceptor = {
         let (manager, frame_bytes_max) = (manager.clone(), manager.cfg.frame_bytes_max);
-        let token = manager.cfg.dialer.token().cloned();
+        let credentials = manager.cfg.dialer.credentials().clone();
         tokio::spawn(serve(
             listener,
             frame_bytes_max,
-            token,
+            credentials,
             move |id, req, replies| {
                 let resp = handle(&manager, req);
                 if id != tutti_wire::ONE_WAY {

@@ -277,7 +277,7 @@ pub async fn run(
         .await
         .map_err(io(format!("listen on {}", cfg.listen)))?;
     let listening = listener.local_addr().map_err(io("local address"))?;
-    tutti_wire::require_token_beyond_loopback(listening, cfg.dialer.token())
+    tutti_wire::require_credentials_beyond_loopback(listening, cfg.dialer.credentials())
         .map_err(NodeError::Config)?;
     let listen_addr = listening.to_string();
     let pcfg = Config {
@@ -336,7 +336,7 @@ pub async fn run(
         tokio::spawn(tutti_wire::serve(
             listener,
             frame_bytes_max,
-            cfg.dialer.token().cloned(),
+            cfg.dialer.credentials().clone(),
             move |id, req, replies| node.step_request(|p, now| p.on_request(now, replies, id, req)),
         ))
     };

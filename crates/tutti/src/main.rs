@@ -11,7 +11,7 @@ use cmd::args::init_tracing;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
-use tutti_wire::Dialer;
+use tutti_wire::{CredentialFiles, Dialer};
 
 #[derive(Parser)]
 #[command(
@@ -26,12 +26,8 @@ struct Cli {
     /// own fault-injecting proxy for every peer.
     #[arg(long, global = true, hide = true, value_name = "FROM=VIA", value_parser = parse_route)]
     route: Vec<(String, String)>,
-    /// The cluster token, in a file only its owner can read (`tutti token new FILE`). With
-    /// it, this process proves the token on every connection and refuses peers that do not;
-    /// a process serving beyond 127.0.0.1 needs one. `--cluster DIR` finds the token that
-    /// `tutti up --token-file` recorded there.
-    #[arg(long, global = true, env = "TUTTI_TOKEN_FILE", value_name = "FILE")]
-    token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    credentials: cmd::args::CredentialArgs,
 }
 
 fn parse_route(s: &str) -> Result<(String, String), String> {
@@ -84,6 +80,12 @@ enum Command {
     /// token never crosses the wire) and refuses peers that do not. Processes serving beyond
     /// 127.0.0.1 refuse to start without one. See docs/operations.md, "Security".
     Token(cmd::token::TokenArgs),
+    /// TLS certificates: `tutti tls new DIR` makes a cluster authority and a certificate.
+    ///
+    /// With --tls-cert, --tls-key and --tls-ca, every connection is TLS 1.3 and each end
+    /// checks the other's certificate against the authority. See docs/operations.md,
+    /// "Security".
+    Tls(cmd::tls::TlsArgs),
     /// Print the load statistics of every memory node.
     Stats(cmd::stats::StatsArgs),
     /// Benchmarks; print JSON.
@@ -141,13 +143,18 @@ fn main() -> ExitCode {
     disable_transparent_huge_pages();
     let cli = Cli::parse();
     let mut dialer = Dialer::with_routes(cli.route.into_iter().collect());
-    if let Some(path) = &cli.token_file {
-        match tutti_wire::ClusterToken::read(path) {
-            Ok(token) => dialer = dialer.with_token(token),
-            Err(e) => {
-                eprintln!("tutti: --token-file: {e}");
-                return ExitCode::FAILURE;
-            }
+    let credentials = match cli.credentials.files() {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("tutti: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match credentials.load() {
+        Ok(c) => dialer = dialer.with_credentials(c),
+        Err(e) => {
+            eprintln!("tutti: {e}");
+            return ExitCode::FAILURE;
         }
     }
     if let Command::Chaos(a) = cli.command {
@@ -177,7 +184,7 @@ fn main() -> ExitCode {
             .build(),
     };
     match runtime {
-        Ok(rt) => rt.block_on(run(cli.command, dialer, cli.token_file)),
+        Ok(rt) => rt.block_on(run(cli.command, dialer, credentials)),
         Err(e) => {
             eprintln!("tutti: cannot start the async runtime: {e}");
             ExitCode::FAILURE
@@ -185,7 +192,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command, dialer: Dialer, token_file: Option<std::path::PathBuf>) -> ExitCode {
+async fn run(command: Command, dialer: Dialer, credentials: CredentialFiles) -> ExitCode {
     let result = match command {
         Command::Memnode(a) => {
             init_tracing("info");
@@ -213,7 +220,7 @@ async fn run(command: Command, dialer: Dialer, token_file: Option<std::path::Pat
         }
         Command::Up(a) => {
             init_tracing("warn");
-            cmd::up::run(a, token_file.as_deref()).await
+            cmd::up::run(a, &credentials).await
         }
         Command::Txn(a) => {
             init_tracing("error");
@@ -228,6 +235,7 @@ async fn run(command: Command, dialer: Dialer, token_file: Option<std::path::Pat
             cmd::node::run(a, &dialer).await
         }
         Command::Token(a) => cmd::token::run(a),
+        Command::Tls(a) => cmd::tls::run(a),
         Command::Stats(a) => {
             init_tracing("error");
             cmd::stats::run(a, &dialer).await

@@ -259,7 +259,7 @@ fn garbage(addr: &str) {
     sessions.push([&100u32.to_be_bytes()[..], &[1, 2, 3]].concat()); // truncated
     sessions.push(0x7fff_ffffu32.to_be_bytes().to_vec()); // oversized
     sessions.push([&20u32.to_be_bytes()[..], &[0xff; 20]].concat());
-    let hello = tutti_wire::handshake::hello(false, &[0; 16]);
+    let hello = tutti_wire::handshake::hello(0, &[0; 16]);
     let sessions: Vec<Vec<u8>> = (sessions.into_iter().enumerate())
         .map(|(i, s)| {
             if i % 3 == 0 {

@@ -309,3 +309,44 @@ fn a_cluster_with_a_token_serves_only_clients_that_prove_it() {
     }
     sigterm_and_wait(&mut child);
 }
+
+#[test]
+fn a_cluster_with_tls_serves_only_clients_with_certificates_of_its_authority() {
+    fn flags(f: &[String]) -> Vec<&str> {
+        f.iter().map(String::as_str).collect()
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tls_new = |name: &str| {
+        let out = Command::new(common::exe())
+            .args(["tls", "new"])
+            .arg(dir.path().join(name))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let made: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        ["--tls-cert", "--tls-key", "--tls-ca"]
+            .into_iter()
+            .zip(["cert", "key", "ca"])
+            .flat_map(|(flag, field)| [flag.to_string(), made[field].as_str().unwrap().into()])
+            .collect::<Vec<String>>()
+    };
+    let (ours, theirs) = (tls_new("ours"), tls_new("theirs"));
+
+    let data = dir.path().join("data");
+    let (mut child, manager) = up_with(&data, &flags(&ours));
+    let data_s = data.to_str().unwrap();
+    // `--cluster DIR` finds the certificates that up recorded.
+    assert_eq!(txn(data_s, &["write:1:0:6869"])["committed"], true);
+    let started = Instant::now();
+    let err = failure(&try_txn(&manager, &["read:1:0:2"]));
+    assert!(err.contains("requires TLS"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2), "not retried");
+    let read = txn(&manager, &[flags(&ours), vec!["read:1:0:2"]].concat());
+    assert_eq!(read["reads"][0], "6869");
+    let err = failure(&try_txn(
+        &manager,
+        &[flags(&theirs), vec!["read:1:0:2"]].concat(),
+    ));
+    assert!(err.contains("TLS with the peer failed"), "{err}");
+    sigterm_and_wait(&mut child);
+}

@@ -3,9 +3,9 @@
 //! into one frame; a reader task completes waiting callers. No lock is held across an
 //! await, so concurrent callers never serialise on each other.
 
+use crate::credentials::Credentials;
 use crate::frame::{decode_envelope, encode_envelope, ONE_WAY};
 use crate::message::{Decision, ErrorCode, Request, Response};
-use crate::token::{ClusterToken, Side};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use rustc_hash::FxHashMap;
@@ -80,12 +80,12 @@ pub struct Connection {
 
 /// How a process reaches an address: directly, or through another address for some
 /// (`--route FROM=VIA`: `tutti chaos` points each process at its own fault-injecting proxy
-/// for every peer); and the cluster token it proves on each connection, if any. Passed in
-/// each component's options; cheap to clone.
+/// for every peer); and what it proves on each connection and asks of its peers (a cluster
+/// token, TLS). Passed in each component's options; cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct Dialer {
     routes: Arc<HashMap<String, String>>,
-    token: Option<ClusterToken>,
+    credentials: Credentials,
 }
 
 impl Dialer {
@@ -93,21 +93,21 @@ impl Dialer {
     pub fn with_routes(routes: HashMap<String, String>) -> Dialer {
         Dialer {
             routes: Arc::new(routes),
-            token: None,
+            credentials: Credentials::default(),
         }
     }
 
-    /// This dialer, proving `token` on every connection (and asking peers for it).
-    pub fn with_token(self, token: ClusterToken) -> Dialer {
+    /// This dialer, proving `credentials` on every connection (and asking peers for them).
+    pub fn with_credentials(self, credentials: Credentials) -> Dialer {
         Dialer {
-            token: Some(token),
+            credentials,
             ..self
         }
     }
 
-    /// The cluster token this process proves, which its servers also ask of their peers.
-    pub fn token(&self) -> Option<&ClusterToken> {
-        self.token.as_ref()
+    /// What this process proves to peers, which its servers also ask of theirs.
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
     }
 
     /// Where a connection to `addr` really goes.
@@ -123,20 +123,19 @@ impl Connection {
         frame_bytes_max: usize,
         dialer: &Dialer,
     ) -> Result<Connection, RpcError> {
-        let mut stream = TcpStream::connect(dialer.address(addr))
+        let stream = TcpStream::connect(dialer.address(addr))
             .await
             .map_err(|e| RpcError::Connect {
                 addr: addr.to_string(),
                 reason: e.to_string(),
             })?;
         stream.set_nodelay(true).ok();
-        crate::handshake::greet(&mut stream, Side::Connector, dialer.token())
+        let (rd, wr) = crate::handshake::connect(stream, addr, dialer.credentials())
             .await
             .map_err(|reason| RpcError::Handshake {
                 addr: addr.to_string(),
                 reason,
             })?;
-        let (rd, wr) = stream.into_split();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
         let (frames, mut frames_rx) = mpsc::channel::<Outbound>(IN_FLIGHT_MAX);
@@ -303,32 +302,34 @@ impl Connection {
     }
 }
 
-/// Serves one accepted connection: exchanges hellos and, with `token`, proofs of it (a peer
-/// of another protocol version, or without the token, is refused and the refusal logged),
-/// then decodes requests and hands
+/// Serves one accepted connection: opens it with `credentials` (TLS, hellos, token proofs; a
+/// peer of another protocol version, or without what is asked, is refused and the refusal
+/// logged), then decodes requests and hands
 /// each to `handle` with the id to reply to; replies sent on the returned channel are
 /// written back in batches. A frame that does not decode gets an error reply and closes
 /// the connection. At most
 /// `IN_FLIGHT_MAX` requests await their reply: past that the connection is not read until
 /// replies drain, so a client that never reads cannot grow the server's memory.
 pub async fn serve_connection<H>(
-    mut stream: TcpStream,
+    stream: TcpStream,
     frame_bytes_max: usize,
-    token: Option<ClusterToken>,
+    credentials: Credentials,
     mut handle: H,
 ) where
     H: FnMut(u64, Request, Replies),
 {
     stream.set_nodelay(true).ok();
-    if let Err(e) = crate::handshake::greet(&mut stream, Side::Acceptor, token.as_ref()).await {
-        let peer = stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        tracing::warn!(%peer, "refused a connection: {e}");
-        return;
-    }
-    let (rd, wr) = stream.into_split();
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let (rd, wr) = match crate::handshake::accept(stream, &credentials).await {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::warn!(%peer, "refused a connection: {e}");
+            return;
+        }
+    };
     let (replies, mut replies_rx) = mpsc::unbounded_channel::<(u64, Response)>();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT_MAX));
     let released = in_flight.clone();
@@ -404,7 +405,7 @@ pub async fn accept(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream
 pub async fn serve<H>(
     listener: tokio::net::TcpListener,
     frame_bytes_max: usize,
-    token: Option<ClusterToken>,
+    credentials: Credentials,
     handle: H,
 ) where
     H: Fn(u64, Request, Replies) + Send + Sync + 'static,
@@ -416,7 +417,7 @@ pub async fn serve<H>(
         tokio::spawn(serve_connection(
             stream,
             frame_bytes_max,
-            token.clone(),
+            credentials.clone(),
             move |id, req, replies| handle(id, req, replies),
         ));
     }

@@ -6,8 +6,9 @@
 //! Frames follow only between equal versions, so a frame's encoding may change from one
 //! version to the next.
 
+use crate::credentials::{server_name, Credentials};
 use crate::token::{ClusterToken, Side, NONCE_BYTES, PROOF_BYTES};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The protocol this build speaks; it changes whenever a message or frame encoding does.
@@ -21,6 +22,9 @@ pub const HELLO_VERSION_BYTES: usize = 12;
 pub const HELLO_BYTES: usize = HELLO_VERSION_BYTES + 1 + NONCE_BYTES;
 /// The flag saying that the sender holds a cluster token and will ask for its proof.
 const FLAG_TOKEN: u8 = 1;
+/// The flag saying that the sender requires TLS, in the one hello it sends in the clear to
+/// a peer without TLS before closing.
+const FLAG_TLS: u8 = 2;
 /// The acceptor's verdict on the connector's proof: its own proof follows.
 const VERDICT_ACCEPTED: u8 = 1;
 /// The acceptor's verdict on the connector's proof: the connection closes.
@@ -28,13 +32,13 @@ const VERDICT_REFUSED: u8 = 0;
 /// How long a side waits for each of the other's messages.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// This build's hello: the magic, the protocol version as a little-endian u32, the flags
-/// and `nonce`.
-pub fn hello(token: bool, nonce: &[u8; NONCE_BYTES]) -> [u8; HELLO_BYTES] {
+/// This build's hello: the magic, the protocol version as a little-endian u32, `flags`
+/// (`FLAG_TOKEN`, `FLAG_TLS`) and `nonce`.
+pub fn hello(flags: u8, nonce: &[u8; NONCE_BYTES]) -> [u8; HELLO_BYTES] {
     let mut h = [0; HELLO_BYTES];
     h[..8].copy_from_slice(&HELLO_MAGIC);
     h[8..HELLO_VERSION_BYTES].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    h[HELLO_VERSION_BYTES] = if token { FLAG_TOKEN } else { 0 };
+    h[HELLO_VERSION_BYTES] = flags;
     h[HELLO_VERSION_BYTES + 1..].copy_from_slice(nonce);
     h
 }
@@ -53,6 +57,14 @@ pub enum HandshakeError {
     TokenMissing,
     #[error("the peer's cluster token differs from this process's: give every process of the cluster the same --token-file")]
     TokenWrong,
+    #[error("TLS with the peer failed: {0} (every process of the cluster needs TLS, certificates from the same --tls-ca, each naming the host it is dialled at)")]
+    Tls(String),
+    #[error("the peer speaks TLS and this process has no TLS set-up: give it the cluster's --tls-cert, --tls-key and --tls-ca")]
+    TlsUnexpected,
+    #[error("the peer requires TLS and this process has no TLS set-up: give it the cluster's --tls-cert, --tls-key and --tls-ca")]
+    TlsRequired,
+    #[error("the peer does not speak TLS and this process requires it: give every process of the cluster --tls-cert, --tls-key and --tls-ca")]
+    TlsMissing,
     #[error("no answer within {} ms", HELLO_TIMEOUT.as_millis())]
     Timeout,
     #[error("{0}")]
@@ -71,7 +83,95 @@ fn io(e: std::io::Error) -> HandshakeError {
     HandshakeError::Io(e.to_string())
 }
 
-async fn read_within(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), HandshakeError> {
+/// The two halves of an open connection, over TLS or not.
+pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
+pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Opens a connection dialled to `addr`: TLS first if `credentials` has it, then `greet`.
+pub async fn connect(
+    stream: TcpStream,
+    addr: &str,
+    credentials: &Credentials,
+) -> Result<(Reader, Writer), HandshakeError> {
+    let token = credentials.token.as_ref();
+    let Some(tls) = &credentials.tls else {
+        return plain(stream, Side::Connector, token).await;
+    };
+    let name = server_name(addr).map_err(HandshakeError::Tls)?;
+    let tls = tokio::time::timeout(HELLO_TIMEOUT, tls.connector().connect(name, stream)).await;
+    let stream = tls
+        .map_err(|_| HandshakeError::Timeout)?
+        .map_err(tls_error)?;
+    encrypted(stream, Side::Connector, token).await
+}
+
+/// Opens an accepted connection: TLS first if `credentials` has it, then `greet`.
+pub async fn accept(
+    stream: TcpStream,
+    credentials: &Credentials,
+) -> Result<(Reader, Writer), HandshakeError> {
+    let token = credentials.token.as_ref();
+    let Some(tls) = &credentials.tls else {
+        return plain(stream, Side::Acceptor, token).await;
+    };
+    let mut first = [0; 1];
+    let peeked = tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await;
+    if peeked.map_err(|_| HandshakeError::Timeout)?.map_err(io)? == 1 && first[0] == HELLO_MAGIC[0]
+    {
+        // A peer without TLS: a hello that says so tells it why it is refused.
+        let mut stream = stream;
+        let _ = stream.write_all(&hello(FLAG_TLS, &[0; NONCE_BYTES])).await;
+        return Err(HandshakeError::TlsMissing);
+    }
+    let tls = tokio::time::timeout(HELLO_TIMEOUT, tls.acceptor().accept(stream)).await;
+    let stream = tls
+        .map_err(|_| HandshakeError::Timeout)?
+        .map_err(tls_error)?;
+    encrypted(stream, Side::Acceptor, token).await
+}
+
+/// A TLS failure (a certificate refused, a peer without TLS) rather than a lost connection.
+fn tls_error(e: std::io::Error) -> HandshakeError {
+    use rustls::InvalidMessage::InvalidContentType;
+    let tls = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match tls {
+        // What a peer without TLS sends first, its hello, is no TLS record.
+        Some(rustls::Error::InvalidMessage(InvalidContentType)) => HandshakeError::TlsMissing,
+        Some(tls) => HandshakeError::Tls(tls.to_string()),
+        None => io(e),
+    }
+}
+
+async fn plain(
+    mut stream: TcpStream,
+    side: Side,
+    token: Option<&ClusterToken>,
+) -> Result<(Reader, Writer), HandshakeError> {
+    greet(&mut stream, side, token).await?;
+    // Owned halves: no lock between the reader and the writer task.
+    let (rd, wr) = stream.into_split();
+    Ok((Box::new(rd), Box::new(wr)))
+}
+
+async fn encrypted<S>(
+    mut stream: S,
+    side: Side,
+    token: Option<&ClusterToken>,
+) -> Result<(Reader, Writer), HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    greet(&mut stream, side, token).await?;
+    let (rd, wr) = tokio::io::split(stream);
+    Ok((Box::new(rd), Box::new(wr)))
+}
+
+async fn read_within<S>(stream: &mut S, buf: &mut [u8]) -> Result<(), HandshakeError>
+where
+    S: AsyncRead + Unpin,
+{
     tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(buf))
         .await
         .map_err(|_| HandshakeError::Timeout)?
@@ -82,21 +182,25 @@ async fn read_within(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), Hands
 /// Opens a new connection from `side`: exchanges hellos and, where both ends hold a token,
 /// proofs of it. With `token`, a peer without it (or with another) is refused; without,
 /// a peer that asks for one is.
-pub async fn greet(
-    stream: &mut TcpStream,
+async fn greet<S>(
+    stream: &mut S,
     side: Side,
     token: Option<&ClusterToken>,
-) -> Result<(), HandshakeError> {
+) -> Result<(), HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let nonce: [u8; NONCE_BYTES] = rand::random();
-    stream
-        .write_all(&hello(token.is_some(), &nonce))
-        .await
-        .map_err(io)?;
+    let flags = if token.is_some() { FLAG_TOKEN } else { 0 };
+    stream.write_all(&hello(flags, &nonce)).await.map_err(io)?;
     let mut theirs = [0; HELLO_BYTES];
     // The version first: a peer of another version may send a hello of another length.
     read_within(stream, &mut theirs[..HELLO_VERSION_BYTES]).await?;
     check_version(&theirs[..HELLO_VERSION_BYTES])?;
     read_within(stream, &mut theirs[HELLO_VERSION_BYTES..]).await?;
+    if theirs[HELLO_VERSION_BYTES] & FLAG_TLS != 0 {
+        return Err(HandshakeError::TlsRequired);
+    }
     let peer_token = theirs[HELLO_VERSION_BYTES] & FLAG_TOKEN != 0;
     let peer_nonce: [u8; NONCE_BYTES] = theirs[HELLO_VERSION_BYTES + 1..]
         .try_into()
@@ -140,6 +244,10 @@ pub async fn greet(
 /// Checks the magic and version a peer's hello starts with against this build's.
 fn check_version(theirs: &[u8]) -> Result<(), HandshakeError> {
     if theirs[..8] != HELLO_MAGIC {
+        // 0x16 0x03: a TLS handshake record, a ClientHello.
+        if theirs[..2] == [0x16, 0x03] {
+            return Err(HandshakeError::TlsUnexpected);
+        }
         return Err(HandshakeError::NotTutti(theirs.to_vec()));
     }
     let version = u32::from_le_bytes(theirs[8..12].try_into().expect("4 bytes"));

@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod conn;
+pub mod credentials;
 pub mod frame;
 pub mod handshake;
 pub mod limits;
@@ -16,8 +17,11 @@ pub use backoff::Backoff;
 pub use conn::{
     bad_request, serve, serve_connection, Connection, Connections, Dialer, Replies, RpcError,
 };
+pub use credentials::{
+    require_credentials_beyond_loopback, CredentialFiles, Credentials, Tls, TlsFiles,
+};
 pub use frame::{decode_envelope, encode_envelope, FrameError, FRAME_BYTES_MAX_DEFAULT, ONE_WAY};
 pub use handshake::{HandshakeError, PROTOCOL_VERSION};
 pub use limits::Limits;
 pub use message::*;
-pub use token::{require_token_beyond_loopback, ClusterToken, TokenError};
+pub use token::{ClusterToken, TokenError};

@@ -3,7 +3,6 @@
 //! nonces, so the secret itself never crosses the wire (docs/protocol.md, "Handshake").
 
 use hmac::{KeyInit, Mac};
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -58,32 +57,13 @@ impl ClusterToken {
         Ok(ClusterToken(secret.into()))
     }
 
-    /// The token in the file at `path`, which no one but its owner may read or write (as
-    /// ssh and PostgreSQL ask of their keys): a token others can read protects nothing.
+    /// The token in the file at `path`, which no one but its owner may read or write.
     pub fn read(path: &Path) -> Result<ClusterToken, TokenError> {
-        use std::os::unix::fs::PermissionsExt;
         let err = |reason: String| TokenError::File {
             path: path.display().to_string(),
             reason,
         };
-        let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(err("not a regular file".into()));
-        }
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(err(format!(
-                "mode {mode:03o} lets others read it; `chmod 600 {}`",
-                path.display()
-            )));
-        }
-        if meta.len() > TOKEN_FILE_BYTES_MAX {
-            return Err(err(format!(
-                "{} bytes, more than a token's {TOKEN_FILE_BYTES_MAX}",
-                meta.len()
-            )));
-        }
-        let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+        let bytes = crate::credentials::read_private(path, TOKEN_FILE_BYTES_MAX).map_err(err)?;
         ClusterToken::new(&bytes).map_err(|e| err(e.to_string()))
     }
 
@@ -133,22 +113,6 @@ impl ClusterToken {
     }
 }
 
-/// Refuses to serve on an address beyond loopback without a token: anyone who can reach
-/// the port could otherwise read and write every byte of the cluster.
-pub fn require_token_beyond_loopback(
-    listening: SocketAddr,
-    token: Option<&ClusterToken>,
-) -> Result<(), String> {
-    if listening.ip().is_loopback() || token.is_some() {
-        return Ok(());
-    }
-    Err(format!(
-        "{listening} is reachable from other machines, and this process has no cluster token: \
-         give every process of the cluster the same --token-file FILE (`tutti token new FILE` \
-         makes one), or listen on 127.0.0.1"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,15 +148,5 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(ClusterToken::read(&path).is_ok());
-    }
-
-    #[test]
-    fn only_loopback_may_serve_without_a_token() {
-        let open: SocketAddr = "0.0.0.0:7701".parse().unwrap();
-        let local: SocketAddr = "127.0.0.1:7701".parse().unwrap();
-        assert!(require_token_beyond_loopback(local, None).is_ok());
-        assert!(require_token_beyond_loopback(open, None).is_err());
-        let t = token("0123456789abcdef");
-        assert!(require_token_beyond_loopback(open, Some(&t)).is_ok());
     }
 }

@@ -1,22 +1,24 @@
 //! `Connections` with several connections per node: each task keeps to one of them, tasks
 //! spawned one after another are spread over all of them, and a closed one is replaced.
+//! Connections open only between equal versions and matching credentials (token, TLS).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tutti_wire::handshake::{hello, HELLO_BYTES, HELLO_VERSION_BYTES};
 use tutti_wire::{
-    ClusterToken, Connection, Connections, Dialer, Request, Response, FRAME_BYTES_MAX_DEFAULT,
+    ClusterToken, Connection, Connections, Credentials, Dialer, Request, Response, Tls,
+    FRAME_BYTES_MAX_DEFAULT,
 };
 
 type Served = Arc<Mutex<Vec<tokio::task::AbortHandle>>>;
 
 /// A server answering `Directory` with an empty one; hands out its connections' tasks.
 async fn server() -> (String, Served) {
-    server_with(None).await
+    server_with(Credentials::default()).await
 }
 
-/// `server`, asking its peers for `token`.
-async fn server_with(token: Option<ClusterToken>) -> (String, Served) {
+/// `server`, asking its peers for `credentials`.
+async fn server_with(credentials: Credentials) -> (String, Served) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let served = Served::default();
@@ -27,7 +29,7 @@ async fn server_with(token: Option<ClusterToken>) -> (String, Served) {
             let task = tokio::spawn(tutti_wire::serve_connection(
                 stream,
                 FRAME_BYTES_MAX_DEFAULT,
-                token.clone(),
+                credentials.clone(),
                 |id, _req, replies| {
                     let _ = replies.send((
                         id,
@@ -135,7 +137,7 @@ async fn raw_server(hello: Vec<u8>) -> (String, tokio::sync::mpsc::Receiver<Vec<
 
 /// The hello of a build that speaks `version`, as every version starts it.
 fn hello_of_version(version: u32) -> Vec<u8> {
-    let mut theirs = hello(false, &[0; 16])[..HELLO_VERSION_BYTES].to_vec();
+    let mut theirs = hello(0, &[0; 16])[..HELLO_VERSION_BYTES].to_vec();
     theirs[8..].copy_from_slice(&version.to_le_bytes());
     theirs
 }
@@ -192,27 +194,29 @@ async fn a_server_answers_another_version_with_its_own_and_closes() {
     );
 }
 
-fn token(secret: &str) -> ClusterToken {
-    ClusterToken::new(secret.as_bytes()).unwrap()
+fn token(secret: &str) -> Credentials {
+    Credentials {
+        token: Some(ClusterToken::new(secret.as_bytes()).unwrap()),
+        tls: None,
+    }
 }
 
-fn dialer(secret: Option<&str>) -> Dialer {
-    match secret {
-        Some(s) => Dialer::default().with_token(token(s)),
-        None => Dialer::default(),
-    }
+/// Connects with `credentials` and asks for the directory.
+async fn ask_with(addr: &str, credentials: &Credentials) -> Result<Response, tutti_wire::RpcError> {
+    let dialer = Dialer::default().with_credentials(credentials.clone());
+    let conn = Connection::connect(addr, FRAME_BYTES_MAX_DEFAULT, &dialer).await?;
+    conn.call(&Request::Directory).await
 }
 
 /// Connects with the token `secret` (or none) and asks for the directory.
 async fn ask(addr: &str, secret: Option<&str>) -> Result<Response, tutti_wire::RpcError> {
-    let conn = Connection::connect(addr, FRAME_BYTES_MAX_DEFAULT, &dialer(secret)).await?;
-    conn.call(&Request::Directory).await
+    ask_with(addr, &secret.map(token).unwrap_or_default()).await
 }
 
 #[tokio::test]
 async fn a_server_with_a_token_serves_only_peers_that_prove_it() {
     let secret = "0123456789abcdef0123456789abcdef";
-    let (addr, _served) = server_with(Some(token(secret))).await;
+    let (addr, _served) = server_with(token(secret)).await;
     assert!(matches!(
         ask(&addr, Some(secret)).await,
         Ok(Response::Directory(_))
@@ -232,12 +236,12 @@ async fn a_server_with_a_token_serves_only_peers_that_prove_it() {
 #[tokio::test]
 async fn a_connection_without_the_token_hears_nothing_past_the_hello() {
     let secret = "0123456789abcdef0123456789abcdef";
-    let (addr, _served) = server_with(Some(token(secret))).await;
+    let (addr, _served) = server_with(token(secret)).await;
     let frame = tutti_wire::encode_envelope(1, &Request::Directory);
     let request = [&(frame.len() as u32).to_be_bytes()[..], &frame].concat();
 
     // No token: the server's hello, then the end; the request is never read.
-    let rest = answer_to(&addr, &[&hello(false, &[7; 16])[..], &request].concat()).await;
+    let rest = answer_to(&addr, &[&hello(0, &[7; 16])[..], &request].concat()).await;
     assert_eq!(rest.len(), HELLO_BYTES);
     assert_eq!(
         rest[HELLO_VERSION_BYTES] & 1,
@@ -246,8 +250,81 @@ async fn a_connection_without_the_token_hears_nothing_past_the_hello() {
     );
 
     // A token claimed with a made-up proof: the hello and a refusal, never the server's proof.
-    let claim = [&hello(true, &[7; 16])[..], &[0xab; 32], &request].concat();
+    let claim = [&hello(1, &[7; 16])[..], &[0xab; 32], &request].concat();
     let rest = answer_to(&addr, &claim).await;
     assert_eq!(rest.len(), HELLO_BYTES + 1);
     assert_eq!(rest[HELLO_BYTES], 0, "refused");
+}
+
+/// A cluster authority and a certificate from it for 127.0.0.1, in `dir` as `name`.pem,
+/// `name`.key and `name`-ca.pem, loaded.
+fn tls(dir: &std::path::Path, name: &str) -> Arc<Tls> {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use std::os::unix::fs::PermissionsExt;
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let path = |ext: &str| dir.join(format!("{name}{ext}"));
+    std::fs::write(path(".pem"), cert.pem()).unwrap();
+    std::fs::write(path(".key"), key.serialize_pem()).unwrap();
+    std::fs::set_permissions(path(".key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(path("-ca.pem"), ca_cert.pem()).unwrap();
+    Arc::new(Tls::load(&path(".pem"), &path(".key"), &path("-ca.pem")).unwrap())
+}
+
+fn with_tls(tls: &Arc<Tls>) -> Credentials {
+    Credentials {
+        token: None,
+        tls: Some(tls.clone()),
+    }
+}
+
+#[tokio::test]
+async fn a_server_with_tls_serves_only_peers_with_a_certificate_of_its_authority() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = tls(dir.path(), "ours");
+    let (addr, _served) = server_with(with_tls(&ours)).await;
+    assert!(matches!(
+        ask_with(&addr, &with_tls(&ours)).await,
+        Ok(Response::Directory(_))
+    ));
+    let err = ask(&addr, None).await.unwrap_err().to_string();
+    assert!(err.contains("requires TLS"), "{err}");
+    let theirs = tls(dir.path(), "theirs");
+    let err = (ask_with(&addr, &with_tls(&theirs)).await)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("TLS with the peer failed"), "{err}");
+
+    // TLS to a server without it.
+    let (open, _served) = server().await;
+    let err = (ask_with(&open, &with_tls(&ours)).await)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not speak TLS"), "{err}");
+}
+
+#[tokio::test]
+async fn a_token_inside_tls_is_asked_for_as_well() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = tls(dir.path(), "ours");
+    let secret = "0123456789abcdef0123456789abcdef";
+    let both = Credentials {
+        tls: Some(ours.clone()),
+        ..token(secret)
+    };
+    let (addr, _served) = server_with(both.clone()).await;
+    assert!(matches!(
+        ask_with(&addr, &both).await,
+        Ok(Response::Directory(_))
+    ));
+    let err = (ask_with(&addr, &with_tls(&ours)).await)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("requires the cluster token"), "{err}");
 }

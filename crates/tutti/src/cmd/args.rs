@@ -3,11 +3,12 @@
 //! shutdown signal).
 
 use clap::{Args, ValueEnum};
+use std::path::PathBuf;
 use std::time::Duration;
 use tutti_client::{ClientOptions, Cluster};
 use tutti_harness::local::access;
 use tutti_memnode::Mode;
-use tutti_wire::{ClusterToken, Dialer};
+use tutti_wire::{CredentialFiles, Dialer, TlsFiles};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 pub(crate) enum ModeArg {
@@ -62,10 +63,10 @@ impl ClusterArg {
     }
 
     pub(crate) async fn connect(&self, dialer: &Dialer) -> Result<Cluster, String> {
-        let (addr, token_file) = access(&self.cluster).map_err(|e| e.to_string())?;
+        let (addr, files) = access(&self.cluster).map_err(|e| e.to_string())?;
         let opts = ClientOptions {
             deadline: Duration::from_millis(self.deadline_ms),
-            dialer: with_cluster_token(dialer, token_file.as_deref())?,
+            dialer: with_cluster_credentials(dialer, &files)?,
             ..ClientOptions::default()
         };
         Cluster::connect(&addr, opts)
@@ -74,19 +75,57 @@ impl ClusterArg {
     }
 }
 
-/// `dialer`, proving the token in `token_file` (what cluster.json records) unless
-/// `--token-file` already gave one.
-pub(crate) fn with_cluster_token(
-    dialer: &Dialer,
-    token_file: Option<&std::path::Path>,
-) -> Result<Dialer, String> {
-    match token_file {
-        Some(path) if dialer.token().is_none() => {
-            let token = ClusterToken::read(path).map_err(|e| e.to_string())?;
-            Ok(dialer.clone().with_token(token))
-        }
-        _ => Ok(dialer.clone()),
+/// What this process proves to its peers and asks of them (every command takes these).
+#[derive(Args)]
+pub(crate) struct CredentialArgs {
+    /// The cluster token, in a file only its owner can read (`tutti token new FILE`). With
+    /// it, this process proves the token on every connection and refuses peers that do not.
+    /// `--cluster DIR` finds what `tutti up --token-file` recorded there.
+    #[arg(long, global = true, env = "TUTTI_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Mutual TLS: this process's certificate (PEM, then any intermediates), with --tls-key
+    /// and --tls-ca (`tutti tls new DIR` makes all three). Every connection is then TLS 1.3,
+    /// each end checking the other's certificate against --tls-ca.
+    #[arg(long, global = true, env = "TUTTI_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM, mode 0600).
+    #[arg(long, global = true, env = "TUTTI_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// The certificates (PEM) that peers' certificates must lead to.
+    #[arg(long, global = true, env = "TUTTI_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+}
+
+impl CredentialArgs {
+    pub(crate) fn files(&self) -> Result<CredentialFiles, String> {
+        let tls = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }),
+            (None, None, None) => None,
+            _ => return Err("TLS needs all three of --tls-cert, --tls-key and --tls-ca".into()),
+        };
+        Ok(CredentialFiles {
+            token_file: self.token_file.clone(),
+            tls,
+        })
     }
+}
+
+/// `dialer`, with what `files` (from cluster.json) names where its own flags gave nothing.
+pub(crate) fn with_cluster_credentials(
+    dialer: &Dialer,
+    files: &CredentialFiles,
+) -> Result<Dialer, String> {
+    let own = dialer.credentials();
+    let missing = CredentialFiles {
+        token_file: files.token_file.clone().filter(|_| own.token.is_none()),
+        tls: files.tls.clone().filter(|_| own.tls.is_none()),
+    };
+    let credentials = own.clone().or(missing.load()?);
+    Ok(dialer.clone().with_credentials(credentials))
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {

@@ -267,7 +267,7 @@ mod measure {
         BenchAllArgs, BenchFsArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs,
         BenchObjectsArgs, BenchObjectsClientArgs, Layout2, ObjectsClientRole,
     };
-    use crate::cmd::args::with_cluster_token;
+    use crate::cmd::args::with_cluster_credentials;
     use std::path::Path;
     use std::time::Duration;
     use tutti_bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
@@ -564,8 +564,8 @@ mod measure {
                 let mut dialer = tutti_wire::Dialer::default();
                 let manager = match &a.cluster {
                     Some(c) => {
-                        let (manager, token_file) = access(c).map_err(|e| e.to_string())?;
-                        dialer = with_cluster_token(&dialer, token_file.as_deref())?;
+                        let (manager, files) = access(c).map_err(|e| e.to_string())?;
+                        dialer = with_cluster_credentials(&dialer, &files)?;
                         manager
                     }
                     None => {

@@ -18,6 +18,7 @@ pub(crate) mod objects_workload;
 pub(crate) mod sequencer;
 pub(crate) mod sim;
 pub(crate) mod stats;
+pub(crate) mod tls;
 pub(crate) mod token;
 pub(crate) mod txn;
 pub(crate) mod up;

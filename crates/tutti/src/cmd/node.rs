@@ -2,7 +2,7 @@
 //! It records the node in cluster.json, `tutti up` starts and supervises it, and this waits
 //! until the manager's directory has it serving.
 
-use super::args::with_cluster_token;
+use super::args::with_cluster_credentials;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
@@ -44,7 +44,7 @@ pub(crate) async fn run(a: NodeArgs, dialer: &Dialer) -> Result<(), String> {
         )
     })?;
     let file = tutti_harness::local::read_file(&dir).map_err(|e| e.to_string())?;
-    let dialer = with_cluster_token(dialer, file.token_file.as_deref())?;
+    let dialer = with_cluster_credentials(dialer, &file.credentials)?;
     let node = tutti_harness::local::record_node(&dir).map_err(|e| e.to_string())?;
     let until = Instant::now() + JOIN_WAIT;
     loop {

@@ -27,7 +27,7 @@ pub(crate) async fn run(a: SequencerArgs, dialer: Dialer) -> Result<(), String> 
         .await
         .map_err(|e| format!("listen on {}: {e}", a.listen))?;
     let listening = (listener.local_addr()).map_err(|e| format!("listen on {}: {e}", a.listen))?;
-    tutti_wire::require_token_beyond_loopback(listening, dialer.token())?;
+    tutti_wire::require_credentials_beyond_loopback(listening, dialer.credentials())?;
     let cluster = a.cluster.connect(&dialer).await?;
     let opts = ServiceOptions {
         addr: a.listen,

@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tutti_wire::ClusterToken;
 
 #[derive(Args)]
@@ -21,7 +21,7 @@ enum TokenCommand {
     /// TUTTI_TOKEN_FILE) to every tutti process and client there.
     New {
         file: PathBuf,
-        /// Replace FILE if it exists: every process must then be given the new token.
+        /// Replace FILE if it exists (every process then needs the new token).
         #[arg(long)]
         force: bool,
     },
@@ -29,26 +29,34 @@ enum TokenCommand {
 
 pub(crate) fn run(a: TokenArgs) -> Result<(), String> {
     let TokenCommand::New { file, force } = a.command;
-    let mut open = std::fs::OpenOptions::new();
-    open.write(true).mode(0o600);
-    if force {
-        // An existing file keeps its mode on open; it must not stay readable by others.
-        if let Err(e) = std::fs::remove_file(&file) {
+    write_private(&file, &format!("{}\n", ClusterToken::generate()), force)
+}
+
+/// Writes `text` to a new file of mode 0600 at `path`, synced; an existing one is an error
+/// unless `replace` (it is removed first: an existing file keeps its mode when opened).
+pub(crate) fn write_private(path: &Path, text: &str, replace: bool) -> Result<(), String> {
+    let at = |e: std::io::Error| format!("{}: {e}", path.display());
+    if replace {
+        if let Err(e) = std::fs::remove_file(path) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                return Err(format!("{}: {e}", file.display()));
+                return Err(at(e));
             }
         }
     }
-    let mut out = open.create_new(true).open(&file).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::AlreadyExists {
-            format!(
-                "{} exists; --force replaces it (and every process then needs the new one)",
-                file.display()
-            )
-        } else {
-            format!("{}: {e}", file.display())
-        }
-    })?;
-    let written = writeln!(out, "{}", ClusterToken::generate()).and_then(|()| out.sync_all());
-    written.map_err(|e| format!("{}: {e}", file.display()))
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                format!("{} exists; --force replaces it", path.display())
+            } else {
+                at(e)
+            }
+        })?;
+    (file
+        .write_all(text.as_bytes())
+        .and_then(|()| file.sync_all()))
+    .map_err(at)
 }

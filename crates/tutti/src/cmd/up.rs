@@ -4,10 +4,11 @@
 use super::args::{parse_size, shutdown_signal, ModeArg};
 use clap::Args;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 use tutti_harness::local::{Layout, LocalCluster};
+use tutti_wire::CredentialFiles;
 
 #[derive(Args)]
 pub(crate) struct UpArgs {
@@ -28,7 +29,7 @@ pub(crate) struct UpArgs {
     fs: Option<PathBuf>,
 }
 
-pub(crate) async fn run(a: UpArgs, token_file: Option<&Path>) -> Result<(), String> {
+pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("locating the tutti executable: {e}"))?;
     let layout = Layout {
         nodes: a.nodes,
@@ -41,8 +42,8 @@ pub(crate) async fn run(a: UpArgs, token_file: Option<&Path>) -> Result<(), Stri
         return Err("--nodes must be between 1 and 1000".into());
     }
     let mut cluster = LocalCluster::open(&exe, &a.data, layout, true).map_err(|e| e.to_string())?;
-    if let Some(path) = token_file {
-        (cluster.set_token_file(path)).map_err(|e| format!("--token-file: {e}"))?;
+    if *credentials != CredentialFiles::default() {
+        (cluster.set_credentials(credentials)).map_err(|e| e.to_string())?;
     }
     cluster.start_all().map_err(|e| e.to_string())?;
     if let Err(e) = cluster.wait_ready(Duration::from_secs(60)).await {

@@ -49,7 +49,7 @@ pub struct Clients {
     pub errors: Vec<u64>,
     pub incarnations: Vec<u64>,
     pub mix: Mix,
-    /// Extra flags of each client (its routes through the chaos proxy).
+    /// Extra flags of each client (its routes through the chaos proxy, its credentials).
     pub flags: Vec<Vec<String>>,
 }
 
@@ -401,6 +401,9 @@ pub struct ChaosConfig {
     /// The Go program that checks register histories with Porcupine.
     pub linearizability_checker: PathBuf,
     pub seed: u64,
+    /// What every process of the run proves (a token, TLS), as `tutti up --token-file`
+    /// would give it: each reconnection after a kill or a partition authenticates again.
+    pub credentials: tutti_wire::CredentialFiles,
 }
 
 /// Where `tools/linearizability` is in the source tree this binary was built from.
@@ -856,6 +859,23 @@ pub fn run(
             Some(proxy)
         }
     };
+    if cfg.credentials != tutti_wire::CredentialFiles::default() {
+        local.set_credentials(&cfg.credentials)?;
+        let flags = local.file.credentials.flags();
+        for f in bank_clients.flags.iter_mut().chain(&mut fs_clients.flags) {
+            f.extend(flags.iter().cloned());
+        }
+        for n in log_clients.names() {
+            log_clients
+                .flags
+                .entry(n)
+                .or_default()
+                .extend(flags.iter().cloned());
+        }
+        for n in object_clients.names() {
+            (object_clients.flags.entry(n).or_default()).extend(flags.iter().cloned());
+        }
+    }
     local.start_all()?;
     let cluster = rt.block_on(local.wait_ready(Duration::from_secs(60)))?;
     let mut workload = match cfg.workload {

@@ -67,7 +67,8 @@ pub struct FsClients {
     incarnations: Vec<u64>,
     /// Clients whose mount is starting: their worker starts once it is up.
     pending: std::collections::BTreeSet<u64>,
-    /// Extra flags of each client's mount (its routes through the chaos proxy).
+    /// Extra flags of each client's mount (its routes through the chaos proxy, its
+    /// credentials).
     pub flags: Vec<Vec<String>>,
 }
 

@@ -160,7 +160,7 @@ fn main() -> ExitCode {
     if let Command::Chaos(a) = cli.command {
         // Chaos drives its own runtime between the processes it kills.
         init_tracing("error");
-        return match cmd::chaos::run(a) {
+        return match cmd::chaos::run(a, credentials) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("tutti: {e}");

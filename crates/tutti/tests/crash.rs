@@ -53,6 +53,8 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         partitions: Some((common::secs(2.0, 6.0), common::secs(0.5, 4.0))),
         linearizability_checker: chaos::default_checker(),
         seed,
+        // Every process proves a token: reconnections after kills and partitions too.
+        credentials: common::token(&dir),
     };
     let report = common::chaos(&dir, &cfg);
     assert!(

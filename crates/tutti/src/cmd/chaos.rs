@@ -4,6 +4,7 @@ use super::args::{parse_duration_s, parse_range};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
+use tutti_wire::CredentialFiles;
 
 #[derive(Args)]
 pub(crate) struct ChaosArgs {
@@ -71,7 +72,7 @@ enum WorkloadArg {
     Fs,
 }
 
-pub(crate) fn run(a: ChaosArgs) -> Result<(), String> {
+pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), String> {
     use tutti_harness::chaos::{ChaosConfig, ChaosWorkload, Terminator};
     let every = |(lo, hi): (f64, f64)| Terminator {
         every: (Duration::from_secs_f64(lo), Duration::from_secs_f64(hi)),
@@ -101,6 +102,7 @@ pub(crate) fn run(a: ChaosArgs) -> Result<(), String> {
         mix: a.mix,
         linearizability_checker: a.linearizability_checker,
         seed: a.seed.unwrap_or_else(rand::random),
+        credentials,
     };
     // Without --data: a scratch directory, removed when every invariant holds and kept
     // (for its logs) otherwise.

@@ -166,5 +166,18 @@ pub fn log_chaos_config(
         partitions: Some((secs(3.0, 6.0), secs(0.5, 3.0))),
         linearizability_checker: tutti_harness::chaos::default_checker(),
         seed: chaos_seed(),
+        credentials: Default::default(),
+    }
+}
+
+/// A new cluster token in `dir`, as credentials for every process.
+pub fn token(dir: &Path) -> tutti_wire::CredentialFiles {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("cluster.token");
+    std::fs::write(&path, tutti_wire::ClusterToken::generate()).expect("write a token");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    tutti_wire::CredentialFiles {
+        token_file: Some(path),
+        tls: None,
     }
 }

@@ -2,7 +2,7 @@
 // Porcupine (github.com/anishathalye/porcupine): per key, reads, writes and
 // compare-and-swaps must be linearizable against a single 8-byte register that starts at 0.
 //
-// Usage: go run . [-timeout 10m] [-visualize FILE.html] HISTORY.jsonl...
+// Usage: go run . [-timeout 10m] [-memory-mib 4096] [-visualize FILE.html] HISTORY.jsonl...
 //
 // Each file holds one JSON event per line: {"ev":"call","id","t","key","f",...} or
 // {"ev":"return","id","t","out","value"}. An operation without a return, or that returned
@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"time"
@@ -219,12 +221,35 @@ func Load(paths []string) (History, error) {
 	return h, nil
 }
 
+// What was checked, for the verdict line.
+func describe(h History, started time.Time) string {
+	return fmt.Sprintf("%d operations on %d keys (%d with unknown outcome; left out: %d unknown and unobserved, %d aborted or unread), checked in %.1f s",
+		len(h.Ops), h.Keys, h.Unknown, h.Unobserved, h.Dropped, time.Since(started).Seconds())
+}
+
+// Exits undecided once the heap passes limitMiB, after asking the collector to keep under
+// it as long as it can.
+func watchMemory(limitMiB uint64, what func() string) {
+	limit := limitMiB << 20
+	debug.SetMemoryLimit(int64(limit))
+	var m runtime.MemStats
+	for {
+		runtime.ReadMemStats(&m)
+		if m.HeapAlloc > limit {
+			fmt.Printf("undecided (the search's heap passed %d MiB): %s\n", limitMiB, what())
+			os.Exit(1)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 func main() {
 	timeout := flag.Duration("timeout", 10*time.Minute, "give up (exit 1) after this long")
+	memoryMiB := flag.Uint64("memory-mib", 4096, "give up (exit 1) once the search's heap passes this many MiB")
 	visualize := flag.String("visualize", "", "write Porcupine's HTML visualization here when the history is not linearizable")
 	flag.Parse()
 	if flag.NArg() == 0 {
-		fmt.Fprintln(os.Stderr, "usage: linearizability [-timeout D] [-visualize FILE.html] HISTORY.jsonl...")
+		fmt.Fprintln(os.Stderr, "usage: linearizability [-timeout D] [-memory-mib N] [-visualize FILE.html] HISTORY.jsonl...")
 		os.Exit(2)
 	}
 	h, err := Load(flag.Args())
@@ -233,11 +258,13 @@ func main() {
 		os.Exit(2)
 	}
 	started := time.Now()
+	// A history with many operations of unknown outcome can make the search's state grow
+	// without bound (15 GB in one chaos run): give up before the machine runs out.
+	go watchMemory(*memoryMiB, func() string { return describe(h, started) })
 	// The verbose check, which keeps partial linearizations for the visualization, is
 	// several times slower: run it only to draw a history already found illegal.
 	res := porcupine.CheckOperationsTimeout(model, h.Ops, *timeout)
-	what := fmt.Sprintf("%d operations on %d keys (%d with unknown outcome; left out: %d unknown and unobserved, %d aborted or unread), checked in %.1f s",
-		len(h.Ops), h.Keys, h.Unknown, h.Unobserved, h.Dropped, time.Since(started).Seconds())
+	what := describe(h, started)
 	switch res {
 	case porcupine.Ok:
 		fmt.Println("linearizable:", what)

@@ -915,7 +915,7 @@ pub fn run(
             }
         }
         ChaosWorkload::Fs => {
-            mkfs(exe, &manager)?;
+            mkfs(exe, &manager, &local.file.credentials.flags())?;
             fs_clients
                 .start_all()
                 .map_err(|e| LocalError::Config(format!("start clients: {e}")))?;
@@ -999,11 +999,12 @@ pub fn run(
 }
 
 /// Makes the file system's volume on the run's cluster (`tutti fs mkfs`).
-fn mkfs(exe: &Path, manager: &str) -> Result<(), LocalError> {
+fn mkfs(exe: &Path, manager: &str, credentials: &[String]) -> Result<(), LocalError> {
     let out = Command::new(exe)
         .args(["fs", "mkfs", "--cluster", manager, "--name"])
         .arg(crate::fs_workload::VOLUME)
         .args(["--bytes-per-node", crate::fs_workload::BYTES_PER_NODE])
+        .args(credentials)
         .output()
         .map_err(|e| LocalError::Config(format!("tutti fs mkfs: {e}")))?;
     if !out.status.success() {

@@ -325,8 +325,13 @@ pub async fn serve_connection<H>(
         .unwrap_or_default();
     let (rd, wr) = match crate::handshake::accept(stream, &credentials).await {
         Ok(halves) => halves,
-        Err(e) => {
+        Err(e) if e.is_permanent() => {
             tracing::warn!(%peer, "refused a connection: {e}");
+            return;
+        }
+        Err(e) => {
+            // A peer killed or cut off while connecting: nothing to refuse.
+            tracing::debug!(%peer, "a connection ended during the handshake: {e}");
             return;
         }
     };

@@ -129,6 +129,7 @@ impl ScratchCluster {
     ) -> Result<Self, String> {
         let _ = std::fs::remove_dir_all(&dir);
         let layout = Layout {
+            host: tutti_harness::local::LOOPBACK,
             nodes,
             mode: mode.into(),
             size_bytes,

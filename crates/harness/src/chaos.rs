@@ -817,6 +817,7 @@ pub fn run(
     // The supervisor starts processes as tokio children, from this thread.
     let _in_rt = rt.enter();
     let layout = crate::local::Layout {
+        host: crate::local::LOOPBACK,
         nodes: 4,
         mode: "log".into(),
         size_bytes: 64 << 20,

@@ -6,6 +6,7 @@ use crate::supervisor::Supervisor;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -52,6 +53,23 @@ pub enum LocalError {
     NotReady(Duration, String),
 }
 
+/// Where local clusters listen unless told otherwise.
+pub const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+/// `host` with a port free on it, as an address.
+fn new_addr(host: IpAddr) -> Result<String, LocalError> {
+    Ok(SocketAddr::new(host, free_port_on(host)?).to_string())
+}
+
+impl ClusterFile {
+    /// The address the cluster's processes listen on (the manager's host).
+    pub fn host(&self) -> IpAddr {
+        self.manager
+            .parse::<SocketAddr>()
+            .map_or(LOOPBACK, |a| a.ip())
+    }
+}
+
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalError {
     let what = what.into();
     move |source| LocalError::Io { what, source }
@@ -60,6 +78,9 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalError {
 /// What to create when the data directory holds no cluster yet.
 #[derive(Clone, Debug)]
 pub struct Layout {
+    /// The address every process listens on (each on its own port): loopback, or one that
+    /// other machines dial.
+    pub host: IpAddr,
     pub nodes: usize,
     pub mode: String,
     pub size_bytes: u64,
@@ -87,6 +108,11 @@ pub struct LocalCluster {
 /// same port twice in one process: clusters started at once (tests run in parallel) would
 /// otherwise both find a port free before either child binds it.
 pub fn free_port() -> Result<u16, LocalError> {
+    free_port_on(LOOPBACK)
+}
+
+/// `free_port`, free on `host`.
+pub fn free_port_on(host: IpAddr) -> Result<u16, LocalError> {
     use rand::Rng;
     static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -98,7 +124,7 @@ pub fn free_port() -> Result<u16, LocalError> {
     let mut handed_out = HANDED_OUT.lock().expect("ports poisoned");
     for _ in 0..1000 {
         let port = rng.gen_range(range.clone());
-        if !handed_out.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !handed_out.contains(&port) && std::net::TcpListener::bind((host, port)).is_ok() {
             handed_out.insert(port);
             return Ok(port);
         }
@@ -128,8 +154,16 @@ impl LocalCluster {
                 let mut file: ClusterFile = serde_json::from_slice(&bytes)
                     .map_err(|e| LocalError::Config(format!("{}: {e}", path.display())))?;
                 if file.sequencer.is_empty() {
-                    file.sequencer = format!("127.0.0.1:{}", free_port()?);
+                    file.sequencer = new_addr(file.host())?;
                     write_file(&dir, &file)?;
+                }
+                if strict && file.host() != layout.host {
+                    return Err(LocalError::Config(format!(
+                        "{} holds a cluster on {}; use another --data to make one on {}",
+                        dir.display(),
+                        file.host(),
+                        layout.host
+                    )));
                 }
                 // More nodes than asked for is the same cluster grown by `tutti node add`.
                 if strict && (file.nodes.len() < layout.nodes || file.mode != layout.mode) {
@@ -149,18 +183,18 @@ impl LocalCluster {
                 for id in 1..=layout.nodes as NodeId {
                     nodes.push(NodeEntry {
                         id,
-                        addr: format!("127.0.0.1:{}", free_port()?),
-                        metrics: format!("127.0.0.1:{}", free_port()?),
+                        addr: new_addr(layout.host)?,
+                        metrics: new_addr(layout.host)?,
                         data: dir.join(format!("node-{id}")),
                     });
                 }
                 let file = ClusterFile {
-                    manager: format!("127.0.0.1:{}", free_port()?),
+                    manager: new_addr(layout.host)?,
                     manager_data: dir.join("manager"),
                     mode: layout.mode.clone(),
                     size_bytes: layout.size_bytes,
                     nodes,
-                    sequencer: format!("127.0.0.1:{}", free_port()?),
+                    sequencer: new_addr(layout.host)?,
                     credentials: CredentialFiles::default(),
                 };
                 write_file(&dir, &file)?;
@@ -392,8 +426,8 @@ pub fn record_node(dir: &Path) -> Result<NodeEntry, LocalError> {
     let id = file.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
     let node = NodeEntry {
         id,
-        addr: format!("127.0.0.1:{}", free_port()?),
-        metrics: format!("127.0.0.1:{}", free_port()?),
+        addr: new_addr(file.host())?,
+        metrics: new_addr(file.host())?,
         data: dir.join(format!("node-{id}")),
     };
     file.nodes.push(node.clone());

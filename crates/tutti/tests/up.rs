@@ -350,3 +350,35 @@ fn a_cluster_with_tls_serves_only_clients_with_certificates_of_its_authority() {
     assert!(err.contains("TLS with the peer failed"), "{err}");
     sigterm_and_wait(&mut child);
 }
+
+#[test]
+fn up_listens_on_its_host_and_beyond_loopback_only_with_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = dir.path().join("refused");
+    for (host, why) in [
+        ("0.0.0.0", "other machines dial"),
+        ("192.0.2.1", "--token-file"),
+    ] {
+        let out = Command::new(common::exe())
+            .args(["up", "--host", host, "--data"])
+            .arg(&refused)
+            .output()
+            .unwrap();
+        let err = failure(&out);
+        assert!(err.contains(why), "{host}: {err}");
+        assert!(!refused.exists(), "{host}: nothing is made");
+    }
+    let data = dir.path().join("data");
+    let (mut child, manager) = up_with(&data, &["--host", "127.0.0.2"]);
+    assert!(manager.starts_with("127.0.0.2:"), "{manager}");
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
+    for node in file["nodes"].as_array().unwrap() {
+        assert!(node["addr"].as_str().unwrap().starts_with("127.0.0.2:"));
+    }
+    assert_eq!(
+        txn(data.to_str().unwrap(), &["write:2:0:6869"])["committed"],
+        true
+    );
+    sigterm_and_wait(&mut child);
+}

@@ -23,6 +23,11 @@ pub(crate) struct UpArgs {
     /// Bytes of address space per memory node (suffixes K, M, G accepted).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     size: u64,
+    /// The address every process listens on, each on its own port: 127.0.0.1, or this
+    /// machine's address that other machines dial (then with --token-file or --tls-*).
+    /// Fixed when the data directory is created.
+    #[arg(long, default_value_t = tutti_harness::local::LOOPBACK)]
+    host: std::net::IpAddr,
     /// Also mount tutti-fs here (the volume `fs`, made on first use), unmounted on Ctrl-C.
     /// More mounts of it: `tutti fs mount --cluster DATA MOUNTPOINT`.
     #[arg(long, value_name = "MOUNTPOINT")]
@@ -31,7 +36,21 @@ pub(crate) struct UpArgs {
 
 pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("locating the tutti executable: {e}"))?;
+    if a.host.is_unspecified() {
+        return Err(format!(
+            "--host {}: give the address other machines dial this one at; processes register it with the manager, and clients dial what they find there",
+            a.host
+        ));
+    }
+    let credentials_given = *credentials != CredentialFiles::default();
+    if !a.host.is_loopback() && !credentials_given && !recorded_credentials(&a.data) {
+        return Err(format!(
+            "--host {} is reachable from other machines: give the cluster --token-file FILE (`tutti token new FILE`) or --tls-cert, --tls-key and --tls-ca (`tutti tls new DIR --host {}`)",
+            a.host, a.host
+        ));
+    }
     let layout = Layout {
+        host: a.host,
         nodes: a.nodes,
         mode: a.mode.name().into(),
         size_bytes: a.size,
@@ -42,7 +61,7 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
         return Err("--nodes must be between 1 and 1000".into());
     }
     let mut cluster = LocalCluster::open(&exe, &a.data, layout, true).map_err(|e| e.to_string())?;
-    if *credentials != CredentialFiles::default() {
+    if credentials_given {
         (cluster.set_credentials(credentials)).map_err(|e| e.to_string())?;
     }
     cluster.start_all().map_err(|e| e.to_string())?;
@@ -93,6 +112,11 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
     }
     cluster.stop_all();
     failure.map_or(Ok(()), Err)
+}
+
+/// Whether the cluster in `data` (if any) recorded credentials at an earlier start.
+fn recorded_credentials(data: &std::path::Path) -> bool {
+    tutti_harness::local::read_file(data).is_ok_and(|f| f.credentials != CredentialFiles::default())
 }
 
 /// How often `tutti up` reads cluster.json for nodes `tutti node add` recorded.

@@ -70,6 +70,7 @@ pub fn start(
 ) -> TestCluster {
     let dir = scratch(name);
     let layout = Layout {
+        host: tutti_harness::local::LOOPBACK,
         nodes,
         mode: mode.into(),
         size_bytes: 64 << 20,

@@ -30,7 +30,16 @@ fn up_with(data: &std::path::Path, flags: &[&str]) -> (Child, String) {
 }
 
 fn txn(cluster: &str, items: &[&str]) -> serde_json::Value {
-    let out = try_txn(cluster, items);
+    succeeded(&try_txn(cluster, items))
+}
+
+/// `tutti ARGS...`, which must succeed: the JSON it printed.
+fn tutti_json(args: &[&str]) -> serde_json::Value {
+    succeeded(&Command::new(common::exe()).args(args).output().unwrap())
+}
+
+/// The JSON a command printed; asserts that it succeeded.
+fn succeeded(out: &std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
         "{}",
@@ -207,19 +216,7 @@ fn a_node_added_while_up_serves_joins_and_stays() {
     let data = common::scratch("up-node-add");
     let (mut child, manager) = up(&data);
     let dir = data.display().to_string();
-    let add = || {
-        let out = Command::new(common::exe())
-            .args(["node", "add", "--data", &dir])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
-    assert_eq!(add()["node"], 3);
+    assert_eq!(tutti_json(&["node", "add", "--data", &dir])["node"], 3);
     let out = txn(&manager, &["write:3:0:0700000000000000", "add:1:0:1"]);
     assert_eq!(out["committed"], true);
     let stats = stats_json(&dir);
@@ -241,8 +238,8 @@ fn a_node_added_while_up_serves_joins_and_stays() {
 
 #[test]
 fn a_cluster_with_a_token_serves_only_clients_that_prove_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (token, other) = (dir.path().join("token"), dir.path().join("other"));
+    let dir = common::scratch("up-token");
+    let (token, other) = (dir.join("token"), dir.join("other"));
     let new_token = |path: &std::path::Path| {
         Command::new(common::exe())
             .args(["token", "new"])
@@ -260,7 +257,7 @@ fn a_cluster_with_a_token_serves_only_clients_that_prove_it() {
     assert!(failure(&new_token(&token)).contains("exists"));
     let (token_s, other_s) = (token.to_str().unwrap(), other.to_str().unwrap());
 
-    let data = dir.path().join("data");
+    let data = dir.join("data");
     let (mut child, manager) = up_with(&data, &["--token-file", token_s]);
     let data_s = data.to_str().unwrap();
     // `--cluster DIR` finds the token that up recorded.
@@ -281,7 +278,7 @@ fn a_cluster_with_a_token_serves_only_clients_that_prove_it() {
     assert!(err.contains("token differs"), "{err}");
 
     // Serving beyond loopback without a token: refused at start, by each kind of process.
-    let mdata = dir.path().join("manager");
+    let mdata = dir.join("manager");
     for args in [
         vec![
             "manager",
@@ -315,15 +312,9 @@ fn a_cluster_with_tls_serves_only_clients_with_certificates_of_its_authority() {
     fn flags(f: &[String]) -> Vec<&str> {
         f.iter().map(String::as_str).collect()
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::scratch("up-tls");
     let tls_new = |name: &str| {
-        let out = Command::new(common::exe())
-            .args(["tls", "new"])
-            .arg(dir.path().join(name))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let made: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let made = tutti_json(&["tls", "new", dir.join(name).to_str().unwrap()]);
         ["--tls-cert", "--tls-key", "--tls-ca"]
             .into_iter()
             .zip(["cert", "key", "ca"])
@@ -332,7 +323,7 @@ fn a_cluster_with_tls_serves_only_clients_with_certificates_of_its_authority() {
     };
     let (ours, theirs) = (tls_new("ours"), tls_new("theirs"));
 
-    let data = dir.path().join("data");
+    let data = dir.join("data");
     let (mut child, manager) = up_with(&data, &flags(&ours));
     let data_s = data.to_str().unwrap();
     // `--cluster DIR` finds the certificates that up recorded.
@@ -353,8 +344,8 @@ fn a_cluster_with_tls_serves_only_clients_with_certificates_of_its_authority() {
 
 #[test]
 fn up_listens_on_its_host_and_beyond_loopback_only_with_credentials() {
-    let dir = tempfile::tempdir().unwrap();
-    let refused = dir.path().join("refused");
+    let dir = common::scratch("up-host");
+    let refused = dir.join("refused");
     for (host, why) in [
         ("0.0.0.0", "other machines dial"),
         ("192.0.2.1", "--token-file"),
@@ -368,7 +359,7 @@ fn up_listens_on_its_host_and_beyond_loopback_only_with_credentials() {
         assert!(err.contains(why), "{host}: {err}");
         assert!(!refused.exists(), "{host}: nothing is made");
     }
-    let data = dir.path().join("data");
+    let data = dir.join("data");
     let (mut child, manager) = up_with(&data, &["--host", "127.0.0.2"]);
     assert!(manager.starts_with("127.0.0.2:"), "{manager}");
     let file: serde_json::Value =

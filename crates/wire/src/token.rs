@@ -13,7 +13,7 @@ pub const TOKEN_BYTES_MIN: usize = 16;
 /// Bytes of a token file, at most: a token is a line, not a document.
 const TOKEN_FILE_BYTES_MAX: u64 = 4096;
 /// Bytes of a proof: an HMAC-SHA256 tag.
-pub const PROOF_BYTES: usize = 32;
+pub(crate) const PROOF_BYTES: usize = 32;
 /// Bytes of the nonce each side sends in its hello.
 pub const NONCE_BYTES: usize = 16;
 /// What every proof starts with, so that a tag made for something else never passes.
@@ -22,7 +22,7 @@ const PROOF_CONTEXT: &[u8] = b"tutti cluster token proof v1";
 /// Which end of a connection proves: the two ends sign differently, so that a proof heard
 /// from one cannot be sent back as the other's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
+pub(crate) enum Side {
     Connector = 1,
     Acceptor = 2,
 }
@@ -91,7 +91,7 @@ impl ClusterToken {
 
     /// What `side` sends to show it holds the token: a tag over its own nonce and the
     /// peer's, which the peer picked fresh for this connection.
-    pub fn proof(
+    pub(crate) fn proof(
         &self,
         side: Side,
         own: &[u8; NONCE_BYTES],
@@ -102,7 +102,7 @@ impl ClusterToken {
 
     /// Whether `proof` is what a holder of this token on `side` sends, with nonce `prover`,
     /// to a peer whose nonce is `verifier`. Compares in constant time.
-    pub fn verify(
+    pub(crate) fn verify(
         &self,
         side: Side,
         prover: &[u8; NONCE_BYTES],

@@ -3,6 +3,8 @@
 //! send and log truncations come out. It does no I/O; `node` drives it on tokio and a
 //! simulator can drive it unchanged. Its only side effect is on the address space (`Space`).
 
+mod backup;
+
 use crate::range_locks::{LockKind, LockRange, RangeLocks};
 use crate::redo_log::{LogRecord, Lsn};
 use crate::space::Space;
@@ -229,6 +231,7 @@ pub struct Participant<R> {
     load: Load,
     log: LogCounters,
     rss_bytes: u64,
+    backup: Option<backup::Backup>,
 }
 
 impl<R> Participant<R> {
@@ -260,6 +263,7 @@ impl<R> Participant<R> {
             load: Load::default(),
             log: LogCounters::default(),
             rss_bytes: 0,
+            backup: None,
         }
     }
 
@@ -398,6 +402,7 @@ impl<R> Participant<R> {
 
     pub fn on_request(&mut self, now_ms: u64, reply_to: R, id: u64, req: Request) -> Actions<R> {
         let mut acts = Actions::default();
+        self.expire_backup(now_ms);
         match req {
             Request::RequestAbort { tids } => self.request_abort(&mut acts, reply_to, id, tids),
             Request::LogTids { tids } if tids.len() > BATCH_TIDS_MAX => {
@@ -464,6 +469,12 @@ impl<R> Participant<R> {
                 }
                 acts.replies
                     .push((reply_to, id, Response::Released { held }));
+            }
+            req @ (Request::BackupLock { .. }
+            | Request::BackupCut { .. }
+            | Request::BackupRead { .. }
+            | Request::BackupEnd { .. }) => {
+                self.backup_request(&mut acts, now_ms, reply_to, id, req)
             }
             Request::Register { .. }
             | Request::Directory
@@ -1296,6 +1307,9 @@ pub enum Bug {
     AppliedBelowBeforeScan,
     /// Every COMMIT-OK vote gives up its read locks, a multi-node minitransaction's too.
     ReleaseReadsAtEveryVote,
+    /// A backup's cut is taken while tids still hold locks (Sinfonia §4.8's phase 1
+    /// skipped): a tid may then be in one node's cut and not in another's.
+    CutWithLocksHeld,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -27,6 +27,8 @@ pub struct RangeLocks {
     by_tid: FxHashMap<Tid, Vec<u64>>,
     /// Longest range ever held: bounds how far left of a query an overlapping range may start.
     range_bytes_max: u64,
+    /// Set while a backup takes its cut: every `try_lock` fails, so the held locks drain.
+    fenced: bool,
 }
 
 const TID_MIN: Tid = Tid {
@@ -38,7 +40,7 @@ const TID_MIN: Tid = Tid {
 impl RangeLocks {
     /// Takes every range for `tid`, or none if any conflicts with another holder.
     pub fn try_lock(&mut self, tid: Tid, ranges: &[LockRange]) -> bool {
-        if ranges.iter().any(|r| self.conflicts(tid, r)) {
+        if self.fenced || ranges.iter().any(|r| self.conflicts(tid, r)) {
             return false;
         }
         let starts = self.by_tid.entry(tid).or_default();
@@ -101,6 +103,11 @@ impl RangeLocks {
 
     pub fn holders(&self) -> usize {
         self.by_tid.len()
+    }
+
+    /// While `fenced`, no lock is granted, to anyone.
+    pub fn set_fenced(&mut self, fenced: bool) {
+        self.fenced = fenced;
     }
 }
 

@@ -1,8 +1,10 @@
 //! The memory node's byte address space. `ram` mode maps anonymous memory (pages cost RSS
 //! only once written); `log` mode maps the sparse disk image file, so that committed writes
-//! land in the page cache and a background flush makes them durable.
+//! land in the page cache and a background flush makes them durable. It also keeps a
+//! backup's cut: the space as of one instant, read page by page while writes go on.
 
 use memmap2::{MmapOptions, MmapRaw};
+use rustc_hash::FxHashMap;
 use std::fs::OpenOptions;
 use std::path::Path;
 use std::sync::Arc;
@@ -10,6 +12,32 @@ use std::sync::Arc;
 pub struct Space {
     map: Arc<MmapRaw>,
     size_bytes: u64,
+    cut: Option<Cut>,
+}
+
+/// The unit a cut saves and reads.
+pub const PAGE_BYTES: u64 = 4096;
+
+/// The space as of a backup's cut, by copy-on-write: the first write since the cut to a page
+/// the backup has not read yet saves the page's old bytes first. The backup reads in
+/// address order, so a page below `read_upto` is never needed again; saved pages cost
+/// memory only for the pages written ahead of the reader.
+struct Cut {
+    read_upto: u64,
+    saved: FxHashMap<u64, Box<[u8]>>,
+    saved_bytes_max: u64,
+}
+
+/// What a read of the cut found wrong.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CutReadError {
+    NoCut,
+    /// Reads go in order: this one must start at `expected`.
+    OutOfOrder {
+        expected: u64,
+    },
+    /// The range is not whole pages inside the space.
+    BadRange,
 }
 
 /// A handle that flushes the image to disk from another thread while the participant runs.
@@ -30,6 +58,7 @@ impl Space {
         Ok(Space {
             map: Arc::new(MmapRaw::from(map)),
             size_bytes,
+            cut: None,
         })
     }
 
@@ -55,6 +84,7 @@ impl Space {
         Ok(Space {
             map: Arc::new(map),
             size_bytes,
+            cut: None,
         })
     }
 
@@ -84,6 +114,9 @@ impl Space {
             self.contains(addr, bytes.len() as u64),
             "write outside the space"
         );
+        if self.cut.is_some() && !bytes.is_empty() {
+            self.save_for_cut(addr, bytes.len() as u64);
+        }
         // SAFETY: as in `read`; `&mut self` excludes every other borrow of the mapping.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -92,5 +125,146 @@ impl Space {
                 bytes.len(),
             )
         }
+    }
+
+    /// Keeps the space as it is now for a backup, until `end_cut`; replaces a cut in progress.
+    pub fn begin_cut(&mut self) {
+        self.cut = Some(Cut {
+            read_upto: 0,
+            saved: FxHashMap::default(),
+            saved_bytes_max: 0,
+        });
+    }
+
+    /// Drops the cut; returns the most bytes it held saved at once (0 if there was none).
+    pub fn end_cut(&mut self) -> u64 {
+        self.cut.take().map_or(0, |cut| cut.saved_bytes_max)
+    }
+
+    /// The bytes of the page starting at `start` (the last page may be short).
+    fn page(&self, start: u64) -> &[u8] {
+        self.read(start, PAGE_BYTES.min(self.size_bytes - start))
+    }
+
+    fn save_for_cut(&mut self, addr: u64, len: u64) {
+        let first = addr / PAGE_BYTES * PAGE_BYTES;
+        let cut = self.cut.as_ref().expect("a cut");
+        let mut start = first.max(cut.read_upto.div_ceil(PAGE_BYTES) * PAGE_BYTES);
+        while start < addr + len {
+            if !self.cut.as_ref().expect("a cut").saved.contains_key(&start) {
+                let old: Box<[u8]> = self.page(start).into();
+                let cut = self.cut.as_mut().expect("a cut");
+                cut.saved.insert(start, old);
+                let saved_bytes = cut.saved.len() as u64 * PAGE_BYTES;
+                cut.saved_bytes_max = cut.saved_bytes_max.max(saved_bytes);
+            }
+            start += PAGE_BYTES;
+        }
+    }
+
+    /// Reads `[offset, offset + len)` of the space as of the cut, which must start where
+    /// the last read ended and be whole pages (or end at the space's end). Returns the runs
+    /// of pages not all zero, as `(offset, bytes)`.
+    pub fn read_cut(&mut self, offset: u64, len: u64) -> Result<Vec<(u64, Vec<u8>)>, CutReadError> {
+        let size_bytes = self.size_bytes;
+        let cut = self.cut.as_ref().ok_or(CutReadError::NoCut)?;
+        if offset != cut.read_upto {
+            return Err(CutReadError::OutOfOrder {
+                expected: cut.read_upto,
+            });
+        }
+        let end = offset.checked_add(len).ok_or(CutReadError::BadRange)?;
+        if len == 0 || end > size_bytes || (end % PAGE_BYTES != 0 && end != size_bytes) {
+            return Err(CutReadError::BadRange);
+        }
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut start = offset;
+        while start < end {
+            let bytes = match cut.saved.get(&start) {
+                Some(saved) => &saved[..],
+                None => self.page(start),
+            };
+            if bytes.iter().any(|&b| b != 0) {
+                match runs.last_mut() {
+                    Some((run, run_bytes)) if *run + run_bytes.len() as u64 == start => {
+                        run_bytes.extend_from_slice(bytes)
+                    }
+                    _ => runs.push((start, bytes.to_vec())),
+                }
+            }
+            start += PAGE_BYTES;
+        }
+        let cut = self.cut.as_mut().expect("a cut");
+        cut.saved.retain(|&page, _| page >= end);
+        cut.read_upto = end;
+        Ok(runs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads the cut from `offset` to the end, `chunk` bytes at a time, into `image`.
+    fn read_rest(space: &mut Space, image: &mut [u8], mut offset: u64, chunk: u64) {
+        while offset < space.size_bytes() {
+            let len = chunk.min(space.size_bytes() - offset);
+            for (at, bytes) in space.read_cut(offset, len).unwrap() {
+                image[at as usize..at as usize + bytes.len()].copy_from_slice(&bytes);
+            }
+            offset += len;
+        }
+    }
+
+    #[test]
+    fn a_cut_reads_the_space_as_it_was_whatever_is_written_after() {
+        let size = 10 * PAGE_BYTES + 100;
+        let mut space = Space::anonymous(size).unwrap();
+        let mut expected = vec![0u8; size as usize];
+        for (addr, bytes) in [
+            (5, &b"before"[..]),
+            (7 * PAGE_BYTES - 2, b"straddle"),
+            (size - 3, b"end"),
+        ] {
+            space.write(addr, bytes);
+            expected[addr as usize..addr as usize + bytes.len()].copy_from_slice(bytes);
+        }
+
+        space.begin_cut();
+        space.write(5, b"AFTER!");
+        space.write(7 * PAGE_BYTES - 4, b"overwritten");
+        space.write(9 * PAGE_BYTES, b"new");
+        space.write(size - 3, b"END");
+        let mut image = vec![0u8; size as usize];
+        let first = space.read_cut(0, 3 * PAGE_BYTES).unwrap();
+        assert_eq!(first, vec![(0, expected[..PAGE_BYTES as usize].to_vec())]);
+        image[..PAGE_BYTES as usize].copy_from_slice(&first[0].1);
+        space.write(PAGE_BYTES, b"behind the reader: not saved");
+        read_rest(&mut space, &mut image, 3 * PAGE_BYTES, 2 * PAGE_BYTES);
+        assert!(image == expected, "the cut's image differs");
+        assert_eq!(space.read(5, 6), b"AFTER!", "the space itself moved on");
+        assert_eq!(
+            space.end_cut(),
+            5 * PAGE_BYTES,
+            "pages 0, 6, 7, 9 and 10 were saved"
+        );
+    }
+
+    #[test]
+    fn cut_reads_go_in_order_over_whole_pages() {
+        let mut space = Space::anonymous(4 * PAGE_BYTES).unwrap();
+        assert_eq!(space.read_cut(0, PAGE_BYTES), Err(CutReadError::NoCut));
+        space.begin_cut();
+        assert_eq!(space.read_cut(0, 100), Err(CutReadError::BadRange));
+        assert_eq!(
+            space.read_cut(PAGE_BYTES, PAGE_BYTES),
+            Err(CutReadError::OutOfOrder { expected: 0 })
+        );
+        assert_eq!(
+            space.read_cut(0, 5 * PAGE_BYTES),
+            Err(CutReadError::BadRange)
+        );
+        assert_eq!(space.read_cut(0, 4 * PAGE_BYTES), Ok(vec![]), "all zero");
+        assert_eq!(space.end_cut(), 0);
     }
 }

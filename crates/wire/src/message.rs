@@ -233,7 +233,7 @@ pub struct Directory {
 /// A named region of the memory nodes' address spaces, allocated by the manager to a layer
 /// above the core (a shared log, say), with an epoch that the layer's single active holder
 /// (a log's sequencer) takes from the manager. The manager knows nothing of what is inside.
-#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
+#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RegionInfo {
     pub name: String,
     /// What the region is (`log`), so that one layer never opens another's region.
@@ -478,7 +478,30 @@ pub enum Request {
         applied: Vec<Applied>,
         applied_below: u64,
     },
+    /// Backup → memory node, phase 1 of a consistent cut (Sinfonia §4.8), sent to every
+    /// node in node-id order: from the first one, the node refuses new locks (`AbortLock`)
+    /// and the backup asks again until no tid holds a lock here. Replies `BackupLock`.
+    /// A node forgets a fence not asked about for `BACKUP_FENCE_LEASE_MS`.
+    BackupLock { backup: u64 },
+    /// Backup → memory node, phase 2, once every node answered `locked`: keep the image as
+    /// it is now for the backup (copy-on-write) and take locks again. Replies `BackupCut`.
+    BackupCut { backup: u64 },
+    /// Backup → memory node: the image as of the cut, `len` bytes from `offset`, read in
+    /// order (each read starts where the last one ended). Replies `BackupChunk`. A node
+    /// forgets a cut not read for `BACKUP_CUT_LEASE_MS`.
+    BackupRead { backup: u64, offset: u64, len: u64 },
+    /// Backup → memory node: the backup is over (done or given up); drop its fence or cut.
+    /// Replies `BackupEnded`, also for a backup the node does not know.
+    BackupEnd { backup: u64 },
 }
+
+/// How long a memory node keeps a backup's fence without hearing `BackupLock` again: a
+/// fenced node refuses every new lock, so a backup that went away must not hold it long.
+pub const BACKUP_FENCE_LEASE_MS: u64 = 2_000;
+/// How long a memory node keeps a backup's cut without a `BackupRead`.
+pub const BACKUP_CUT_LEASE_MS: u64 = 30_000;
+/// The most one `BackupRead` may ask for.
+pub const BACKUP_READ_BYTES_MAX: u64 = 4 << 20;
 
 #[derive(Encode, Decode, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorCode {
@@ -520,6 +543,20 @@ pub enum Response {
     Sequenced(Vec<Answer>),
     /// The sequencer's address, if one registered.
     Sequencer(Option<String>),
+    /// `locked`: no tid holds a lock here, and none can take one until the cut; otherwise
+    /// `holders` tids still do.
+    BackupLock {
+        locked: bool,
+        holders: u64,
+    },
+    /// The cut is taken; the image is `size_bytes` long.
+    BackupCut {
+        size_bytes: u64,
+    },
+    /// The image's bytes in the range read that are not all zero, as `(offset, bytes)`
+    /// runs of whole pages in address order; every other byte of the range is zero.
+    BackupChunk(Vec<(u64, Vec<u8>)>),
+    BackupEnded,
     Registered {
         epoch: u64,
         incarnation: u64,

@@ -1,0 +1,309 @@
+//! The participant's side of a consistent backup (Sinfonia §4.8; docs/backup.md): a fence
+//! that refuses new locks until the held ones drain, then a copy-on-write cut of the space
+//! that the backup reads in order while minitransactions go on.
+
+use super::{error, planted, Actions, Bug, Participant};
+use crate::space::CutReadError;
+use tutti_wire::{
+    ErrorCode, Request, Response, BACKUP_CUT_LEASE_MS, BACKUP_FENCE_LEASE_MS, BACKUP_READ_BYTES_MAX,
+};
+
+/// A backup this node takes part in.
+pub(super) struct Backup {
+    id: u64,
+    cut: bool,
+    /// When the backup last asked something of this node: a fence or a cut it stops asking
+    /// about lapses (`BACKUP_FENCE_LEASE_MS`, `BACKUP_CUT_LEASE_MS`).
+    touched_ms: u64,
+}
+
+impl<R> Participant<R> {
+    /// Drops a backup that has not been heard from within its lease.
+    pub(super) fn expire_backup(&mut self, now_ms: u64) {
+        if let Some(b) = &self.backup {
+            let lease = if b.cut {
+                BACKUP_CUT_LEASE_MS
+            } else {
+                BACKUP_FENCE_LEASE_MS
+            };
+            if now_ms.saturating_sub(b.touched_ms) > lease {
+                self.end_backup();
+            }
+        }
+    }
+
+    fn end_backup(&mut self) {
+        self.backup = None;
+        self.locks.set_fenced(false);
+        self.space.end_cut();
+    }
+
+    /// `BackupLock`, `BackupCut`, `BackupRead` and `BackupEnd`.
+    pub(super) fn backup_request(
+        &mut self,
+        acts: &mut Actions<R>,
+        now_ms: u64,
+        reply_to: R,
+        id: u64,
+        req: Request,
+    ) {
+        let resp = match req {
+            Request::BackupLock { backup } => self.backup_lock(now_ms, backup),
+            Request::BackupCut { backup } => self.backup_cut(now_ms, backup),
+            Request::BackupRead {
+                backup,
+                offset,
+                len,
+            } => self.backup_read(now_ms, backup, offset, len),
+            Request::BackupEnd { backup } => {
+                if self.backup.as_ref().is_some_and(|b| b.id == backup) {
+                    self.end_backup();
+                }
+                Response::BackupEnded
+            }
+            _ => unreachable!("only backup requests come here"),
+        };
+        acts.replies.push((reply_to, id, resp));
+    }
+
+    /// Whether the backup `backup` took its cut (touching it now), or the reply that says
+    /// why it is not here.
+    fn touch_backup(&mut self, now_ms: u64, backup: u64) -> Result<bool, Response> {
+        match &mut self.backup {
+            Some(b) if b.id == backup => {
+                b.touched_ms = now_ms;
+                Ok(b.cut)
+            }
+            Some(b) => Err(busy(b.id)),
+            None => Err(error(
+                ErrorCode::NotFound,
+                format!("no backup {backup:#x} here: it ended, lapsed, or the node restarted"),
+            )),
+        }
+    }
+
+    fn backup_lock(&mut self, now_ms: u64, backup: u64) -> Response {
+        if self.backup.is_none() {
+            self.backup = Some(Backup {
+                id: backup,
+                cut: false,
+                touched_ms: now_ms,
+            });
+            self.locks.set_fenced(true);
+        }
+        match self.touch_backup(now_ms, backup) {
+            Ok(true) => error(
+                ErrorCode::BadRequest,
+                format!("backup {backup:#x} already took its cut"),
+            ),
+            Ok(false) => {
+                let holders = self.locks.holders() as u64;
+                Response::BackupLock {
+                    locked: holders == 0,
+                    holders,
+                }
+            }
+            Err(refusal) => refusal,
+        }
+    }
+
+    fn backup_cut(&mut self, now_ms: u64, backup: u64) -> Response {
+        let drained = self.locks.holders() == 0 || planted(Bug::CutWithLocksHeld);
+        match self.touch_backup(now_ms, backup) {
+            Ok(true) => error(
+                ErrorCode::BadRequest,
+                format!("backup {backup:#x} already took its cut"),
+            ),
+            Ok(false) if !drained => error(
+                ErrorCode::BadRequest,
+                format!("backup {backup:#x}: locks are still held here; ask BackupLock first"),
+            ),
+            Ok(false) => {
+                self.backup.as_mut().expect("touched").cut = true;
+                self.locks.set_fenced(false);
+                self.space.begin_cut();
+                Response::BackupCut {
+                    size_bytes: self.space.size_bytes(),
+                }
+            }
+            Err(refusal) => refusal,
+        }
+    }
+
+    fn backup_read(&mut self, now_ms: u64, backup: u64, offset: u64, len: u64) -> Response {
+        if len > BACKUP_READ_BYTES_MAX {
+            let message = format!("a backup read is at most {BACKUP_READ_BYTES_MAX} bytes");
+            return error(ErrorCode::BadRequest, message);
+        }
+        match self.touch_backup(now_ms, backup) {
+            Ok(false) => error(
+                ErrorCode::BadRequest,
+                format!("backup {backup:#x} has not taken its cut"),
+            ),
+            Ok(true) => match self.space.read_cut(offset, len) {
+                Ok(runs) => Response::BackupChunk(runs),
+                Err(CutReadError::OutOfOrder { expected }) => error(
+                    ErrorCode::BadRequest,
+                    format!("backup reads go in order: the next one starts at {expected}"),
+                ),
+                Err(CutReadError::BadRange | CutReadError::NoCut) => error(
+                    ErrorCode::OutOfRange,
+                    format!(
+                        "[{offset}, +{len}) is not whole pages of the {} bytes of the space",
+                        self.space.size_bytes()
+                    ),
+                ),
+            },
+            Err(refusal) => refusal,
+        }
+    }
+}
+
+fn busy(other: u64) -> Response {
+    error(
+        ErrorCode::Conflict,
+        format!("backup {other:#x} is in progress on this node; one backup at a time"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::participant::{Config, Mode, Participant, CHECKPOINT_STEP_TIDS};
+    use crate::space::Space;
+    use tutti_wire::{
+        Decision, ErrorCode, ExecPrepare, Item, Limits, Request, Response, Tid, Vote,
+        BACKUP_FENCE_LEASE_MS,
+    };
+
+    type P = Participant<u32>;
+
+    fn node() -> P {
+        let cfg = Config {
+            id: 1,
+            mode: Mode::Ram,
+            timeout_uncertain_ms: 100,
+            limits: Limits::default(),
+            checkpoint_step_tids: CHECKPOINT_STEP_TIDS,
+        };
+        Participant::new(cfg, Space::anonymous(1 << 16).unwrap(), 1)
+    }
+
+    fn tid(seq: u64) -> Tid {
+        Tid {
+            epoch: 1,
+            coordinator: 7,
+            seq,
+        }
+    }
+
+    fn ask(p: &mut P, now_ms: u64, req: Request) -> Response {
+        let mut acts = p.on_request(now_ms, 0, 1, req);
+        assert_eq!(acts.replies.len(), 1);
+        acts.replies.pop().unwrap().2
+    }
+
+    /// Writes `v` at `addr`: alone (one phase) or with node 2 (then it waits for its decision).
+    fn write(p: &mut P, seq: u64, with_peer: bool, addr: u64, v: u8) -> Vote {
+        let ep = ExecPrepare {
+            tid: tid(seq),
+            participants: if with_peer { vec![1, 2] } else { vec![1] },
+            class: "t".into(),
+            read_only: false,
+            items: vec![Item::Write {
+                addr,
+                bytes: vec![v; 8],
+            }],
+            executed: 0,
+        };
+        match ask(p, 0, Request::ExecPrepare(ep)) {
+            Response::Vote(v) => v.vote,
+            other => panic!("no vote: {other:?}"),
+        }
+    }
+
+    fn lock(p: &mut P, now_ms: u64) -> (bool, u64) {
+        match ask(p, now_ms, Request::BackupLock { backup: 9 }) {
+            Response::BackupLock { locked, holders } => (locked, holders),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn read(p: &mut P, offset: u64, len: u64) -> Vec<(u64, Vec<u8>)> {
+        let req = Request::BackupRead {
+            backup: 9,
+            offset,
+            len,
+        };
+        match ask(p, 0, req) {
+            Response::BackupChunk(runs) => runs,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_cut_waits_for_held_locks_refuses_new_ones_and_keeps_its_image() {
+        let mut p = node();
+        assert_eq!(write(&mut p, 1, false, 0, 1), Vote::CommitOk);
+        assert_eq!(write(&mut p, 2, true, 8, 2), Vote::CommitOk, "uncertain");
+        assert_eq!(lock(&mut p, 0), (false, 1), "tid 2 holds its lock");
+        assert_eq!(write(&mut p, 3, false, 16, 3), Vote::AbortLock, "fenced");
+        let cut_too_early = ask(&mut p, 0, Request::BackupCut { backup: 9 });
+        assert!(matches!(
+            cut_too_early,
+            Response::Error {
+                code: ErrorCode::BadRequest,
+                ..
+            }
+        ));
+        let decision = Decision {
+            tid: tid(2),
+            commit: true,
+            lsns: vec![],
+        };
+        assert!(p
+            .on_request(0, 0, 0, Request::Decisions(vec![decision]))
+            .replies
+            .is_empty());
+        assert_eq!(lock(&mut p, 1), (true, 0));
+        let other = ask(&mut p, 1, Request::BackupLock { backup: 10 });
+        assert!(matches!(
+            other,
+            Response::Error {
+                code: ErrorCode::Conflict,
+                ..
+            }
+        ));
+        let cut = ask(&mut p, 1, Request::BackupCut { backup: 9 });
+        assert!(matches!(cut, Response::BackupCut { size_bytes: 65_536 }));
+
+        assert_eq!(write(&mut p, 4, false, 0, 4), Vote::CommitOk, "unfenced");
+        let mut page = vec![0u8; 16];
+        page[..8].fill(1);
+        page[8..].fill(2);
+        page.resize(4096, 0);
+        assert_eq!(read(&mut p, 0, 8192), vec![(0, page)], "as of the cut");
+        assert_eq!(read(&mut p, 8192, 65_536 - 8192), vec![]);
+        assert!(matches!(
+            ask(&mut p, 1, Request::BackupEnd { backup: 9 }),
+            Response::BackupEnded
+        ));
+        assert_eq!(write(&mut p, 5, false, 0, 5), Vote::CommitOk);
+    }
+
+    #[test]
+    fn a_fence_nobody_asks_about_lapses() {
+        let mut p = node();
+        assert_eq!(lock(&mut p, 0), (true, 0));
+        assert_eq!(write(&mut p, 1, false, 0, 1), Vote::AbortLock);
+        let later = BACKUP_FENCE_LEASE_MS + 1;
+        let gone = ask(&mut p, later, Request::BackupCut { backup: 9 });
+        assert!(matches!(
+            gone,
+            Response::Error {
+                code: ErrorCode::NotFound,
+                ..
+            }
+        ));
+        assert_eq!(write(&mut p, 2, false, 0, 1), Vote::CommitOk);
+    }
+}

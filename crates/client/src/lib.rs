@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backup;
 pub mod coordinator;
 mod minitx;
 mod plan;
@@ -220,6 +221,18 @@ impl Cluster {
             out.push((node.id, result));
         }
         out
+    }
+
+    /// Sends `req` to memory node `node` and waits at most `timeout` for its reply: for
+    /// requests outside minitransactions (a backup's). A node's error comes back as
+    /// `Ok(Response::Error { .. })`.
+    pub async fn call_node(
+        &self,
+        node: NodeId,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, RpcError> {
+        self.conn(node).await?.call_within(req, timeout).await
     }
 
     /// Executes and commits `tx` (Sinfonia Fig. 4). Lock-busy, forced and stale-epoch aborts

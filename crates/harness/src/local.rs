@@ -179,26 +179,8 @@ impl LocalCluster {
                 file
             }
             Err(_) => {
-                let mut nodes = Vec::new();
-                for id in 1..=layout.nodes as NodeId {
-                    nodes.push(NodeEntry {
-                        id,
-                        addr: new_addr(layout.host)?,
-                        metrics: new_addr(layout.host)?,
-                        data: dir.join(format!("node-{id}")),
-                    });
-                }
-                let file = ClusterFile {
-                    manager: new_addr(layout.host)?,
-                    manager_data: dir.join("manager"),
-                    mode: layout.mode.clone(),
-                    size_bytes: layout.size_bytes,
-                    nodes,
-                    sequencer: new_addr(layout.host)?,
-                    credentials: CredentialFiles::default(),
-                };
-                write_file(&dir, &file)?;
-                file
+                let ids: Vec<NodeId> = (1..=layout.nodes as NodeId).collect();
+                create_file(&dir, layout.host, &layout.mode, layout.size_bytes, &ids)?
             }
         };
         let credentials = file.credentials.load().map_err(LocalError::Config)?;
@@ -436,6 +418,37 @@ pub fn record_node(dir: &Path) -> Result<NodeEntry, LocalError> {
 }
 
 /// `dir/cluster.json`.
+/// Writes `dir/cluster.json` for a new cluster on `host` with memory nodes `ids`, each
+/// with its data directory `dir/node-ID` and free ports; returns it.
+pub fn create_file(
+    dir: &Path,
+    host: IpAddr,
+    mode: &str,
+    size_bytes: u64,
+    ids: &[NodeId],
+) -> Result<ClusterFile, LocalError> {
+    let mut nodes = Vec::new();
+    for &id in ids {
+        nodes.push(NodeEntry {
+            id,
+            addr: new_addr(host)?,
+            metrics: new_addr(host)?,
+            data: dir.join(format!("node-{id}")),
+        });
+    }
+    let file = ClusterFile {
+        manager: new_addr(host)?,
+        manager_data: dir.join("manager"),
+        mode: mode.to_string(),
+        size_bytes,
+        nodes,
+        sequencer: new_addr(host)?,
+        credentials: CredentialFiles::default(),
+    };
+    write_file(dir, &file)?;
+    Ok(file)
+}
+
 pub fn read_file(dir: &Path) -> Result<ClusterFile, LocalError> {
     let path = dir.join("cluster.json");
     let bytes = std::fs::read(&path).map_err(io(format!("read {}", path.display())))?;

@@ -11,6 +11,13 @@ mod store;
 pub use recovery::Recovery;
 pub use state::{ManagerState, Persisted, RecoveryBatch};
 
+/// Writes `state` as the manager's state in `dir` (a new cluster's, restored from a backup),
+/// as a manager started on `dir` then reads it.
+pub fn write_state(dir: &std::path::Path, state: &Persisted) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    store::save(dir, state)
+}
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

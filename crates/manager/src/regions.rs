@@ -33,6 +33,24 @@ fn error(code: ErrorCode, message: String) -> Response {
 }
 
 impl Regions {
+    /// The registry that lists `infos` (what `Request::Regions` answered).
+    pub(crate) fn from_infos(infos: &[RegionInfo]) -> Regions {
+        let by_name = (infos.iter())
+            .map(|i| {
+                let region = Region {
+                    kind: i.kind.clone(),
+                    nodes: i.nodes.clone(),
+                    bytes_per_node: i.bytes_per_node,
+                    params: i.params.clone(),
+                    epoch: i.epoch,
+                    holder: i.holder.clone(),
+                };
+                (i.name.clone(), region)
+            })
+            .collect();
+        Regions { by_name }
+    }
+
     fn info(name: &str, r: &Region) -> RegionInfo {
         RegionInfo {
             name: name.to_string(),
@@ -214,6 +232,18 @@ mod tests {
 
     fn size(node: NodeId) -> Option<u64> {
         (node <= 3).then_some(16 * MIB)
+    }
+
+    #[test]
+    fn a_registry_rebuilt_from_its_listing_is_the_same() {
+        let mut r = Regions::default();
+        r.create("a".into(), "log".into(), vec![1, 2], 4 * MIB, vec![7], size);
+        r.create("b".into(), "fs".into(), vec![3], MIB, vec![], size);
+        r.take("a", 1, "127.0.0.1:9".into());
+        let Response::Regions(infos) = r.all() else {
+            panic!("not a listing");
+        };
+        assert_eq!(Regions::from_infos(&infos), r);
     }
 
     #[test]

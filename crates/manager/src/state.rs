@@ -44,6 +44,32 @@ impl Persisted {
     }
 }
 
+impl Persisted {
+    /// The state of a cluster restored from a backup (`tutti backup restore`): its nodes,
+    /// `(id, addr, size_bytes)`, durable, and its regions as they were; no sequencer yet (a
+    /// new one registers).
+    pub fn restored(
+        nodes: &[(NodeId, String, u64)],
+        regions: &[tutti_wire::RegionInfo],
+    ) -> Persisted {
+        Persisted {
+            epoch: 1,
+            nodes: (nodes.iter())
+                .map(|(id, addr, size_bytes)| {
+                    let node = PersistedNode {
+                        addr: addr.clone(),
+                        size_bytes: *size_bytes,
+                        durable: true,
+                    };
+                    (*id, node)
+                })
+                .collect(),
+            regions: Regions::from_infos(regions),
+            sequencer: None,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 struct PersistedNode {
     addr: String,

@@ -298,8 +298,8 @@ pub async fn run(
                 .clone()
                 .ok_or_else(|| NodeError::Config("log mode needs --data DIR".into()))?;
             let lock = open_data_dir(&data, &cfg)?;
-            let space =
-                Space::image(&data.join("image"), cfg.size_bytes).map_err(io("open the image"))?;
+            let space = Space::image(&data.join(IMAGE_FILE), cfg.size_bytes)
+                .map_err(io("open the image"))?;
             let flusher = space.flusher();
             let recovered = RedoLog::open(&data.join("log"), cfg.log_segment_bytes)?;
             let rebooted = !recovered.records.is_empty();
@@ -391,8 +391,7 @@ fn open_data_dir(data: &std::path::Path, cfg: &NodeConfig) -> Result<std::fs::Fi
         ))
     })?;
     let meta_path = data.join("node.json");
-    let meta =
-        serde_json::json!({ "id": cfg.id, "size_bytes": cfg.size_bytes, "format": DATA_FORMAT });
+    let meta = data_dir_meta(cfg.id, cfg.size_bytes);
     match std::fs::read(&meta_path) {
         Ok(bytes) => {
             let found: serde_json::Value = serde_json::from_slice(&bytes)
@@ -412,17 +411,41 @@ fn open_data_dir(data: &std::path::Path, cfg: &NodeConfig) -> Result<std::fs::Fi
                 )));
             }
         }
-        Err(_) => {
-            let tmp = data.join("node.json.tmp");
-            std::fs::write(&tmp, meta.to_string()).map_err(io("write node.json"))?;
-            std::fs::File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(io("sync node.json"))?;
-            std::fs::rename(&tmp, &meta_path).map_err(io("rename node.json"))?;
-            crate::redo_log::sync_dir(data)?;
-        }
+        Err(_) => write_data_dir_meta(data, &meta)?,
     }
     Ok(lock)
+}
+
+/// The image file in a `log` node's data directory (docs/storage.md).
+pub const IMAGE_FILE: &str = "image";
+
+/// What `node.json` records of the node whose data directory it is.
+fn data_dir_meta(id: NodeId, size_bytes: u64) -> serde_json::Value {
+    serde_json::json!({ "id": id, "size_bytes": size_bytes, "format": DATA_FORMAT })
+}
+
+fn write_data_dir_meta(data: &std::path::Path, meta: &serde_json::Value) -> Result<(), NodeError> {
+    let tmp = data.join("node.json.tmp");
+    std::fs::write(&tmp, meta.to_string()).map_err(io("write node.json"))?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io("sync node.json"))?;
+    std::fs::rename(&tmp, data.join("node.json")).map_err(io("rename node.json"))?;
+    Ok(crate::redo_log::sync_dir(data)?)
+}
+
+/// Makes `data` the data directory of `log` node `id` whose image is `image` (a file of
+/// `size_bytes`, complete and synced) and whose redo log is empty: a node restored from a
+/// backup. `data` must not exist yet; `image` is moved into it.
+pub fn create_data_dir(
+    data: &std::path::Path,
+    id: NodeId,
+    size_bytes: u64,
+    image: &std::path::Path,
+) -> Result<(), NodeError> {
+    std::fs::create_dir(data).map_err(io(format!("create {}", data.display())))?;
+    std::fs::rename(image, data.join(IMAGE_FILE)).map_err(io("move the image in"))?;
+    write_data_dir_meta(data, &data_dir_meta(id, size_bytes))
 }
 
 /// How long lazy records (`Decided`) may wait for the next synced batch before they are

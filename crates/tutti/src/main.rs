@@ -74,6 +74,11 @@ enum Command {
     Fs(cmd::fs::FsArgs),
     /// Memory nodes of a local cluster: add one while `tutti up` serves.
     Node(cmd::node::NodeArgs),
+    /// Consistent backups, taken while the cluster serves: create, verify, restore.
+    ///
+    /// A backup is the same cut of every memory node (Sinfonia §4.8) plus the manager's
+    /// regions; restore makes a new local cluster of it. See docs/backup.md.
+    Backup(cmd::backup::BackupArgs),
     /// Cluster tokens: `tutti token new FILE` makes one for --token-file.
     ///
     /// With a token, every process proves it on each connection (HMAC over fresh nonces; the
@@ -233,6 +238,10 @@ async fn run(command: Command, dialer: Dialer, credentials: CredentialFiles) -> 
         Command::Node(a) => {
             init_tracing("error");
             cmd::node::run(a, &dialer).await
+        }
+        Command::Backup(a) => {
+            init_tracing("warn");
+            cmd::backup::run(a, &dialer).await
         }
         Command::Token(a) => cmd::token::run(a),
         Command::Tls(a) => cmd::tls::run(a),

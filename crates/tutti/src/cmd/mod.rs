@@ -2,6 +2,7 @@
 //! and benchmarks live in their crates; these only parse, call and print.
 
 pub(crate) mod args;
+pub(crate) mod backup;
 pub(crate) mod bench;
 pub(crate) mod chaos;
 pub(crate) mod fs;

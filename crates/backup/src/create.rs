@@ -1,0 +1,241 @@
+//! `create`: drives the cut's state machine (`tutti_client::backup::BackupRun`) over the
+//! cluster's connections and stores what it reads, one file per node, then the manifest.
+
+use crate::format::{write_manifest, ImageWriter, Manifest, FORMAT};
+use crate::Error;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+use tutti_client::backup::{BackupConfig, BackupError, BackupRun};
+use tutti_client::Cluster;
+use tutti_wire::{NodeId, Request, Response};
+
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    /// How long the cut waits for locks to drain at the nodes, per attempt.
+    pub lock_timeout: Duration,
+    /// Attempts at a cut before giving up (locks that did not drain, another backup).
+    pub attempts: u32,
+    /// How long one request to a node may take.
+    pub call_timeout: Duration,
+    /// Print progress to standard error every few seconds.
+    pub progress: bool,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            lock_timeout: Duration::from_secs(5),
+            attempts: 3,
+            call_timeout: Duration::from_secs(10),
+            progress: false,
+        }
+    }
+}
+
+/// Pause between two attempts at a cut.
+const ATTEMPT_PAUSE: Duration = Duration::from_secs(1);
+/// How often progress is printed.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// Backs up every memory node of `cluster` into `dest` (a new or empty directory) while
+/// it serves. On failure, removes what it wrote.
+pub async fn create(
+    cluster: &Cluster,
+    dest: &Path,
+    opts: &CreateOptions,
+) -> Result<Manifest, Error> {
+    let made_dest = prepare_dest(dest)?;
+    let result = attempts(cluster, dest, opts).await;
+    if result.is_err() {
+        if made_dest {
+            let _ = std::fs::remove_dir_all(dest);
+        } else if let Ok(entries) = std::fs::read_dir(dest) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    result
+}
+
+/// Creates `dest` or checks that it is empty; true if it created it.
+fn prepare_dest(dest: &Path) -> Result<bool, Error> {
+    match std::fs::read_dir(dest) {
+        Ok(mut entries) => match entries.next() {
+            None => Ok(false),
+            Some(_) => Err(Error::Refused(format!(
+                "{} is not empty: a backup goes into a new or empty directory",
+                dest.display()
+            ))),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dest).map_err(|source| Error::Io {
+                what: format!("create {}", dest.display()),
+                source,
+            })?;
+            Ok(true)
+        }
+        Err(source) => Err(Error::Io {
+            what: format!("read {}", dest.display()),
+            source,
+        }),
+    }
+}
+
+async fn attempts(cluster: &Cluster, dest: &Path, opts: &CreateOptions) -> Result<Manifest, Error> {
+    let nodes = cluster.nodes();
+    if let Some(down) = nodes.iter().find(|n| !n.alive) {
+        return Err(Error::Cluster(format!(
+            "memory node {} is down: a backup needs every node",
+            down.id
+        )));
+    }
+    let ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
+    let mut attempt = 1;
+    loop {
+        match attempt_once(cluster, dest, &ids, opts).await {
+            Err(Error::Cluster(why)) if attempt < opts.attempts && why.starts_with("no cut") => {
+                tracing::warn!(attempt, "{why}; trying again in {ATTEMPT_PAUSE:?}");
+                tokio::time::sleep(ATTEMPT_PAUSE).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn attempt_once(
+    cluster: &Cluster,
+    dest: &Path,
+    ids: &[NodeId],
+    opts: &CreateOptions,
+) -> Result<Manifest, Error> {
+    let id: u64 = rand::random();
+    let cfg = BackupConfig {
+        lock_timeout_us: opts.lock_timeout.as_micros() as u64,
+        ..BackupConfig::default()
+    };
+    let mut run = BackupRun::new(id, ids.to_vec(), cfg);
+    let start = Instant::now();
+    let now_us = || start.elapsed().as_micros() as u64;
+    let mut acts = run.start(now_us());
+    let mut writers: BTreeMap<NodeId, ImageWriter> = BTreeMap::new();
+    let (mut regions, mut fenced_ms, mut cut_at) = (Vec::new(), 0, start);
+    let mut progress = Progress::new(opts.progress);
+    loop {
+        if let Some((node, runs)) = acts.chunk.take() {
+            let writer = writers.get_mut(&node).expect("a writer per node");
+            let mut stored = 0;
+            for (offset, bytes) in runs {
+                if let Err(e) = writer.append(offset, &bytes) {
+                    end_everywhere(cluster, ids, id, opts.call_timeout).await;
+                    return Err(e);
+                }
+                stored += bytes.len() as u64;
+            }
+            progress.stored(node, stored);
+        }
+        if acts.cut_taken {
+            (fenced_ms, cut_at) = (start.elapsed().as_millis() as u64, Instant::now());
+            match cut_taken(cluster, dest, id, run.sizes()).await {
+                Ok((r, w)) => (regions, writers) = (r, w),
+                Err(e) => {
+                    end_everywhere(cluster, ids, id, opts.call_timeout).await;
+                    return Err(e);
+                }
+            }
+        }
+        if let Some(done) = acts.done.take() {
+            match done {
+                Ok(_) => break,
+                Err(e @ BackupError::NoCut(_)) => return Err(Error::Cluster(e.to_string())),
+                Err(e) => return Err(Error::Cluster(format!("backup failed: {e}"))),
+            }
+        }
+        let (node, req) = acts.call.take().expect("a call until done");
+        let wait = Duration::from_micros(acts.at_us.saturating_sub(now_us()));
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        let reply = cluster.call_node(node, &req, opts.call_timeout).await;
+        acts = run.on_reply(now_us(), reply.map_err(|e| e.to_string()));
+    }
+    let copy_ms = cut_at.elapsed().as_millis() as u64;
+    let mut images = Vec::new();
+    for writer in writers.into_values() {
+        images.push(writer.finish()?);
+    }
+    let manifest = Manifest {
+        format: FORMAT,
+        backup: format!("{id:#018x}"),
+        created_unix_ms: (SystemTime::now().duration_since(SystemTime::UNIX_EPOCH))
+            .map_or(0, |d| d.as_millis() as u64),
+        tutti_version: env!("CARGO_PKG_VERSION").into(),
+        nodes: images,
+        regions,
+        fenced_ms,
+        copy_ms,
+    };
+    write_manifest(dest, &manifest)?;
+    Ok(manifest)
+}
+
+type Writers = BTreeMap<NodeId, ImageWriter>;
+
+/// Every node took its cut: reads the manager's regions (each region whose bytes are in the
+/// cut is among them) and opens the image files.
+async fn cut_taken(
+    cluster: &Cluster,
+    dest: &Path,
+    id: u64,
+    sizes: Vec<(NodeId, u64)>,
+) -> Result<(Vec<tutti_wire::RegionInfo>, Writers), Error> {
+    let regions = match cluster.ask_manager(&Request::Regions).await {
+        Ok(Response::Regions(r)) => r,
+        Ok(other) => return Err(Error::Cluster(format!("the manager answered {other:?}"))),
+        Err(e) => return Err(Error::Cluster(format!("reading the regions: {e}"))),
+    };
+    let mut writers = BTreeMap::new();
+    for (node, size_bytes) in sizes {
+        writers.insert(node, ImageWriter::create(dest, node, size_bytes, id)?);
+    }
+    Ok((regions, writers))
+}
+
+/// Tells every node that the backup is over, so that none keeps its cut until the lease.
+async fn end_everywhere(cluster: &Cluster, ids: &[NodeId], backup: u64, timeout: Duration) {
+    for &node in ids {
+        let _ = cluster
+            .call_node(node, &Request::BackupEnd { backup }, timeout)
+            .await;
+    }
+}
+
+/// Bytes stored so far, printed to standard error every `PROGRESS_EVERY`.
+struct Progress {
+    on: bool,
+    bytes: u64,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(on: bool) -> Progress {
+        Progress {
+            on,
+            bytes: 0,
+            last: Instant::now(),
+        }
+    }
+
+    fn stored(&mut self, node: NodeId, bytes: u64) {
+        self.bytes += bytes;
+        if self.on && self.last.elapsed() >= PROGRESS_EVERY {
+            self.last = Instant::now();
+            eprintln!(
+                "backup: {} MiB stored, reading node {node}",
+                self.bytes >> 20
+            );
+        }
+    }
+}

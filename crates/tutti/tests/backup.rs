@@ -1,0 +1,205 @@
+//! Consistent backups (Sinfonia §4.8) of real processes: `tutti backup create` taken while
+//! the bank runs restores, with `tutti backup restore`, to a cluster where the money is all
+//! there and every client's counter is a prefix of that client's transfers; a log made
+//! before the backup reads back from the restored cluster; a damaged backup is refused.
+
+mod common;
+
+use rand::SeedableRng;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tutti_harness::local::{Layout, LocalCluster, LOOPBACK};
+use tutti_workload::{Bank, Workload};
+
+const NODES: u16 = 3;
+const CLIENTS: u64 = 8;
+const ACCOUNTS: u64 = 64;
+
+fn bank() -> Bank {
+    Bank::new(ACCOUNTS, NODES, CLIENTS)
+}
+
+/// Runs `tutti ARGS`; the JSON it printed, or panics with its standard error.
+fn tutti_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(common::exe()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "tutti {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each client's transfers: seen committed, and seen committed or unknown.
+type Counts = Vec<(Arc<AtomicU64>, Arc<AtomicU64>)>;
+
+fn read_counts(counts: &Counts) -> Vec<(u64, u64)> {
+    (counts.iter())
+        .map(|(c, u)| {
+            let committed = c.load(Ordering::SeqCst);
+            (committed, committed + u.load(Ordering::SeqCst))
+        })
+        .collect()
+}
+
+#[test]
+fn a_backup_under_load_restores_to_a_consistent_cut() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("backup", NODES as usize, "log", &[], &[]);
+    let cluster = rt.block_on(common::ready(&c));
+    let dir = c.local.dir.display().to_string();
+    tutti_json(&[
+        "log",
+        "create",
+        "journal",
+        "--capacity-bytes",
+        "32M",
+        "--cluster",
+        &dir,
+    ]);
+    tutti_json(&[
+        "log",
+        "append",
+        "journal",
+        "6a6f75726e616c",
+        "--cluster",
+        &dir,
+    ]);
+    rt.block_on(tutti_harness::workload::setup(&cluster, &bank()))
+        .unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let commits = Arc::new(AtomicU64::new(0));
+    let counts: Counts = (0..CLIENTS)
+        .map(|_| (Arc::default(), Arc::default()))
+        .collect();
+    let load: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let (cluster, stop, commits) = (cluster.clone(), stop.clone(), commits.clone());
+            let (committed, unknown) = counts[client as usize].clone();
+            rt.spawn(async move {
+                let mut bank = bank();
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(client);
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = tutti_harness::workload::run_op(&cluster, &mut bank, client, &mut rng)
+                        .await;
+                    let (c, _, u) = bank.outcomes();
+                    unknown.store(u, Ordering::SeqCst);
+                    committed.store(c, Ordering::SeqCst);
+                    commits.store(commits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let rate = |during: Duration| {
+        let before = commits.load(Ordering::Relaxed);
+        std::thread::sleep(during);
+        (commits.load(Ordering::Relaxed) - before) as f64 / during.as_secs_f64()
+    };
+    let rate_before = rate(Duration::from_secs(2));
+
+    let backup_dir = common::scratch("backup-dest");
+    let dest = backup_dir.join("b");
+    let before = read_counts(&counts);
+    let (started, ops_at_start) = (Instant::now(), commits.load(Ordering::Relaxed));
+    let made = tutti_json(&[
+        "backup",
+        "create",
+        dest.to_str().unwrap(),
+        "--cluster",
+        &dir,
+    ]);
+    let took = started.elapsed();
+    let rate_during = (commits.load(Ordering::Relaxed) - ops_at_start) as f64 / took.as_secs_f64();
+    let after = read_counts(&counts);
+    let rate_after = rate(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        rt.block_on(task).unwrap();
+    }
+    eprintln!(
+        "backup {made}: {took:?}; operations/s before {rate_before:.0}, during {rate_during:.0}, after {rate_after:.0}"
+    );
+    assert_eq!(made["nodes"].as_array().unwrap().len(), NODES as usize);
+    assert_eq!(made["regions"], 1, "the log's region");
+    assert!(after.iter().map(|a| a.0).sum::<u64>() > before.iter().map(|b| b.0).sum::<u64>());
+
+    let verified = tutti_json(&["backup", "verify", dest.to_str().unwrap()]);
+    assert_eq!(verified["ok"], true);
+    let restore_dir = common::scratch("backup-restored");
+    let data = restore_dir.join("cluster");
+    let restored = tutti_json(&[
+        "backup",
+        "restore",
+        dest.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ]);
+    eprintln!("restored: {restored}");
+    drop(c);
+
+    let layout = Layout {
+        host: LOOPBACK,
+        nodes: NODES as usize,
+        mode: "log".into(),
+        size_bytes: 64 << 20,
+        node_flags: vec![],
+        manager_flags: vec![],
+    };
+    let mut local = LocalCluster::open(&common::exe(), &data, layout, true).unwrap();
+    local.start_all().unwrap();
+    let restored_cluster = rt
+        .block_on(local.wait_ready(Duration::from_secs(60)))
+        .unwrap();
+    // The cut's counters lie between what clients had seen when the backup began and what
+    // they had seen, or might have, when it ended; the money is all there.
+    let mut model = bank();
+    for (client, (b, a)) in before.iter().zip(&after).enumerate() {
+        model.tally(client as u64, b.0, a.1 - b.0);
+    }
+    let snapshot = rt
+        .block_on(restored_cluster.exec_and_commit(&model.snapshot()))
+        .unwrap();
+    let violations = model.check(&snapshot.reads);
+    assert!(violations.is_empty(), "{violations:?}");
+    let data_dir = data.display().to_string();
+    let entry = tutti_json(&["log", "read", "journal", "0", "--cluster", &data_dir]);
+    assert!(entry.to_string().contains("6a6f75726e616c"), "{entry}");
+    let moved = tutti_json(&[
+        "log",
+        "append",
+        "journal",
+        "6d6f7265",
+        "--cluster",
+        &data_dir,
+    ]);
+    // A new sequencer takes the log over: it starts past the old one's reservation.
+    assert!(moved["position"].as_u64().unwrap() >= 1, "{moved}");
+    local.stop_all();
+}
+
+#[test]
+fn a_damaged_or_unfinished_backup_is_refused() {
+    let dir = common::scratch("backup-damaged");
+    let run = |args: &[&str]| Command::new(common::exe()).args(args).output().unwrap();
+    let out = run(&["backup", "verify", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did not finish"));
+    let data = dir.join("restored");
+    let out = run(&["backup", "restore", dir.to_str().unwrap(), "--data"])
+        .status
+        .success();
+    assert!(!out, "--data is required");
+    let out = run(&[
+        "backup",
+        "restore",
+        dir.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!data.exists(), "nothing made from a backup that is not one");
+}

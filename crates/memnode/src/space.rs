@@ -12,6 +12,11 @@ use std::sync::Arc;
 pub struct Space {
     map: Arc<MmapRaw>,
     size_bytes: u64,
+    /// One bit per page that may hold a byte other than zero: set by every write, and at
+    /// open for the image file's data. A cut reads only these pages: reading the others,
+    /// holes of a sparse image, would fill the page cache with zeros (a 1 GiB node took
+    /// 2.8 s to back up, 83 % of it the kernel zeroing pages).
+    written: Vec<u64>,
     cut: Option<Cut>,
 }
 
@@ -24,7 +29,9 @@ pub const PAGE_BYTES: u64 = 4096;
 /// memory only for the pages written ahead of the reader.
 struct Cut {
     read_upto: u64,
+    /// Pages saved, by address; an empty one was zero.
     saved: FxHashMap<u64, Box<[u8]>>,
+    saved_bytes: u64,
     saved_bytes_max: u64,
 }
 
@@ -58,6 +65,7 @@ impl Space {
         Ok(Space {
             map: Arc::new(MmapRaw::from(map)),
             size_bytes,
+            written: vec![0; pages(size_bytes).div_ceil(64) as usize],
             cut: None,
         })
     }
@@ -81,11 +89,16 @@ impl Space {
         let map = MmapOptions::new()
             .len(usize::try_from(size_bytes).map_err(std::io::Error::other)?)
             .map_raw(&file)?;
-        Ok(Space {
+        let mut space = Space {
             map: Arc::new(map),
             size_bytes,
+            written: vec![0; pages(size_bytes).div_ceil(64) as usize],
             cut: None,
-        })
+        };
+        for (start, end) in data_extents(&file, size_bytes) {
+            space.mark_written(start, end - start);
+        }
+        Ok(space)
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -114,9 +127,13 @@ impl Space {
             self.contains(addr, bytes.len() as u64),
             "write outside the space"
         );
-        if self.cut.is_some() && !bytes.is_empty() {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.cut.is_some() {
             self.save_for_cut(addr, bytes.len() as u64);
         }
+        self.mark_written(addr, bytes.len() as u64);
         // SAFETY: as in `read`; `&mut self` excludes every other borrow of the mapping.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -127,11 +144,23 @@ impl Space {
         }
     }
 
+    fn mark_written(&mut self, addr: u64, len: u64) {
+        for page in addr / PAGE_BYTES..(addr + len).div_ceil(PAGE_BYTES) {
+            self.written[(page / 64) as usize] |= 1 << (page % 64);
+        }
+    }
+
+    fn is_written(&self, start: u64) -> bool {
+        let page = start / PAGE_BYTES;
+        self.written[(page / 64) as usize] & (1 << (page % 64)) != 0
+    }
+
     /// Keeps the space as it is now for a backup, until `end_cut`; replaces a cut in progress.
     pub fn begin_cut(&mut self) {
         self.cut = Some(Cut {
             read_upto: 0,
             saved: FxHashMap::default(),
+            saved_bytes: 0,
             saved_bytes_max: 0,
         });
     }
@@ -152,11 +181,16 @@ impl Space {
         let mut start = first.max(cut.read_upto.div_ceil(PAGE_BYTES) * PAGE_BYTES);
         while start < addr + len {
             if !self.cut.as_ref().expect("a cut").saved.contains_key(&start) {
-                let old: Box<[u8]> = self.page(start).into();
+                // A page never written is zero: saved as nothing.
+                let old: Box<[u8]> = match self.is_written(start) {
+                    true => self.page(start).into(),
+                    false => Box::new([]),
+                };
+                let old_len = old.len() as u64;
                 let cut = self.cut.as_mut().expect("a cut");
                 cut.saved.insert(start, old);
-                let saved_bytes = cut.saved.len() as u64 * PAGE_BYTES;
-                cut.saved_bytes_max = cut.saved_bytes_max.max(saved_bytes);
+                cut.saved_bytes += old_len;
+                cut.saved_bytes_max = cut.saved_bytes_max.max(cut.saved_bytes);
             }
             start += PAGE_BYTES;
         }
@@ -182,6 +216,7 @@ impl Space {
         while start < end {
             let bytes = match cut.saved.get(&start) {
                 Some(saved) => &saved[..],
+                None if !self.is_written(start) => &[],
                 None => self.page(start),
             };
             if bytes.iter().any(|&b| b != 0) {
@@ -196,9 +231,46 @@ impl Space {
         }
         let cut = self.cut.as_mut().expect("a cut");
         cut.saved.retain(|&page, _| page >= end);
+        cut.saved_bytes = cut.saved.values().map(|p| p.len() as u64).sum();
         cut.read_upto = end;
         Ok(runs)
     }
+}
+
+fn pages(bytes: u64) -> u64 {
+    bytes.div_ceil(PAGE_BYTES)
+}
+
+/// The ranges of `file` (of `size_bytes`) that hold data, by `SEEK_DATA`/`SEEK_HOLE`: the
+/// whole file where the file system cannot tell.
+fn data_extents(file: &std::fs::File, size_bytes: u64) -> Vec<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let seek = |offset: u64, whence| {
+        // SAFETY: lseek on a descriptor `file` owns; it moves only the file offset, which
+        // nothing else here uses (the space is read and written through the mapping).
+        let at = unsafe { libc::lseek(fd, offset as libc::off_t, whence) };
+        u64::try_from(at).ok()
+    };
+    let mut extents = Vec::new();
+    let mut offset = 0;
+    while offset < size_bytes {
+        let Some(data) = seek(offset, libc::SEEK_DATA) else {
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
+                return vec![(0, size_bytes)];
+            }
+            break;
+        };
+        let hole = seek(data, libc::SEEK_HOLE)
+            .unwrap_or(size_bytes)
+            .min(size_bytes);
+        if hole <= data {
+            return vec![(0, size_bytes)];
+        }
+        extents.push((data, hole));
+        offset = hole;
+    }
+    extents
 }
 
 #[cfg(test)]
@@ -245,9 +317,27 @@ mod tests {
         assert_eq!(space.read(5, 6), b"AFTER!", "the space itself moved on");
         assert_eq!(
             space.end_cut(),
-            5 * PAGE_BYTES,
-            "pages 0, 6, 7, 9 and 10 were saved"
+            3 * PAGE_BYTES + 100,
+            "pages 0, 6, 7 and the short last one were saved; 9 was zero"
         );
+    }
+
+    #[test]
+    fn an_image_reopened_knows_which_pages_hold_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("image");
+        let size = 64 * PAGE_BYTES;
+        let mut space = Space::image(&path, size).unwrap();
+        space.write(40 * PAGE_BYTES + 5, b"kept");
+        space.flusher().flush().unwrap();
+        drop(space);
+        let mut space = Space::image(&path, size).unwrap();
+        assert!(space.is_written(40 * PAGE_BYTES));
+        assert!(!space.is_written(0), "a hole");
+        space.begin_cut();
+        let mut image = vec![0u8; size as usize];
+        read_rest(&mut space, &mut image, 0, 16 * PAGE_BYTES);
+        assert_eq!(&image[40 * 4096 + 5..40 * 4096 + 9], b"kept");
     }
 
     #[test]

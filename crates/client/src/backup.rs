@@ -48,6 +48,9 @@ pub enum BackupError {
     Failed(String),
 }
 
+/// How many times `BackupEnd` is sent to a node that does not answer.
+const END_TRIES: u32 = 3;
+
 /// Bytes of an image as `(offset, bytes)` runs; every byte not in a run is zero.
 pub type Runs = Vec<(u64, Vec<u8>)>;
 
@@ -80,9 +83,11 @@ enum Phase {
         index: usize,
         offset: u64,
     },
-    /// Telling `nodes[index..]` that the backup is over, then `outcome`.
+    /// Telling `nodes[index..]` that the backup is over (`tries` times already the
+    /// current one), then `outcome`.
     End {
         index: usize,
+        tries: u32,
         outcome: Result<(), BackupError>,
     },
 }
@@ -202,9 +207,14 @@ impl BackupRun {
                     self.end(now_us, Err(why))
                 }
             },
-            // Whatever a node says, it drops the backup within its lease anyway.
-            (Phase::End { index, .. }, _) => {
-                *index += 1;
+            // A node that does not answer is asked again a few times: until it hears of the
+            // end, it refuses other backups (for its lease, at most).
+            (Phase::End { tries, .. }, Err(_)) if *tries < END_TRIES => {
+                *tries += 1;
+                self.ask(now_us)
+            }
+            (Phase::End { index, tries, .. }, _) => {
+                (*index, *tries) = (*index + 1, 0);
                 self.ask(now_us)
             }
         }
@@ -230,7 +240,11 @@ impl BackupRun {
     }
 
     fn end(&mut self, now_us: u64, outcome: Result<(), BackupError>) -> BackupActions {
-        self.phase = Phase::End { index: 0, outcome };
+        self.phase = Phase::End {
+            index: 0,
+            tries: 0,
+            outcome,
+        };
         self.ask(now_us)
     }
 
@@ -250,7 +264,7 @@ impl BackupRun {
                 };
                 (*index, req)
             }
-            Phase::End { index, outcome } if *index == self.nodes.len() => {
+            Phase::End { index, outcome, .. } if *index == self.nodes.len() => {
                 let done = outcome.clone().map(|()| self.sizes());
                 return BackupActions {
                     done: Some(done),
@@ -329,6 +343,10 @@ mod tests {
         );
         let acts = run.on_reply(3_000, Ok(Response::BackupEnded));
         assert!(matches!(call(&acts), (3, Request::BackupEnd { .. })));
+        for _ in 0..END_TRIES {
+            let acts = run.on_reply(3_000, Err("connection reset".into()));
+            assert!(matches!(call(&acts), (3, Request::BackupEnd { .. })), "asked again");
+        }
         let acts = run.on_reply(3_000, Err("connection reset".into()));
         assert_eq!(acts.done, Some(Ok(vec![(1, 10_000), (3, 4096)])));
     }

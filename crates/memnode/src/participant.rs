@@ -1307,8 +1307,9 @@ pub enum Bug {
     AppliedBelowBeforeScan,
     /// Every COMMIT-OK vote gives up its read locks, a multi-node minitransaction's too.
     ReleaseReadsAtEveryVote,
-    /// A backup's cut is taken while tids still hold locks (Sinfonia §4.8's phase 1
-    /// skipped): a tid may then be in one node's cut and not in another's.
+    /// A backup's fence answers `locked` at once, and its cut is taken while tids still
+    /// hold locks (Sinfonia §4.8's phase 1 skipped): a tid may then be in one node's cut
+    /// and not in another's.
     CutWithLocksHeld,
 }
 

@@ -9,6 +9,7 @@
 //! Nothing here re-implements the protocol: the processes only move messages and bytes
 //! between the state machines, and the workload checks the result against its model.
 
+mod backup;
 mod client;
 mod coordinators;
 pub mod fs;
@@ -25,6 +26,7 @@ pub mod world;
 
 pub use tutti_workload::Violation;
 
+use backup::SimBackup;
 use client::{ClientConfig, SimClient};
 use manager::SimManager;
 use msg::Directory;
@@ -57,6 +59,8 @@ pub struct SimConfig {
     /// runs the commit protocol.
     pub execute_ahead_probability: f64,
     pub epoch_interval_us: u64,
+    /// Consistent backups taken while the bank runs (Sinfonia §4.8), each checked as a cut.
+    pub backups: usize,
 }
 
 impl Default for SimConfig {
@@ -80,6 +84,7 @@ impl Default for SimConfig {
             slow_coordinator_probability: 0.03,
             execute_ahead_probability: 0.2,
             epoch_interval_us: 400_000,
+            backups: 2,
         }
     }
 }
@@ -141,10 +146,29 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         &client_cfg,
         cfg.epoch_interval_us,
     );
+    let cuts = Rc::new(RefCell::new(Vec::new()));
+    let backup = SimBackup::new(
+        dir.clone(),
+        bank.clone(),
+        SPACE_BYTES,
+        cfg.backups,
+        cfg.faults.faults_until_us,
+        cuts.clone(),
+    );
+    world.spawn(Box::new(backup), false);
     let mut violations = run_to_the_end(&mut world, &cfg.faults);
     let bank = bank.borrow();
     if world.settled() {
         violations.extend(bank.check(&snapshot(&world, &dir, &bank)));
+    }
+    for (i, cut) in cuts.borrow().iter().enumerate() {
+        let reads = read_items(&bank.snapshot(), |node, addr, len| {
+            let image = &cut.images[usize::from(node) - 1];
+            image[addr as usize..(addr + len) as usize].to_vec()
+        });
+        let broken = bank.check_cut(&cut.before, &reads).into_iter();
+        violations
+            .extend(broken.map(|v| Violation::new(v.kind, format!("backup {i}: {}", v.detail))));
     }
     let (committed, aborted_compare, unknown) = bank.outcomes();
     Report {
@@ -235,19 +259,26 @@ pub(crate) fn initial_images<W: Workload>(
 
 /// The reads of the workload's snapshot, straight from the settled nodes' spaces.
 fn snapshot(world: &World, dir: &Directory, bank: &Bank) -> Vec<Vec<u8>> {
-    let items = bank.snapshot();
-    items
-        .items()
-        .iter()
+    read_items(&bank.snapshot(), |node, addr, len| {
+        let space = world.process::<SimNode>(dir.node(node)).space();
+        space
+            .expect("settled nodes are up")
+            .read(addr, len)
+            .to_vec()
+    })
+}
+
+/// The reads of `tx` (read items only), each from `read(node, addr, len)`.
+fn read_items(
+    tx: &tutti_client::Minitx,
+    read: impl Fn(NodeId, u64, u64) -> Vec<u8>,
+) -> Vec<Vec<u8>> {
+    (tx.items().iter())
         .map(|(node, item)| {
             let Item::Read { addr, len } = item else {
                 unreachable!("a snapshot only reads")
             };
-            let space = world.process::<SimNode>(dir.node(*node)).space();
-            space
-                .expect("settled nodes are up")
-                .read(*addr, u64::from(*len))
-                .to_vec()
+            read(*node, *addr, u64::from(*len))
         })
         .collect()
 }

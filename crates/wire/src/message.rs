@@ -499,7 +499,7 @@ pub enum Request {
 /// fenced node refuses every new lock, so a backup that went away must not hold it long.
 pub const BACKUP_FENCE_LEASE_MS: u64 = 2_000;
 /// How long a memory node keeps a backup's cut without a `BackupRead`.
-pub const BACKUP_CUT_LEASE_MS: u64 = 30_000;
+pub const BACKUP_CUT_LEASE_MS: u64 = 10_000;
 /// The most one `BackupRead` may ask for.
 pub const BACKUP_READ_BYTES_MAX: u64 = 4 << 20;
 

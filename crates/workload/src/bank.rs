@@ -283,6 +283,28 @@ impl Bank {
         }
     }
 
+    /// Checks a backup's cut (the reads of `snapshot()` from the images of the cut) against
+    /// this bank, with `before` the bank as it stood when the backup began: the cut holds
+    /// every transfer seen committed by then and none seen aborted, each transfer on all of
+    /// its nodes or on none, each client's counter between its commits then and its
+    /// possible commits now, and all the money.
+    pub fn check_cut(&self, before: &Bank, snapshot: &[Vec<u8>]) -> Vec<Violation> {
+        let mut cut = self.clone();
+        for (now, then) in cut.model.iter_mut().zip(&before.model) {
+            now.unknown = now.committed + now.unknown - then.committed;
+            now.committed = then.committed;
+            now.audits.clear();
+            for t in &mut now.transfers {
+                let committed_then = (then.transfers.iter())
+                    .any(|b| b.receipt == t.receipt && b.seen == Seen::Committed);
+                if t.seen == Seen::Committed && !committed_then {
+                    t.seen = Seen::Unknown;
+                }
+            }
+        }
+        cut.check(snapshot)
+    }
+
     fn receipts_of(&self) -> impl Iterator<Item = (u64, &Transfer)> + '_ {
         (0..self.clients)
             .flat_map(move |c| self.model[c as usize].transfers.iter().map(move |t| (c, t)))

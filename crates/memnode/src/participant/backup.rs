@@ -99,7 +99,7 @@ impl<R> Participant<R> {
             Ok(false) => {
                 let holders = self.locks.holders() as u64;
                 Response::BackupLock {
-                    locked: holders == 0,
+                    locked: holders == 0 || planted(Bug::CutWithLocksHeld),
                     holders,
                 }
             }

@@ -35,6 +35,9 @@ impl Default for CreateOptions {
 
 /// Pause between two attempts at a cut.
 const ATTEMPT_PAUSE: Duration = Duration::from_secs(1);
+/// Pause after another backup was found holding a node: long enough for the cut of one
+/// that went away to lapse.
+const BUSY_PAUSE: Duration = Duration::from_millis(tutti_wire::BACKUP_CUT_LEASE_MS + 1_000);
 /// How often progress is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -94,14 +97,36 @@ async fn attempts(cluster: &Cluster, dest: &Path, opts: &CreateOptions) -> Resul
     let ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
     let mut attempt = 1;
     loop {
-        match attempt_once(cluster, dest, &ids, opts).await {
-            Err(Error::Cluster(why)) if attempt < opts.attempts && why.starts_with("no cut") => {
-                tracing::warn!(attempt, "{why}; trying again in {ATTEMPT_PAUSE:?}");
-                tokio::time::sleep(ATTEMPT_PAUSE).await;
-                attempt += 1;
+        let pause = match attempt_once(cluster, dest, &ids, opts).await {
+            Ok(manifest) => return Ok(manifest),
+            Err(Attempt::Failed(e)) => return Err(e),
+            Err(Attempt::NoCut(e)) if attempt == opts.attempts => {
+                return Err(Error::Cluster(e.to_string()))
             }
-            other => return other,
-        }
+            Err(Attempt::NoCut(e @ BackupError::Busy(_))) => {
+                eprintln!("backup: {e}; waiting {BUSY_PAUSE:?} for it to end or lapse");
+                BUSY_PAUSE
+            }
+            Err(Attempt::NoCut(e)) => {
+                eprintln!("backup: {e}; trying again in {ATTEMPT_PAUSE:?}");
+                ATTEMPT_PAUSE
+            }
+        };
+        tokio::time::sleep(pause).await;
+        attempt += 1;
+    }
+}
+
+/// How an attempt at a backup failed.
+enum Attempt {
+    /// Before the cut: nothing was kept, and another attempt may succeed.
+    NoCut(BackupError),
+    Failed(Error),
+}
+
+impl From<Error> for Attempt {
+    fn from(e: Error) -> Attempt {
+        Attempt::Failed(e)
     }
 }
 
@@ -110,7 +135,7 @@ async fn attempt_once(
     dest: &Path,
     ids: &[NodeId],
     opts: &CreateOptions,
-) -> Result<Manifest, Error> {
+) -> Result<Manifest, Attempt> {
     let id: u64 = rand::random();
     let cfg = BackupConfig {
         lock_timeout_us: opts.lock_timeout.as_micros() as u64,
@@ -130,7 +155,7 @@ async fn attempt_once(
             for (offset, bytes) in runs {
                 if let Err(e) = writer.append(offset, &bytes) {
                     end_everywhere(cluster, ids, id, opts.call_timeout).await;
-                    return Err(e);
+                    return Err(e.into());
                 }
                 stored += bytes.len() as u64;
             }
@@ -142,15 +167,17 @@ async fn attempt_once(
                 Ok((r, w)) => (regions, writers) = (r, w),
                 Err(e) => {
                     end_everywhere(cluster, ids, id, opts.call_timeout).await;
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
         if let Some(done) = acts.done.take() {
             match done {
                 Ok(_) => break,
-                Err(e @ BackupError::NoCut(_)) => return Err(Error::Cluster(e.to_string())),
-                Err(e) => return Err(Error::Cluster(format!("backup failed: {e}"))),
+                Err(e @ (BackupError::NoCut(_) | BackupError::Busy(_))) => {
+                    return Err(Attempt::NoCut(e))
+                }
+                Err(e) => return Err(Error::Cluster(format!("backup failed: {e}")).into()),
             }
         }
         let (node, req) = acts.call.take().expect("a call until done");

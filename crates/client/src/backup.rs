@@ -12,7 +12,7 @@
 //! and cannot commit: its vote at the earlier, fenced node is refused). Each cut is taken
 //! after that instant and before any new lock, so every node's cut holds the same tids.
 
-use tutti_wire::{NodeId, Request, Response, BACKUP_FENCE_LEASE_MS};
+use tutti_wire::{ErrorCode, NodeId, Request, Response, BACKUP_FENCE_LEASE_MS};
 
 /// Times in microseconds on the driver's clock.
 #[derive(Clone, Debug)]
@@ -43,6 +43,9 @@ pub enum BackupError {
     /// was kept; trying again later may succeed.
     #[error("no cut: {0}")]
     NoCut(String),
+    /// Another backup holds a node (until it ends, or for its lease if it went away).
+    #[error("no cut: {0}")]
+    Busy(String),
     /// A node failed or answered wrongly after the cut.
     #[error("{0}")]
     Failed(String),
@@ -160,6 +163,13 @@ impl BackupRun {
                     let mut acts = self.ask(now_us);
                     acts.at_us = now_us + self.cfg.lock_poll_us;
                     acts
+                }
+                Ok(Response::Error {
+                    code: ErrorCode::Conflict,
+                    message,
+                }) => {
+                    let why = BackupError::Busy(format!("node {node}: {message}"));
+                    self.end(now_us, Err(why))
                 }
                 other => {
                     let why = BackupError::NoCut(unexpected(other));
@@ -345,7 +355,10 @@ mod tests {
         assert!(matches!(call(&acts), (3, Request::BackupEnd { .. })));
         for _ in 0..END_TRIES {
             let acts = run.on_reply(3_000, Err("connection reset".into()));
-            assert!(matches!(call(&acts), (3, Request::BackupEnd { .. })), "asked again");
+            assert!(
+                matches!(call(&acts), (3, Request::BackupEnd { .. })),
+                "asked again"
+            );
         }
         let acts = run.on_reply(3_000, Err("connection reset".into()));
         assert_eq!(acts.done, Some(Ok(vec![(1, 10_000), (3, 4096)])));

@@ -232,7 +232,10 @@ impl Cluster {
         req: &Request,
         timeout: Duration,
     ) -> Result<Response, RpcError> {
-        self.conn(node).await?.call_within(req, timeout).await
+        match self.conn(node).await?.call_within(req, timeout).await {
+            Err(RpcError::Remote { code, message, .. }) => Ok(Response::Error { code, message }),
+            other => other,
+        }
     }
 
     /// Executes and commits `tx` (Sinfonia Fig. 4). Lock-busy, forced and stale-epoch aborts

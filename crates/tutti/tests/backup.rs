@@ -1,11 +1,13 @@
 //! Consistent backups (Sinfonia §4.8) of real processes: `tutti backup create` taken while
 //! the bank runs restores, with `tutti backup restore`, to a cluster where the money is all
 //! there and every client's counter is a prefix of that client's transfers; a log made
-//! before the backup reads back from the restored cluster; a damaged backup is refused.
+//! before the backup reads back from the restored cluster; backups killed with `kill -9` at
+//! random points, or losing a node, leave the cluster serving and no backup that verifies
+//! but is not one; a damaged backup is refused.
 
 mod common;
 
-use rand::SeedableRng;
+use rand::{Rng, RngCore, SeedableRng};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,24 +78,7 @@ fn a_backup_under_load_restores_to_a_consistent_cut() {
     let counts: Counts = (0..CLIENTS)
         .map(|_| (Arc::default(), Arc::default()))
         .collect();
-    let load: Vec<_> = (0..CLIENTS)
-        .map(|client| {
-            let (cluster, stop, commits) = (cluster.clone(), stop.clone(), commits.clone());
-            let (committed, unknown) = counts[client as usize].clone();
-            rt.spawn(async move {
-                let mut bank = bank();
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(client);
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = tutti_harness::workload::run_op(&cluster, &mut bank, client, &mut rng)
-                        .await;
-                    let (c, _, u) = bank.outcomes();
-                    unknown.store(u, Ordering::SeqCst);
-                    committed.store(c, Ordering::SeqCst);
-                    commits.store(commits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
+    let load = bank_load(&rt, &cluster, &stop, &commits, &counts);
     let rate = |during: Duration| {
         let before = commits.load(Ordering::Relaxed);
         std::thread::sleep(during);
@@ -179,6 +164,170 @@ fn a_backup_under_load_restores_to_a_consistent_cut() {
     // A new sequencer takes the log over: it starts past the old one's reservation.
     assert!(moved["position"].as_u64().unwrap() >= 1, "{moved}");
     local.stop_all();
+}
+
+/// The bank under `CLIENTS` clients of `cluster` until `stop`; each client's counts go to
+/// `counts`, every operation to `ops`.
+fn bank_load(
+    rt: &tokio::runtime::Runtime,
+    cluster: &tutti_client::Cluster,
+    stop: &Arc<AtomicBool>,
+    ops: &Arc<AtomicU64>,
+    counts: &Counts,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..CLIENTS)
+        .map(|client| {
+            let (cluster, stop, ops) = (cluster.clone(), stop.clone(), ops.clone());
+            let (committed, unknown) = counts[client as usize].clone();
+            rt.spawn(async move {
+                let mut bank = bank();
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(client);
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = tutti_harness::workload::run_op(&cluster, &mut bank, client, &mut rng)
+                        .await;
+                    let (c, _, u) = bank.outcomes();
+                    unknown.store(u, Ordering::SeqCst);
+                    committed.store(c, Ordering::SeqCst);
+                    ops.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect()
+}
+
+/// Waits until the load runs `n` more operations, for at most 5 s (a fence left by a killed
+/// backup lapses within 2 s).
+fn progresses(ops: &AtomicU64, n: u64) -> bool {
+    let from = ops.load(Ordering::Relaxed);
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        if ops.load(Ordering::Relaxed) >= from + n {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+#[test]
+fn backups_killed_at_random_points_or_losing_a_node_leave_the_cluster_serving() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let mut c = common::start("backup-kill", NODES as usize, "log", &[], &[]);
+    let cluster = rt.block_on(common::ready(&c));
+    let dir = c.local.dir.display().to_string();
+    rt.block_on(tutti_harness::workload::setup(&cluster, &bank()))
+        .unwrap();
+    // 24 MiB of data per node past the bank's bytes, so that the copy takes a while.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(common::chaos_seed());
+    for node in 1..=NODES {
+        for part in 0..3u64 {
+            let mut tx = tutti_client::Minitx::new();
+            for i in 0..8u64 {
+                let mut bytes = vec![0u8; 1 << 20];
+                rng.fill_bytes(&mut bytes);
+                tx = tx.write(node, (1 + part * 8 + i) << 20, bytes);
+            }
+            assert!(rt.block_on(cluster.exec_and_commit(&tx)).unwrap().committed);
+        }
+    }
+    let (stop, ops) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let counts: Counts = (0..CLIENTS)
+        .map(|_| (Arc::default(), Arc::default()))
+        .collect();
+    let load = bank_load(&rt, &cluster, &stop, &ops, &counts);
+    let scratch = common::scratch("backup-kill-dest");
+    let backup = |dest: &std::path::Path| {
+        Command::new(common::exe())
+            .args([
+                "backup",
+                "create",
+                dest.to_str().unwrap(),
+                "--cluster",
+                &dir,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (mut finished, mut cut_short) = (0, 0);
+    for round in 0..8 {
+        let dest = scratch.join(format!("killed-{round}"));
+        let mut child = backup(&dest);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..400)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            progresses(&ops, 50),
+            "round {round}: the bank stalled after the kill"
+        );
+        if dest.join("manifest.json").exists() {
+            let verified = tutti_json(&["backup", "verify", dest.to_str().unwrap()]);
+            assert_eq!(verified["ok"], true);
+            finished += 1;
+        } else {
+            let out = Command::new(common::exe())
+                .args(["backup", "verify", dest.to_str().unwrap()])
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "round {round}: an unfinished backup"
+            );
+            cut_short += 1;
+        }
+    }
+    eprintln!("backups killed: {cut_short} before their manifest, {finished} after");
+
+    // A node killed while the images are copied: the backup fails and removes its files.
+    let dest = scratch.join("node-lost");
+    let mut child = backup(&dest);
+    let until = Instant::now() + Duration::from_secs(30);
+    while !dest.join("node-1.image").exists() {
+        assert!(Instant::now() < until, "the copy never began");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    c.local.kill_node(3);
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "a backup that lost a node's cut succeeded"
+    );
+    assert!(!dest.exists(), "a failed backup left {}", dest.display());
+    c.local.restart("node-3").unwrap();
+    assert!(
+        progresses(&ops, 50),
+        "the bank stalled after node 3 came back"
+    );
+
+    // Then a backup succeeds (after the cut of a killed one lapses, if it must).
+    let dest = scratch.join("last");
+    let made = tutti_json(&[
+        "backup",
+        "create",
+        dest.to_str().unwrap(),
+        "--cluster",
+        &dir,
+    ]);
+    assert_eq!(made["data_bytes"].as_u64().unwrap() >> 20, 3 * 24, "{made}");
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        rt.block_on(task).unwrap();
+    }
+    let mut model = bank();
+    for (client, (committed, possible)) in read_counts(&counts).into_iter().enumerate() {
+        model.tally(client as u64, committed, possible - committed);
+    }
+    rt.block_on(common::assert_idle(&cluster, Duration::from_secs(10)));
+    let violations = rt
+        .block_on(tutti_harness::workload::check(&cluster, &model))
+        .unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
 }
 
 #[test]

@@ -20,6 +20,10 @@ pub struct CreateOptions {
     pub call_timeout: Duration,
     /// Print progress to standard error every few seconds.
     pub progress: bool,
+    /// Bytes stored per second at most (`None`: as fast as it goes). The copy competes with
+    /// the cluster for the disk and the CPUs; a slower one takes longer, and the pages
+    /// written ahead of it while it runs cost the nodes memory.
+    pub max_bytes_per_s: Option<u64>,
 }
 
 impl Default for CreateOptions {
@@ -29,6 +33,7 @@ impl Default for CreateOptions {
             attempts: 3,
             call_timeout: Duration::from_secs(10),
             progress: false,
+            max_bytes_per_s: None,
         }
     }
 }
@@ -139,6 +144,7 @@ async fn attempt_once(
     let id: u64 = rand::random();
     let cfg = BackupConfig {
         lock_timeout_us: opts.lock_timeout.as_micros() as u64,
+        read_bytes: read_bytes(opts.max_bytes_per_s, ids.len()),
         ..BackupConfig::default()
     };
     let mut run = BackupRun::new(id, ids.to_vec(), cfg);
@@ -160,6 +166,7 @@ async fn attempt_once(
                 stored += bytes.len() as u64;
             }
             progress.stored(node, stored);
+            throttle(opts.max_bytes_per_s, progress.bytes, cut_at).await;
         }
         if acts.cut_taken {
             (fenced_ms, cut_at) = (start.elapsed().as_millis() as u64, Instant::now());
@@ -228,6 +235,29 @@ async fn cut_taken(
         writers.insert(node, ImageWriter::create(dest, node, size_bytes, id)?);
     }
     Ok((regions, writers))
+}
+
+/// Bytes per read: 1 MiB, less when a slow `max_bytes_per_s` would otherwise leave a node
+/// unread for half its cut's lease (reads go round robin over the `nodes`).
+fn read_bytes(max_bytes_per_s: Option<u64>, nodes: usize) -> u64 {
+    const PAGE: u64 = 4096;
+    let full = BackupConfig::default().read_bytes;
+    let Some(rate) = max_bytes_per_s else {
+        return full;
+    };
+    let within_lease =
+        rate.saturating_mul(tutti_wire::BACKUP_CUT_LEASE_MS) / 1000 / (2 * nodes as u64);
+    (within_lease / PAGE * PAGE).clamp(PAGE, full)
+}
+
+/// Sleeps until storing `stored` bytes since `since` keeps to `max_bytes_per_s`.
+async fn throttle(max_bytes_per_s: Option<u64>, stored: u64, since: Instant) {
+    if let Some(rate) = max_bytes_per_s.filter(|&r| r > 0) {
+        let due = Duration::from_secs_f64(stored as f64 / rate as f64);
+        if let Some(ahead) = due.checked_sub(since.elapsed()) {
+            tokio::time::sleep(ahead).await;
+        }
+    }
 }
 
 /// Tells every node that the backup is over, so that none keeps its cut until the lease.

@@ -2,6 +2,7 @@
 //! and the peers a user would pick instead (Redis, PostgreSQL, etcd, an embedded SQLite),
 //! every point in one JSON record format.
 
+pub mod backup;
 pub mod driver;
 pub mod fs;
 pub mod fs_peers;

@@ -2,8 +2,8 @@
 //! machine, one call at a time: phase 1 fences every node in node-id order and waits at each
 //! until no tid holds a lock there (blocking, ordered lock requests: two backups cannot
 //! deadlock, and minitransactions, refused while fenced, cannot starve it); phase 2 takes
-//! the cut at every node, which lifts the fences; then each node's image as of the cut is
-//! read in order. `tutti-backup` drives it over TCP, the simulator over its network.
+//! the cut at every node, which lifts the fences; then the nodes' images as of the cut are
+//! read, each in address order, a chunk of each node in turn. `tutti-backup` drives it over TCP, the simulator over its network.
 //!
 //! Why this is a cut: a committed tid applies its writes at a participant before it gives
 //! up its locks there, and no tid gets a lock at a fenced node. When the last node is
@@ -82,9 +82,9 @@ enum Phase {
     Cut {
         index: usize,
     },
+    /// Reading `nodes[index]` from `read[index]`.
     Read {
         index: usize,
-        offset: u64,
     },
     /// Telling `nodes[index..]` that the backup is over (`tries` times already the
     /// current one), then `outcome`.
@@ -100,6 +100,8 @@ pub struct BackupRun {
     cfg: BackupConfig,
     nodes: Vec<NodeId>,
     sizes: Vec<u64>,
+    /// How far each node's image has been read.
+    read: Vec<u64>,
     phase: Phase,
 }
 
@@ -117,6 +119,7 @@ impl BackupRun {
             id,
             cfg,
             sizes: vec![0; nodes.len()],
+            read: vec![0; nodes.len()],
             nodes,
             phase: Phase::Lock {
                 index: 0,
@@ -183,10 +186,7 @@ impl BackupRun {
                     if *index < self.nodes.len() {
                         return self.ask(now_us);
                     }
-                    self.phase = Phase::Read {
-                        index: 0,
-                        offset: 0,
-                    };
+                    self.phase = Phase::Read { index: 0 };
                     let mut acts = self.ask(now_us);
                     acts.cut_taken = true;
                     acts
@@ -196,18 +196,22 @@ impl BackupRun {
                     self.end(now_us, Err(why))
                 }
             },
-            (Phase::Read { index, offset }, reply) => match reply {
+            (Phase::Read { index }, reply) => match reply {
                 Ok(Response::BackupChunk(runs)) => {
                     let i = *index;
-                    *offset = (*offset + self.cfg.read_bytes).min(self.sizes[i]);
-                    if *offset == self.sizes[i] {
-                        *index += 1;
-                        *offset = 0;
-                    }
-                    let mut acts = if *index == self.nodes.len() {
-                        self.end(now_us, Ok(()))
-                    } else {
-                        self.ask(now_us)
+                    self.read[i] = (self.read[i] + self.cfg.read_bytes).min(self.sizes[i]);
+                    // Round robin over the nodes left, so that each hears from the backup
+                    // well within its cut's lease however slowly the driver stores.
+                    let n = self.nodes.len();
+                    let next = (1..=n)
+                        .map(|step| (i + step) % n)
+                        .find(|&j| self.read[j] < self.sizes[j]);
+                    let mut acts = match next {
+                        Some(j) => {
+                            *index = j;
+                            self.ask(now_us)
+                        }
+                        None => self.end(now_us, Ok(())),
                     };
                     acts.chunk = Some((self.nodes[i], runs));
                     acts
@@ -264,9 +268,9 @@ impl BackupRun {
         let (index, request) = match &mut self.phase {
             Phase::Lock { index, .. } => (*index, Request::BackupLock { backup }),
             Phase::Cut { index } => (*index, Request::BackupCut { backup }),
-            Phase::Read { index, offset } => {
-                let len = self.cfg.read_bytes.min(self.sizes[*index] - *offset);
-                let offset = *offset;
+            Phase::Read { index } => {
+                let offset = self.read[*index];
+                let len = self.cfg.read_bytes.min(self.sizes[*index] - offset);
                 let req = Request::BackupRead {
                     backup,
                     offset,
@@ -348,8 +352,8 @@ mod tests {
         }
         assert_eq!(
             reads,
-            vec![(1, 0, 8192), (1, 8192, 1808), (3, 0, 4096)],
-            "whole chunks, the last one short"
+            vec![(1, 0, 8192), (3, 0, 4096), (1, 8192, 1808)],
+            "whole chunks round robin, the last one short"
         );
         let acts = run.on_reply(3_000, Ok(Response::BackupEnded));
         assert!(matches!(call(&acts), (3, Request::BackupEnd { .. })));

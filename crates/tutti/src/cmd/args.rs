@@ -128,6 +128,14 @@ pub(crate) fn with_cluster_credentials(
     Ok(dialer.clone().with_credentials(credentials))
 }
 
+/// A size per second, or 0 for no limit.
+pub(crate) fn parse_rate(s: &str) -> Result<u64, String> {
+    match s.trim() {
+        "0" => Ok(0),
+        _ => parse_size(s),
+    }
+}
+
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {

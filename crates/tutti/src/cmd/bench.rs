@@ -40,6 +40,10 @@ pub(crate) enum BenchCommand {
     /// mount, dropping the page cache); installs missing peers with apt-get and builds
     /// JuiceFS with Go once. Writes results/fs.json and the fs section of RESULTS.md.
     Fs(BenchFsArgs),
+    /// A consistent backup (docs/backup.md) of a 4-node `log` cluster holding data, taken
+    /// while the bank runs: the bank's rate before, during and after it (goal: under 10 %
+    /// lost), how long nodes were fenced, the backup's and the restore's times. JSON out.
+    Backup(BenchBackupArgs),
     /// The client processes of `objects`, each with its own views.
     #[command(hide = true)]
     ObjectsClient(BenchObjectsClientArgs),
@@ -48,6 +52,28 @@ pub(crate) enum BenchCommand {
     /// preallocated file, and four preallocated streams at once), with p99.9 and max. Run it
     /// next to `minitx` to tell the disk's own stalls from tutti's.
     Limits(BenchLimitsArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct BenchBackupArgs {
+    #[arg(long, default_value_t = 4)]
+    nodes: u16,
+    /// Bytes of address space per node (suffixes K, M, G).
+    #[arg(long, default_value = "1G", value_parser = super::args::parse_size)]
+    size: u64,
+    /// Random bytes written on each node before the backup.
+    #[arg(long, default_value = "256M", value_parser = super::args::parse_size)]
+    data: u64,
+    /// Bank clients running during the measurement.
+    #[arg(long, default_value_t = 16)]
+    clients: u64,
+    /// Seconds the bank's rate is measured before and after the backup.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// The backup's --max-rate for each backup taken in turn (suffixes K, M, G; 0:
+    /// unlimited): `tutti backup create`'s default and no limit.
+    #[arg(long, value_delimiter = ',', default_value = "32M,0", value_parser = super::args::parse_rate)]
+    max_rate: Vec<u64>,
 }
 
 #[derive(Args)]
@@ -249,6 +275,7 @@ pub(crate) async fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Fs(a) => measure::fs(a).await,
         BenchCommand::ObjectsClient(a) => measure::objects_client(a).await,
         BenchCommand::Limits(a) => measure::limits(a).await,
+        BenchCommand::Backup(a) => measure::backup(a).await,
     }
 }
 
@@ -264,7 +291,7 @@ pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
 #[cfg(feature = "bench")]
 mod measure {
     use super::{
-        BenchAllArgs, BenchFsArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs,
+        BenchAllArgs, BenchBackupArgs, BenchFsArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs,
         BenchObjectsArgs, BenchObjectsClientArgs, Layout2, ObjectsClientRole,
     };
     use crate::cmd::args::with_cluster_credentials;
@@ -500,6 +527,26 @@ mod measure {
         let points = result?;
         tutti_bench::log::write(&a.out, &cfg, &points, &command)?;
         report_written(&points, &a.out, "log");
+        Ok(())
+    }
+
+    pub(super) async fn backup(a: BenchBackupArgs) -> Result<(), String> {
+        let scratch = scratch_dir("tutti-bench-backup-", None)?;
+        let cfg = tutti_bench::backup::BackupBenchConfig {
+            exe: std::env::current_exe().map_err(|e| e.to_string())?,
+            scratch: scratch.path().to_path_buf(),
+            nodes: a.nodes,
+            size_bytes: a.size,
+            data_bytes_per_node: a.data,
+            clients: a.clients,
+            window: Duration::from_secs_f64(a.seconds),
+            max_rates: a.max_rate,
+        };
+        let results = tutti_bench::backup::run(&cfg).await?;
+        println!(
+            "{}",
+            serde_json::to_string(&results).map_err(|e| e.to_string())?
+        );
         Ok(())
     }
 

@@ -1,12 +1,12 @@
 //! `create`: drives the cut's state machine (`tutti_client::backup::BackupRun`) over the
 //! cluster's connections and stores what it reads, one file per node, then the manifest.
 
-use crate::format::{write_manifest, ImageWriter, Manifest, FORMAT};
+use crate::format::{read_manifest, write_manifest, Base, ImageWriter, Manifest, FORMAT};
 use crate::Error;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
-use tutti_client::backup::{BackupConfig, BackupError, BackupRun};
+use tutti_client::backup::{BackupConfig, BackupError, BackupRun, CutImage};
 use tutti_client::Cluster;
 use tutti_wire::{NodeId, Request, Response};
 
@@ -24,6 +24,9 @@ pub struct CreateOptions {
     /// the cluster for the disk and the CPUs; a slower one takes longer, and the pages
     /// written ahead of it while it runs cost the nodes memory.
     pub max_bytes_per_s: Option<u64>,
+    /// Make an incremental backup from this one (a backup's directory): each node whose
+    /// last completed backup it is gives only the pages written since; others give all.
+    pub since: Option<std::path::PathBuf>,
 }
 
 impl Default for CreateOptions {
@@ -34,6 +37,7 @@ impl Default for CreateOptions {
             call_timeout: Duration::from_secs(10),
             progress: false,
             max_bytes_per_s: None,
+            since: None,
         }
     }
 }
@@ -53,8 +57,12 @@ pub async fn create(
     dest: &Path,
     opts: &CreateOptions,
 ) -> Result<Manifest, Error> {
+    let base = match &opts.since {
+        Some(path) => Some(base_of(path)?),
+        None => None,
+    };
     let made_dest = prepare_dest(dest)?;
-    let result = attempts(cluster, dest, opts).await;
+    let result = attempts(cluster, dest, opts, base).await;
     if result.is_err() {
         if made_dest {
             let _ = std::fs::remove_dir_all(dest);
@@ -65,6 +73,24 @@ pub async fn create(
         }
     }
     result
+}
+
+/// The backup in `path` as the base of an incremental one, and the id its nodes knew it by.
+fn base_of(path: &Path) -> Result<(u64, Base), Error> {
+    let manifest = read_manifest(path)?;
+    let id = manifest.id().ok_or_else(|| Error::Damaged {
+        path: path.join(crate::format::MANIFEST),
+        reason: format!("backup id {:?} is not hex", manifest.backup),
+    })?;
+    let path = path.canonicalize().map_err(|source| Error::Io {
+        what: format!("resolve {}", path.display()),
+        source,
+    })?;
+    let base = Base {
+        backup: manifest.backup,
+        path,
+    };
+    Ok((id, base))
 }
 
 /// Creates `dest` or checks that it is empty; true if it created it.
@@ -91,7 +117,12 @@ fn prepare_dest(dest: &Path) -> Result<bool, Error> {
     }
 }
 
-async fn attempts(cluster: &Cluster, dest: &Path, opts: &CreateOptions) -> Result<Manifest, Error> {
+async fn attempts(
+    cluster: &Cluster,
+    dest: &Path,
+    opts: &CreateOptions,
+    base: Option<(u64, Base)>,
+) -> Result<Manifest, Error> {
     let nodes = cluster.nodes();
     if let Some(down) = nodes.iter().find(|n| !n.alive) {
         return Err(Error::Cluster(format!(
@@ -102,7 +133,7 @@ async fn attempts(cluster: &Cluster, dest: &Path, opts: &CreateOptions) -> Resul
     let ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
     let mut attempt = 1;
     loop {
-        let pause = match attempt_once(cluster, dest, &ids, opts).await {
+        let pause = match attempt_once(cluster, dest, &ids, opts, base.clone()).await {
             Ok(manifest) => return Ok(manifest),
             Err(Attempt::Failed(e)) => return Err(e),
             Err(Attempt::NoCut(e)) if attempt == opts.attempts => {
@@ -140,6 +171,7 @@ async fn attempt_once(
     dest: &Path,
     ids: &[NodeId],
     opts: &CreateOptions,
+    base: Option<(u64, Base)>,
 ) -> Result<Manifest, Attempt> {
     let id: u64 = rand::random();
     let cfg = BackupConfig {
@@ -147,7 +179,8 @@ async fn attempt_once(
         read_bytes: read_bytes(opts.max_bytes_per_s, ids.len()),
         ..BackupConfig::default()
     };
-    let mut run = BackupRun::new(id, ids.to_vec(), cfg);
+    let since = base.as_ref().map(|(id, _)| *id);
+    let mut run = BackupRun::new(id, ids.to_vec(), cfg, since);
     let start = Instant::now();
     let now_us = || start.elapsed().as_micros() as u64;
     let mut acts = run.start(now_us());
@@ -170,7 +203,7 @@ async fn attempt_once(
         }
         if acts.cut_taken {
             (fenced_ms, cut_at) = (start.elapsed().as_millis() as u64, Instant::now());
-            match cut_taken(cluster, dest, id, run.sizes()).await {
+            match cut_taken(cluster, dest, id, run.images()).await {
                 Ok((r, w)) => (regions, writers) = (r, w),
                 Err(e) => {
                     end_everywhere(cluster, ids, id, opts.call_timeout).await;
@@ -210,6 +243,7 @@ async fn attempt_once(
         regions,
         fenced_ms,
         copy_ms,
+        base: base.map(|(_, b)| b),
     };
     write_manifest(dest, &manifest)?;
     Ok(manifest)
@@ -223,7 +257,7 @@ async fn cut_taken(
     cluster: &Cluster,
     dest: &Path,
     id: u64,
-    sizes: Vec<(NodeId, u64)>,
+    images: Vec<CutImage>,
 ) -> Result<(Vec<tutti_wire::RegionInfo>, Writers), Error> {
     let regions = match cluster.ask_manager(&Request::Regions).await {
         Ok(Response::Regions(r)) => r,
@@ -231,8 +265,9 @@ async fn cut_taken(
         Err(e) => return Err(Error::Cluster(format!("reading the regions: {e}"))),
     };
     let mut writers = BTreeMap::new();
-    for (node, size_bytes) in sizes {
-        writers.insert(node, ImageWriter::create(dest, node, size_bytes, id)?);
+    for i in images {
+        let writer = ImageWriter::create(dest, i.node, i.size_bytes, id, i.incremental)?;
+        writers.insert(i.node, writer);
     }
     Ok((regions, writers))
 }
@@ -264,7 +299,14 @@ async fn throttle(max_bytes_per_s: Option<u64>, stored: u64, since: Instant) {
 async fn end_everywhere(cluster: &Cluster, ids: &[NodeId], backup: u64, timeout: Duration) {
     for &node in ids {
         let _ = cluster
-            .call_node(node, &Request::BackupEnd { backup }, timeout)
+            .call_node(
+                node,
+                &Request::BackupEnd {
+                    backup,
+                    completed: false,
+                },
+                timeout,
+            )
             .await;
     }
 }

@@ -11,8 +11,13 @@ use std::path::Path;
 use tutti_wire::{NodeId, RegionInfo};
 
 pub const MANIFEST: &str = "manifest.json";
-/// The version of this layout; a reader refuses another.
-pub const FORMAT: u32 = 1;
+/// The manifest's version (2: incremental backups); a reader takes 1 and 2.
+pub const FORMAT: u32 = 2;
+const FORMAT_OLDEST: u32 = 1;
+/// The image files' version.
+const IMAGE_FORMAT: u32 = 1;
+/// The longest chain of incremental backups a restore follows.
+pub const CHAIN_MAX: usize = 1000;
 const MAGIC: &[u8; 8] = b"TUTTIBKP";
 /// magic, format u32, node id u32, image bytes u64, backup id u64.
 const HEADER_BYTES: usize = 32;
@@ -34,6 +39,25 @@ pub struct Manifest {
     pub fenced_ms: u64,
     /// From the cut to the last byte stored.
     pub copy_ms: u64,
+    /// The backup an incremental one starts from (absent: a full backup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<Base>,
+}
+
+/// Where an incremental backup's base is.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Base {
+    /// Its id, as its manifest names it.
+    pub backup: String,
+    /// Its directory, absolute.
+    pub path: std::path::PathBuf,
+}
+
+impl Manifest {
+    /// The id the nodes knew this backup by.
+    pub fn id(&self) -> Option<u64> {
+        u64::from_str_radix(self.backup.trim_start_matches("0x"), 16).ok()
+    }
 }
 
 /// One memory node's image in a backup.
@@ -46,9 +70,13 @@ pub struct NodeImage {
     pub file_bytes: u64,
     /// CRC-32C of the whole file.
     pub crc32c: u32,
-    /// Bytes of the image that the file holds (the rest is zero).
+    /// Bytes of the image that the file holds (the rest is zero, or for an incremental
+    /// image as in the base).
     pub data_bytes: u64,
     pub runs: u64,
+    /// The file holds only the pages written since the base's cut, zero or not.
+    #[serde(default)]
+    pub incremental: bool,
 }
 
 pub fn image_file_name(id: NodeId) -> String {
@@ -70,13 +98,19 @@ pub struct ImageWriter {
 }
 
 impl ImageWriter {
-    pub fn create(dir: &Path, id: NodeId, size_bytes: u64, backup: u64) -> Result<Self, Error> {
+    pub fn create(
+        dir: &Path,
+        id: NodeId,
+        size_bytes: u64,
+        backup: u64,
+        incremental: bool,
+    ) -> Result<Self, Error> {
         let file = image_file_name(id);
         let path = dir.join(&file);
         let out = File::create_new(&path).map_err(io(format!("create {}", path.display())))?;
         let mut header = Vec::with_capacity(HEADER_BYTES);
         header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&FORMAT.to_le_bytes());
+        header.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
         header.extend_from_slice(&u32::from(id).to_le_bytes());
         header.extend_from_slice(&size_bytes.to_le_bytes());
         header.extend_from_slice(&backup.to_le_bytes());
@@ -91,6 +125,7 @@ impl ImageWriter {
                 crc32c: 0,
                 data_bytes: 0,
                 runs: 0,
+                incremental,
             },
             next_offset: 0,
         };
@@ -176,8 +211,11 @@ pub fn read_image(
     read(&mut header)?;
     let word = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4"));
     let size = u64::from_le_bytes(header[16..24].try_into().expect("8"));
-    if &header[..8] != MAGIC || word(8) != FORMAT {
-        return Err(damaged(&path, format!("not a format-{FORMAT} image file")));
+    if &header[..8] != MAGIC || word(8) != IMAGE_FORMAT {
+        return Err(damaged(
+            &path,
+            format!("not a format-{IMAGE_FORMAT} image file"),
+        ));
     }
     if word(12) != u32::from(expected.id) || size != expected.size_bytes {
         let reason = format!("holds node {} of {size} bytes", word(12));
@@ -238,9 +276,9 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, Error> {
     })?;
     let manifest: Manifest =
         serde_json::from_slice(&bytes).map_err(|e| damaged(&path, e.to_string()))?;
-    if manifest.format != FORMAT {
+    if !(FORMAT_OLDEST..=FORMAT).contains(&manifest.format) {
         let reason = format!(
-            "format {}; this build reads format {FORMAT}",
+            "format {}; this build reads formats {FORMAT_OLDEST} to {FORMAT}",
             manifest.format
         );
         return Err(damaged(&path, reason));
@@ -266,7 +304,61 @@ pub fn verify(dir: &Path) -> Result<Manifest, Error> {
     for node in &manifest.nodes {
         read_image(dir, node, |_, _| Ok(()))?;
     }
+    let chain = chain(dir, &manifest)?;
+    for node in manifest.nodes.iter().filter(|n| n.incremental) {
+        let full = (chain.iter().skip(1))
+            .filter_map(|(_, m)| m.nodes.iter().find(|b| b.id == node.id))
+            .find(|b| !b.incremental);
+        if full.is_none() {
+            let reason = format!(
+                "node {} is incremental, and no base holds it whole",
+                node.id
+            );
+            return Err(damaged(&path, reason));
+        }
+    }
+    for (base_dir, base) in chain.iter().skip(1) {
+        for node in &base.nodes {
+            read_image(base_dir, node, |_, _| Ok(()))?;
+        }
+    }
     Ok(manifest)
+}
+
+/// `manifest` (in `dir`) and the bases it starts from, newest first: each base's manifest
+/// must carry the id its successor names and images of the same sizes.
+pub fn chain(
+    dir: &Path,
+    manifest: &Manifest,
+) -> Result<Vec<(std::path::PathBuf, Manifest)>, Error> {
+    let mut chain = vec![(dir.to_path_buf(), manifest.clone())];
+    while let Some(base) = chain.last().expect("one").1.base.clone() {
+        if chain.len() > CHAIN_MAX {
+            let reason = format!("more than {CHAIN_MAX} incremental backups in a row");
+            return Err(damaged(&dir.join(MANIFEST), reason));
+        }
+        let older = read_manifest(&base.path)?;
+        if older.backup != base.backup {
+            let reason = format!(
+                "its base {} holds backup {}, not {}",
+                base.path.display(),
+                older.backup,
+                base.backup
+            );
+            return Err(damaged(&dir.join(MANIFEST), reason));
+        }
+        let newer = &chain.last().expect("one").1;
+        for n in &newer.nodes {
+            if let Some(o) = older.nodes.iter().find(|o| o.id == n.id) {
+                if o.size_bytes != n.size_bytes {
+                    let reason = format!("node {} changed size from its base", n.id);
+                    return Err(damaged(&dir.join(MANIFEST), reason));
+                }
+            }
+        }
+        chain.push((base.path, older));
+    }
+    Ok(chain)
 }
 
 #[cfg(test)]
@@ -283,13 +375,14 @@ mod tests {
             regions: vec![],
             fenced_ms: 0,
             copy_ms: 0,
+            base: None,
         }
     }
 
     #[test]
     fn an_image_file_reads_back_and_any_change_is_found() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = ImageWriter::create(dir.path(), 3, 1 << 20, 1).unwrap();
+        let mut w = ImageWriter::create(dir.path(), 3, 1 << 20, 1, false).unwrap();
         w.append(0, &[1; 4096]).unwrap();
         w.append(65_536, &[2; 8192]).unwrap();
         assert!(w.append(4096, &[3; 10]).is_err(), "out of order");
@@ -315,6 +408,35 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let err = verify(dir.path()).unwrap_err().to_string();
         assert!(err.contains("the manifest says"), "{err}");
+    }
+
+    #[test]
+    fn an_incremental_backup_needs_its_base_whole() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let image = |dir: &Path, incremental| {
+            let mut w = ImageWriter::create(dir, 1, 1 << 20, 1, incremental).unwrap();
+            w.append(0, &[1; 4096]).unwrap();
+            w.finish().unwrap()
+        };
+        write_manifest(a.path(), &manifest_of(vec![image(a.path(), false)])).unwrap();
+        let mut incremental = manifest_of(vec![image(b.path(), true)]);
+        incremental.backup = "0x2".into();
+        incremental.base = Some(Base {
+            backup: "0x1".into(),
+            path: a.path().to_path_buf(),
+        });
+        write_manifest(b.path(), &incremental).unwrap();
+        assert_eq!(verify(b.path()).unwrap().id(), Some(2));
+        assert_eq!(chain(b.path(), &incremental).unwrap().len(), 2);
+
+        incremental.base.as_mut().unwrap().backup = "0x7".into();
+        write_manifest(b.path(), &incremental).unwrap();
+        let err = verify(b.path()).unwrap_err().to_string();
+        assert!(err.contains("holds backup 0x1, not 0x7"), "{err}");
+        incremental.base = None;
+        write_manifest(b.path(), &incremental).unwrap();
+        let err = verify(b.path()).unwrap_err().to_string();
+        assert!(err.contains("no base holds it whole"), "{err}");
     }
 
     #[test]

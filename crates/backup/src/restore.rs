@@ -2,7 +2,7 @@
 //! node's image written into its data directory with an empty redo log, the manager's state
 //! with the backup's regions, every process on new free ports on loopback.
 
-use crate::format::{read_image, verify};
+use crate::format::{chain, read_image, verify, NodeImage};
 use crate::Error;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -83,14 +83,28 @@ fn write_cluster(
     let ids: Vec<NodeId> = manifest.nodes.iter().map(|n| n.id).collect();
     let file = create_file(&data, LOOPBACK, "log", size_bytes, &ids)
         .map_err(|e| Error::Refused(e.to_string()))?;
+    let chain = chain(backup, manifest)?;
     for (image, entry) in manifest.nodes.iter().zip(&file.nodes) {
         let tmp = data.join(format!(".node-{}.image", image.id));
         let out = File::create_new(&tmp).map_err(io(format!("create {}", tmp.display())))?;
         out.set_len(size_bytes).map_err(io("size the image"))?;
-        read_image(backup, image, |offset, bytes| {
-            out.write_all_at(bytes, offset)
-                .map_err(io(format!("write {}", tmp.display())))
-        })?;
+        // The last whole image of the node, then each incremental one after it in order.
+        let mut layers: Vec<(&Path, &NodeImage)> = Vec::new();
+        for (dir, m) in &chain {
+            let Some(layer) = m.nodes.iter().find(|n| n.id == image.id) else {
+                break;
+            };
+            layers.push((dir, layer));
+            if !layer.incremental {
+                break;
+            }
+        }
+        for (dir, layer) in layers.into_iter().rev() {
+            read_image(dir, layer, |offset, bytes| {
+                out.write_all_at(bytes, offset)
+                    .map_err(io(format!("write {}", tmp.display())))
+            })?;
+        }
         out.sync_all().map_err(io("sync the image"))?;
         tutti_memnode::node::create_data_dir(&entry.data, image.id, size_bytes, &tmp)
             .map_err(|e| Error::Refused(e.to_string()))?;

@@ -69,8 +69,17 @@ pub struct BackupActions {
     pub call: Option<(NodeId, Request)>,
     /// Send `call` not before this time.
     pub at_us: u64,
-    /// Each node's image size, or why the backup failed.
-    pub done: Option<Result<Vec<(NodeId, u64)>, BackupError>>,
+    /// Each node's image, or why the backup failed.
+    pub done: Option<Result<Vec<CutImage>, BackupError>>,
+}
+
+/// What a node's cut is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CutImage {
+    pub node: NodeId,
+    pub size_bytes: u64,
+    /// It holds only the pages written since the `since` backup's cut.
+    pub incremental: bool,
 }
 
 enum Phase {
@@ -100,14 +109,24 @@ pub struct BackupRun {
     cfg: BackupConfig,
     nodes: Vec<NodeId>,
     sizes: Vec<u64>,
+    incremental: Vec<bool>,
+    /// The backup an incremental one starts from.
+    since: Option<u64>,
     /// How far each node's image has been read.
     read: Vec<u64>,
     phase: Phase,
 }
 
 impl BackupRun {
-    /// A backup `id` (unique among the cluster's backups: a random number) of `nodes`.
-    pub fn new(id: u64, mut nodes: Vec<NodeId>, cfg: BackupConfig) -> BackupRun {
+    /// A backup `id` (unique among the cluster's backups: a random number) of `nodes`;
+    /// incremental from backup `since` at the nodes where that one is the last that
+    /// completed, full elsewhere.
+    pub fn new(
+        id: u64,
+        mut nodes: Vec<NodeId>,
+        cfg: BackupConfig,
+        since: Option<u64>,
+    ) -> BackupRun {
         nodes.sort_unstable();
         nodes.dedup();
         assert!(!nodes.is_empty(), "a backup needs a node");
@@ -119,6 +138,8 @@ impl BackupRun {
             id,
             cfg,
             sizes: vec![0; nodes.len()],
+            incremental: vec![false; nodes.len()],
+            since,
             read: vec![0; nodes.len()],
             nodes,
             phase: Phase::Lock {
@@ -180,8 +201,12 @@ impl BackupRun {
                 }
             },
             (Phase::Cut { index }, reply) => match reply {
-                Ok(Response::BackupCut { size_bytes }) => {
+                Ok(Response::BackupCut {
+                    size_bytes,
+                    incremental,
+                }) => {
                     self.sizes[*index] = size_bytes;
+                    self.incremental[*index] = incremental;
                     *index += 1;
                     if *index < self.nodes.len() {
                         return self.ask(now_us);
@@ -234,12 +259,14 @@ impl BackupRun {
         }
     }
 
-    /// Each node's image size, as its cut reported it (0 before).
-    pub fn sizes(&self) -> Vec<(NodeId, u64)> {
-        self.nodes
-            .iter()
-            .copied()
-            .zip(self.sizes.iter().copied())
+    /// Each node's image, as its cut reported it (size 0 before).
+    pub fn images(&self) -> Vec<CutImage> {
+        (0..self.nodes.len())
+            .map(|i| CutImage {
+                node: self.nodes[i],
+                size_bytes: self.sizes[i],
+                incremental: self.incremental[i],
+            })
             .collect()
     }
 
@@ -267,7 +294,10 @@ impl BackupRun {
         let backup = self.id;
         let (index, request) = match &mut self.phase {
             Phase::Lock { index, .. } => (*index, Request::BackupLock { backup }),
-            Phase::Cut { index } => (*index, Request::BackupCut { backup }),
+            Phase::Cut { index } => {
+                let since = self.since;
+                (*index, Request::BackupCut { backup, since })
+            }
             Phase::Read { index } => {
                 let offset = self.read[*index];
                 let len = self.cfg.read_bytes.min(self.sizes[*index] - offset);
@@ -279,13 +309,16 @@ impl BackupRun {
                 (*index, req)
             }
             Phase::End { index, outcome, .. } if *index == self.nodes.len() => {
-                let done = outcome.clone().map(|()| self.sizes());
+                let done = outcome.clone().map(|()| self.images());
                 return BackupActions {
                     done: Some(done),
                     ..BackupActions::default()
                 };
             }
-            Phase::End { index, .. } => (*index, Request::BackupEnd { backup }),
+            Phase::End { index, outcome, .. } => {
+                let completed = outcome.is_ok();
+                (*index, Request::BackupEnd { backup, completed })
+            }
         };
         BackupActions {
             call: Some((self.nodes[index], request)),
@@ -317,7 +350,7 @@ mod tests {
             read_bytes: 8192,
             ..BackupConfig::default()
         };
-        let mut run = BackupRun::new(5, vec![3, 1], cfg);
+        let mut run = BackupRun::new(5, vec![3, 1], cfg, Some(4));
         let acts = run.start(0);
         assert!(matches!(
             call(&acts),
@@ -332,10 +365,19 @@ mod tests {
         let acts = run.on_reply(1_010, locked(true));
         assert!(matches!(call(&acts), (3, Request::BackupLock { .. })));
         let acts = run.on_reply(1_020, locked(true));
-        assert!(matches!(call(&acts), (1, Request::BackupCut { .. })));
-        let acts = run.on_reply(1_030, Ok(Response::BackupCut { size_bytes: 10_000 }));
+        assert!(matches!(
+            call(&acts),
+            (1, Request::BackupCut { since: Some(4), .. })
+        ));
+        let cut = |size_bytes, incremental| {
+            Ok(Response::BackupCut {
+                size_bytes,
+                incremental,
+            })
+        };
+        let acts = run.on_reply(1_030, cut(10_000, true));
         assert!(matches!(call(&acts), (3, Request::BackupCut { .. })));
-        let acts = run.on_reply(1_040, Ok(Response::BackupCut { size_bytes: 4096 }));
+        let acts = run.on_reply(1_040, cut(4096, false));
         assert!(acts.cut_taken);
         let mut reads = Vec::new();
         let mut acts = acts;
@@ -356,7 +398,16 @@ mod tests {
             "whole chunks round robin, the last one short"
         );
         let acts = run.on_reply(3_000, Ok(Response::BackupEnded));
-        assert!(matches!(call(&acts), (3, Request::BackupEnd { .. })));
+        assert!(matches!(
+            call(&acts),
+            (
+                3,
+                Request::BackupEnd {
+                    completed: true,
+                    ..
+                }
+            )
+        ));
         for _ in 0..END_TRIES {
             let acts = run.on_reply(3_000, Err("connection reset".into()));
             assert!(
@@ -365,7 +416,13 @@ mod tests {
             );
         }
         let acts = run.on_reply(3_000, Err("connection reset".into()));
-        assert_eq!(acts.done, Some(Ok(vec![(1, 10_000), (3, 4096)])));
+        let image = |node, size_bytes, incremental| CutImage {
+            node,
+            size_bytes,
+            incremental,
+        };
+        let images = vec![image(1, 10_000, true), image(3, 4096, false)];
+        assert_eq!(acts.done, Some(Ok(images)));
     }
 
     #[test]
@@ -374,7 +431,7 @@ mod tests {
             lock_timeout_us: 100_000,
             ..BackupConfig::default()
         };
-        let mut run = BackupRun::new(5, vec![1, 2], cfg);
+        let mut run = BackupRun::new(5, vec![1, 2], cfg, None);
         run.start(0);
         let acts = run.on_reply(0, locked(true));
         assert!(matches!(call(&acts), (2, Request::BackupLock { .. })));

@@ -232,6 +232,9 @@ pub struct Participant<R> {
     log: LogCounters,
     rss_bytes: u64,
     backup: Option<backup::Backup>,
+    /// The last backup whose cut was read whole here (since this process started): an
+    /// incremental backup starts from it.
+    backup_base: Option<u64>,
 }
 
 impl<R> Participant<R> {
@@ -264,6 +267,7 @@ impl<R> Participant<R> {
             log: LogCounters::default(),
             rss_bytes: 0,
             backup: None,
+            backup_base: None,
         }
     }
 

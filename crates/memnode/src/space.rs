@@ -12,12 +12,41 @@ use std::sync::Arc;
 pub struct Space {
     map: Arc<MmapRaw>,
     size_bytes: u64,
-    /// One bit per page that may hold a byte other than zero: set by every write, and at
-    /// open for the image file's data. A cut reads only these pages: reading the others,
-    /// holes of a sparse image, would fill the page cache with zeros (a 1 GiB node took
-    /// 2.8 s to back up, 83 % of it the kernel zeroing pages).
-    written: Vec<u64>,
+    /// The pages that may hold a byte other than zero: set by every write, and at open
+    /// for the image file's data. A cut reads only these pages: reading the others, holes
+    /// of a sparse image, would fill the page cache with zeros (a 1 GiB node took 2.8 s to
+    /// back up, 83 % of it the kernel zeroing pages).
+    written: Pages,
+    /// The pages written since the cut of the last backup that completed (since this
+    /// process started, before one did): what an incremental cut holds.
+    since_base: Pages,
     cut: Option<Cut>,
+}
+
+/// A set of pages, one bit each.
+#[derive(Clone)]
+struct Pages(Vec<u64>);
+
+impl Pages {
+    fn new(size_bytes: u64) -> Pages {
+        Pages(vec![
+            0;
+            size_bytes.div_ceil(PAGE_BYTES).div_ceil(64) as usize
+        ])
+    }
+
+    /// Adds every page that `[addr, addr + len)` touches.
+    fn insert(&mut self, addr: u64, len: u64) {
+        for page in addr / PAGE_BYTES..(addr + len).div_ceil(PAGE_BYTES) {
+            self.0[(page / 64) as usize] |= 1 << (page % 64);
+        }
+    }
+
+    /// Whether the page starting at `start` is in the set.
+    fn contains(&self, start: u64) -> bool {
+        let page = start / PAGE_BYTES;
+        self.0[(page / 64) as usize] & (1 << (page % 64)) != 0
+    }
 }
 
 /// The unit a cut saves and reads.
@@ -28,6 +57,10 @@ pub const PAGE_BYTES: u64 = 4096;
 /// address order, so a page below `read_upto` is never needed again; saved pages cost
 /// memory only for the pages written ahead of the reader.
 struct Cut {
+    /// An incremental cut's pages (written since the base); a full cut's are all pages.
+    only: Option<Pages>,
+    /// Pages written since this cut: the next base's `since_base` if the backup completes.
+    since_cut: Pages,
     read_upto: u64,
     /// Pages saved, by address; an empty one was zero.
     saved: FxHashMap<u64, Box<[u8]>>,
@@ -65,7 +98,8 @@ impl Space {
         Ok(Space {
             map: Arc::new(MmapRaw::from(map)),
             size_bytes,
-            written: vec![0; pages(size_bytes).div_ceil(64) as usize],
+            written: Pages::new(size_bytes),
+            since_base: Pages::new(size_bytes),
             cut: None,
         })
     }
@@ -92,11 +126,12 @@ impl Space {
         let mut space = Space {
             map: Arc::new(map),
             size_bytes,
-            written: vec![0; pages(size_bytes).div_ceil(64) as usize],
+            written: Pages::new(size_bytes),
+            since_base: Pages::new(size_bytes),
             cut: None,
         };
         for (start, end) in data_extents(&file, size_bytes) {
-            space.mark_written(start, end - start);
+            space.written.insert(start, end - start);
         }
         Ok(space)
     }
@@ -130,10 +165,13 @@ impl Space {
         if bytes.is_empty() {
             return;
         }
-        if self.cut.is_some() {
-            self.save_for_cut(addr, bytes.len() as u64);
+        let len = bytes.len() as u64;
+        if let Some(cut) = &mut self.cut {
+            cut.since_cut.insert(addr, len);
+            self.save_for_cut(addr, len);
         }
-        self.mark_written(addr, bytes.len() as u64);
+        self.written.insert(addr, len);
+        self.since_base.insert(addr, len);
         // SAFETY: as in `read`; `&mut self` excludes every other borrow of the mapping.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -144,20 +182,18 @@ impl Space {
         }
     }
 
-    fn mark_written(&mut self, addr: u64, len: u64) {
-        for page in addr / PAGE_BYTES..(addr + len).div_ceil(PAGE_BYTES) {
-            self.written[(page / 64) as usize] |= 1 << (page % 64);
-        }
-    }
-
     fn is_written(&self, start: u64) -> bool {
-        let page = start / PAGE_BYTES;
-        self.written[(page / 64) as usize] & (1 << (page % 64)) != 0
+        self.written.contains(start)
     }
 
-    /// Keeps the space as it is now for a backup, until `end_cut`; replaces a cut in progress.
-    pub fn begin_cut(&mut self) {
+    /// Keeps the space as it is now for a backup, until `end_cut`; replaces a cut in
+    /// progress. An `incremental` cut holds only the pages written since the cut of the
+    /// last backup that completed (`end_cut(true)`).
+    pub fn begin_cut(&mut self, incremental: bool) {
+        let size_bytes = self.size_bytes;
         self.cut = Some(Cut {
+            only: incremental.then(|| self.since_base.clone()),
+            since_cut: Pages::new(size_bytes),
             read_upto: 0,
             saved: FxHashMap::default(),
             saved_bytes: 0,
@@ -165,9 +201,16 @@ impl Space {
         });
     }
 
-    /// Drops the cut; returns the most bytes it held saved at once (0 if there was none).
-    pub fn end_cut(&mut self) -> u64 {
-        self.cut.take().map_or(0, |cut| cut.saved_bytes_max)
+    /// Drops the cut; `completed`: it was read whole, and becomes the base of the next
+    /// incremental cut. Returns the most bytes it held saved at once (0 if there was none).
+    pub fn end_cut(&mut self, completed: bool) -> u64 {
+        let Some(cut) = self.cut.take() else {
+            return 0;
+        };
+        if completed {
+            self.since_base = cut.since_cut;
+        }
+        cut.saved_bytes_max
     }
 
     /// The bytes of the page starting at `start` (the last page may be short).
@@ -213,13 +256,21 @@ impl Space {
         }
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut start = offset;
+        let zero = [0u8; PAGE_BYTES as usize];
         while start < end {
+            let page_len = PAGE_BYTES.min(size_bytes - start) as usize;
+            let wanted = cut.only.as_ref().is_none_or(|only| only.contains(start));
             let bytes = match cut.saved.get(&start) {
+                _ if !wanted => &[][..],
+                // A page saved as nothing was zero; an incremental cut sends it as zeros.
+                Some(saved) if saved.is_empty() && cut.only.is_some() => &zero[..page_len],
                 Some(saved) => &saved[..],
+                None if !self.is_written(start) && cut.only.is_some() => &zero[..page_len],
                 None if !self.is_written(start) => &[],
                 None => self.page(start),
             };
-            if bytes.iter().any(|&b| b != 0) {
+            // A full cut leaves out zero pages; an incremental one sends every page it holds.
+            if (cut.only.is_some() && !bytes.is_empty()) || bytes.iter().any(|&b| b != 0) {
                 match runs.last_mut() {
                     Some((run, run_bytes)) if *run + run_bytes.len() as u64 == start => {
                         run_bytes.extend_from_slice(bytes)
@@ -235,10 +286,6 @@ impl Space {
         cut.read_upto = end;
         Ok(runs)
     }
-}
-
-fn pages(bytes: u64) -> u64 {
-    bytes.div_ceil(PAGE_BYTES)
 }
 
 /// The ranges of `file` (of `size_bytes`) that hold data, by `SEEK_DATA`/`SEEK_HOLE`: the
@@ -302,7 +349,7 @@ mod tests {
             expected[addr as usize..addr as usize + bytes.len()].copy_from_slice(bytes);
         }
 
-        space.begin_cut();
+        space.begin_cut(false);
         space.write(5, b"AFTER!");
         space.write(7 * PAGE_BYTES - 4, b"overwritten");
         space.write(9 * PAGE_BYTES, b"new");
@@ -316,7 +363,7 @@ mod tests {
         assert!(image == expected, "the cut's image differs");
         assert_eq!(space.read(5, 6), b"AFTER!", "the space itself moved on");
         assert_eq!(
-            space.end_cut(),
+            space.end_cut(false),
             3 * PAGE_BYTES + 100,
             "pages 0, 6, 7 and the short last one were saved; 9 was zero"
         );
@@ -334,17 +381,56 @@ mod tests {
         let mut space = Space::image(&path, size).unwrap();
         assert!(space.is_written(40 * PAGE_BYTES));
         assert!(!space.is_written(0), "a hole");
-        space.begin_cut();
+        space.begin_cut(false);
         let mut image = vec![0u8; size as usize];
         read_rest(&mut space, &mut image, 0, 16 * PAGE_BYTES);
         assert_eq!(&image[40 * 4096 + 5..40 * 4096 + 9], b"kept");
+    }
+
+    /// The pages an incremental cut of `space` holds, each with its first byte.
+    fn incremental(space: &mut Space) -> Vec<(u64, usize, u8)> {
+        space.begin_cut(true);
+        let runs = space.read_cut(0, space.size_bytes()).unwrap();
+        (runs.iter())
+            .flat_map(|(at, bytes)| {
+                (bytes.chunks(PAGE_BYTES as usize).enumerate())
+                    .map(move |(i, page)| (at / PAGE_BYTES + i as u64, page.len(), page[0]))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_incremental_cut_holds_the_pages_written_since_the_last_completed_one() {
+        let mut space = Space::anonymous(8 * PAGE_BYTES).unwrap();
+        space.write(0, b"one");
+        space.write(3 * PAGE_BYTES, b"three");
+        space.begin_cut(false);
+        space.write(5 * PAGE_BYTES, b"five");
+        assert_eq!(space.read_cut(0, 8 * PAGE_BYTES).unwrap().len(), 2);
+        space.end_cut(true);
+        space.write(3 * PAGE_BYTES, &[0; 5]);
+        let page = PAGE_BYTES as usize;
+        assert_eq!(
+            incremental(&mut space),
+            vec![(3, page, 0), (5, page, b'f')],
+            "written since the completed cut, zeroed ones too"
+        );
+        space.end_cut(false);
+        space.write(7 * PAGE_BYTES, b"seven");
+        assert_eq!(
+            incremental(&mut space),
+            vec![(3, page, 0), (5, page, b'f'), (7, page, b's')],
+            "a cut that did not complete is no base"
+        );
+        space.end_cut(true);
+        assert_eq!(incremental(&mut space), vec![]);
     }
 
     #[test]
     fn cut_reads_go_in_order_over_whole_pages() {
         let mut space = Space::anonymous(4 * PAGE_BYTES).unwrap();
         assert_eq!(space.read_cut(0, PAGE_BYTES), Err(CutReadError::NoCut));
-        space.begin_cut();
+        space.begin_cut(false);
         assert_eq!(space.read_cut(0, 100), Err(CutReadError::BadRange));
         assert_eq!(
             space.read_cut(PAGE_BYTES, PAGE_BYTES),
@@ -355,6 +441,6 @@ mod tests {
             Err(CutReadError::BadRange)
         );
         assert_eq!(space.read_cut(0, 4 * PAGE_BYTES), Ok(vec![]), "all zero");
-        assert_eq!(space.end_cut(), 0);
+        assert_eq!(space.end_cut(false), 0);
     }
 }

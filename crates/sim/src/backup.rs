@@ -2,7 +2,9 @@
 //! memory node with `BackupRun` (the code the real backup runs) over the simulated network,
 //! and keeps each cut's images with the workload as it stood when the backup began, for the
 //! check at the end of the run (`Bank::check_cut`). A backup that fails (a lost reply, a
-//! node that crashed and forgot its cut) is taken again.
+//! node that crashed and forgot its cut) is taken again. Each backup is incremental from the
+//! last one that completed: a node that gives only the pages written since has them laid
+//! over that backup's image, as a restore does.
 
 use crate::msg::{self, Directory, Msg};
 use crate::world::{Addr, Ctx, Message, Process, Timer};
@@ -35,6 +37,7 @@ enum BackupTimer {
 }
 
 struct Running<W> {
+    id: u64,
     run: BackupRun,
     before: W,
     images: Vec<Vec<u8>>,
@@ -53,6 +56,8 @@ pub(crate) struct SimBackup<W> {
     wanted: usize,
     start_before_us: u64,
     running: Option<Running<W>>,
+    /// The last backup that completed, and its images.
+    base: Option<(u64, Vec<Vec<u8>>)>,
     cuts: Rc<RefCell<Vec<Cut<W>>>>,
 }
 
@@ -73,6 +78,7 @@ impl<W: Clone + 'static> SimBackup<W> {
             wanted,
             start_before_us,
             running: None,
+            base: None,
             cuts,
         }
     }
@@ -90,12 +96,19 @@ impl<W: Clone + 'static> SimBackup<W> {
             lock_poll_us: 1_000,
             read_bytes: 4096,
         };
-        let mut run = BackupRun::new(ctx.rng().gen(), (1..=self.nodes).collect(), cfg);
+        let id = ctx.rng().gen();
+        let since = self.base.as_ref().map(|(id, _)| *id);
+        let mut run = BackupRun::new(id, (1..=self.nodes).collect(), cfg, since);
         let acts = run.start(ctx.now_us());
+        let images = match &self.base {
+            Some((_, images)) => images.clone(),
+            None => vec![vec![0; self.space_bytes as usize]; usize::from(self.nodes)],
+        };
         self.running = Some(Running {
+            id,
             run,
             before: self.workload.borrow().clone(),
-            images: vec![vec![0; self.space_bytes as usize]; usize::from(self.nodes)],
+            images,
             pending: None,
             in_flight: None,
         });
@@ -104,6 +117,13 @@ impl<W: Clone + 'static> SimBackup<W> {
 
     fn apply(&mut self, ctx: &mut Ctx<'_>, acts: BackupActions) {
         let r = self.running.as_mut().expect("a backup runs");
+        if acts.cut_taken {
+            for image in r.run.images().into_iter().filter(|i| !i.incremental) {
+                r.images[usize::from(image.node) - 1].fill(0);
+            }
+            let incremental = r.run.images().iter().filter(|i| i.incremental).count();
+            ctx.count("incremental_images", incremental as u64);
+        }
         if let Some((node, runs)) = acts.chunk {
             let image = &mut r.images[usize::from(node) - 1];
             for (offset, bytes) in runs {
@@ -115,6 +135,7 @@ impl<W: Clone + 'static> SimBackup<W> {
             match done {
                 Ok(_) => {
                     ctx.count("backups", 1);
+                    self.base = Some((r.id, r.images.clone()));
                     let cut = Cut {
                         before: r.before,
                         images: r.images,

@@ -75,6 +75,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         coordinator_crashes: world.counter("coordinator_crashes"),
         batched_decisions: world.counter("batched_decisions"),
         batched_writes: 0,
+        incremental_images: 0,
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }

@@ -120,6 +120,8 @@ pub struct Report {
     pub commits_with_lsns: u64,
     /// The log: minitransactions that wrote several appends' positions at once.
     pub batched_writes: u64,
+    /// Node images that backups took incrementally (the pages written since the last one).
+    pub incremental_images: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -183,6 +185,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         coordinator_crashes: world.counter("coordinator_crashes"),
         batched_decisions: world.counter("batched_decisions"),
         batched_writes: 0,
+        incremental_images: world.counter("incremental_images"),
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }

@@ -230,6 +230,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         coordinator_crashes: 0,
         batched_decisions: world.counter("batched_decisions"),
         batched_writes: world.counter("batched_writes"),
+        incremental_images: 0,
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }

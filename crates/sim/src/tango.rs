@@ -118,6 +118,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
         coordinator_crashes: 0,
         batched_decisions: 0,
         batched_writes: 0,
+        incremental_images: 0,
         commits_with_lsns: 0,
         violations,
     }

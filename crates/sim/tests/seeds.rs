@@ -12,9 +12,10 @@ fn seeds_pass_every_checker() {
     let cfg = SimConfig::default();
     let mut failures = Vec::new();
     let (mut committed, mut unknown, mut crashes, mut batched) = (0, 0, 0, 0);
-    let mut with_lsns = 0;
+    let (mut with_lsns, mut incremental) = (0, 0);
     for seed in 0..seeds {
         let report = run(seed, &cfg);
+        incremental += report.incremental_images;
         committed += report.committed;
         unknown += report.unknown;
         crashes += report.node_crashes + report.coordinator_crashes;
@@ -29,7 +30,7 @@ fn seeds_pass_every_checker() {
         }
     }
     eprintln!(
-        "{seeds} seeds: {committed} committed, {unknown} unknown outcomes, {crashes} crashes, {batched} DECISIONS with several tids, {with_lsns} commits with every Prepare lsn"
+        "{seeds} seeds: {committed} committed, {unknown} unknown outcomes, {crashes} crashes, {batched} DECISIONS with several tids, {with_lsns} commits with every Prepare lsn, {incremental} node images backed up incrementally"
     );
     assert!(
         failures.is_empty(),
@@ -44,6 +45,7 @@ fn seeds_pass_every_checker() {
         with_lsns > 0,
         "coordinators told participants the Prepare lsns"
     );
+    assert!(incremental > 0, "backups were incremental");
 }
 
 #[test]

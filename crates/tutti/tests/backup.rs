@@ -1,6 +1,7 @@
 //! Consistent backups (Sinfonia §4.8) of real processes: `tutti backup create` taken while
-//! the bank runs restores, with `tutti backup restore`, to a cluster where the money is all
-//! there and every client's counter is a prefix of that client's transfers; a log made
+//! the bank runs, and an incremental one after it, restore, with `tutti backup restore`, to
+//! a cluster where the money is all there and every client's counter is a prefix of that
+//! client's transfers; a log made
 //! before the backup reads back from the restored cluster; backups killed with `kill -9` at
 //! random points, or losing a node, leave the cluster serving and no backup that verifies
 //! but is not one; a file system backed up while written restores to one that fsck finds
@@ -89,7 +90,6 @@ fn a_backup_under_load_restores_to_a_consistent_cut() {
 
     let backup_dir = common::scratch("backup-dest");
     let dest = backup_dir.join("b");
-    let before = read_counts(&counts);
     let (started, ops_at_start) = (Instant::now(), commits.load(Ordering::Relaxed));
     let made = tutti_json(&[
         "backup",
@@ -100,8 +100,21 @@ fn a_backup_under_load_restores_to_a_consistent_cut() {
     ]);
     let took = started.elapsed();
     let rate_during = (commits.load(Ordering::Relaxed) - ops_at_start) as f64 / took.as_secs_f64();
-    let after = read_counts(&counts);
     let rate_after = rate(Duration::from_secs(2));
+    // Then an incremental one from it, which is what gets restored.
+    let dest_full = dest;
+    let dest = backup_dir.join("b2");
+    let before = read_counts(&counts);
+    let made2 = tutti_json(&[
+        "backup",
+        "create",
+        dest.to_str().unwrap(),
+        "--since",
+        dest_full.to_str().unwrap(),
+        "--cluster",
+        &dir,
+    ]);
+    let after = read_counts(&counts);
     stop.store(true, Ordering::Relaxed);
     for task in load {
         rt.block_on(task).unwrap();
@@ -109,12 +122,20 @@ fn a_backup_under_load_restores_to_a_consistent_cut() {
     eprintln!(
         "backup {made}: {took:?}; operations/s before {rate_before:.0}, during {rate_during:.0}, after {rate_after:.0}"
     );
+    eprintln!("incremental backup {made2}");
     assert_eq!(made["nodes"].as_array().unwrap().len(), NODES as usize);
     assert_eq!(made["regions"], 1, "the log's region");
+    let nodes2 = made2["nodes"].as_array().unwrap();
+    assert!(nodes2.iter().all(|n| n["incremental"] == true), "{made2}");
+    assert!(
+        made2["data_bytes"].as_u64() < made["data_bytes"].as_u64(),
+        "the log's entries are not copied again"
+    );
     assert!(after.iter().map(|a| a.0).sum::<u64>() > before.iter().map(|b| b.0).sum::<u64>());
 
     let verified = tutti_json(&["backup", "verify", dest.to_str().unwrap()]);
     assert_eq!(verified["ok"], true);
+    assert_eq!(verified["chain"].as_array().unwrap().len(), 2, "{verified}");
     let restore_dir = common::scratch("backup-restored");
     let data = restore_dir.join("cluster");
     let restored = tutti_json(&[
@@ -140,8 +161,9 @@ fn a_backup_under_load_restores_to_a_consistent_cut() {
     let restored_cluster = rt
         .block_on(local.wait_ready(Duration::from_secs(60)))
         .unwrap();
-    // The cut's counters lie between what clients had seen when the backup began and what
-    // they had seen, or might have, when it ended; the money is all there.
+    // The incremental cut laid over the full one: its counters lie between what clients had
+    // seen when the backup began and what they had seen, or might have, when it ended; the
+    // money is all there.
     let mut model = bank();
     for (client, (b, a)) in before.iter().zip(&after).enumerate() {
         model.tally(client as u64, b.0, a.1 - b.0);

@@ -484,15 +484,19 @@ pub enum Request {
     /// A node forgets a fence not asked about for `BACKUP_FENCE_LEASE_MS`.
     BackupLock { backup: u64 },
     /// Backup → memory node, phase 2, once every node answered `locked`: keep the image as
-    /// it is now for the backup (copy-on-write) and take locks again. Replies `BackupCut`.
-    BackupCut { backup: u64 },
+    /// it is now for the backup (copy-on-write) and take locks again. With `since` the id of
+    /// the last backup that completed at this node, the cut holds only the pages written
+    /// since that one's cut (an incremental backup); otherwise all of them. Replies
+    /// `BackupCut`.
+    BackupCut { backup: u64, since: Option<u64> },
     /// Backup → memory node: the image as of the cut, `len` bytes from `offset`, read in
     /// order (each read starts where the last one ended). Replies `BackupChunk`. A node
     /// forgets a cut not read for `BACKUP_CUT_LEASE_MS`.
     BackupRead { backup: u64, offset: u64, len: u64 },
-    /// Backup → memory node: the backup is over (done or given up); drop its fence or cut.
+    /// Backup → memory node: the backup is over; drop its fence or cut. `completed`: every
+    /// byte of the cut was read, and a later incremental backup may start from this one.
     /// Replies `BackupEnded`, also for a backup the node does not know.
-    BackupEnd { backup: u64 },
+    BackupEnd { backup: u64, completed: bool },
 }
 
 /// How long a memory node keeps a backup's fence without hearing `BackupLock` again: a
@@ -549,12 +553,16 @@ pub enum Response {
         locked: bool,
         holders: u64,
     },
-    /// The cut is taken; the image is `size_bytes` long.
+    /// The cut is taken; the image is `size_bytes` long. `incremental`: it holds only the
+    /// pages written since the `since` backup's cut.
     BackupCut {
         size_bytes: u64,
+        incremental: bool,
     },
-    /// The image's bytes in the range read that are not all zero, as `(offset, bytes)`
-    /// runs of whole pages in address order; every other byte of the range is zero.
+    /// Of a full cut, the image's bytes in the range read that are not all zero, as
+    /// `(offset, bytes)` runs of whole pages in address order; every other byte of the range
+    /// is zero. Of an incremental cut, the pages of the range written since the earlier
+    /// cut, zero or not; every other page is as it was then.
     BackupChunk(Vec<(u64, Vec<u8>)>),
     BackupEnded,
     Registered {

@@ -27,15 +27,21 @@ impl<R> Participant<R> {
                 BACKUP_FENCE_LEASE_MS
             };
             if now_ms.saturating_sub(b.touched_ms) > lease {
-                self.end_backup();
+                self.end_backup(false);
             }
         }
     }
 
-    fn end_backup(&mut self) {
-        self.backup = None;
+    /// Ends the backup in progress; `completed`: its cut was read whole, and is the base of
+    /// the next incremental backup.
+    fn end_backup(&mut self, completed: bool) {
+        let ended = self.backup.take();
         self.locks.set_fenced(false);
-        self.space.end_cut();
+        let whole = completed && ended.as_ref().is_some_and(|b| b.cut);
+        self.space.end_cut(whole);
+        if whole {
+            self.backup_base = ended.map(|b| b.id);
+        }
     }
 
     /// `BackupLock`, `BackupCut`, `BackupRead` and `BackupEnd`.
@@ -49,15 +55,15 @@ impl<R> Participant<R> {
     ) {
         let resp = match req {
             Request::BackupLock { backup } => self.backup_lock(now_ms, backup),
-            Request::BackupCut { backup } => self.backup_cut(now_ms, backup),
+            Request::BackupCut { backup, since } => self.backup_cut(now_ms, backup, since),
             Request::BackupRead {
                 backup,
                 offset,
                 len,
             } => self.backup_read(now_ms, backup, offset, len),
-            Request::BackupEnd { backup } => {
+            Request::BackupEnd { backup, completed } => {
                 if self.backup.as_ref().is_some_and(|b| b.id == backup) {
-                    self.end_backup();
+                    self.end_backup(completed);
                 }
                 Response::BackupEnded
             }
@@ -107,7 +113,8 @@ impl<R> Participant<R> {
         }
     }
 
-    fn backup_cut(&mut self, now_ms: u64, backup: u64) -> Response {
+    /// Phase 2: the cut, incremental if `since` is the last backup that completed here.
+    fn backup_cut(&mut self, now_ms: u64, backup: u64, since: Option<u64>) -> Response {
         let drained = self.locks.holders() == 0 || planted(Bug::CutWithLocksHeld);
         match self.touch_backup(now_ms, backup) {
             Ok(true) => error(
@@ -121,9 +128,11 @@ impl<R> Participant<R> {
             Ok(false) => {
                 self.backup.as_mut().expect("touched").cut = true;
                 self.locks.set_fenced(false);
-                self.space.begin_cut();
+                let incremental = since.is_some() && since == self.backup_base;
+                self.space.begin_cut(incremental);
                 Response::BackupCut {
                     size_bytes: self.space.size_bytes(),
+                    incremental,
                 }
             }
             Err(refusal) => refusal,
@@ -247,7 +256,14 @@ mod tests {
         assert_eq!(write(&mut p, 2, true, 8, 2), Vote::CommitOk, "uncertain");
         assert_eq!(lock(&mut p, 0), (false, 1), "tid 2 holds its lock");
         assert_eq!(write(&mut p, 3, false, 16, 3), Vote::AbortLock, "fenced");
-        let cut_too_early = ask(&mut p, 0, Request::BackupCut { backup: 9 });
+        let cut_too_early = ask(
+            &mut p,
+            0,
+            Request::BackupCut {
+                backup: 9,
+                since: None,
+            },
+        );
         assert!(matches!(
             cut_too_early,
             Response::Error {
@@ -273,8 +289,21 @@ mod tests {
                 ..
             }
         ));
-        let cut = ask(&mut p, 1, Request::BackupCut { backup: 9 });
-        assert!(matches!(cut, Response::BackupCut { size_bytes: 65_536 }));
+        let cut = ask(
+            &mut p,
+            1,
+            Request::BackupCut {
+                backup: 9,
+                since: None,
+            },
+        );
+        assert!(matches!(
+            cut,
+            Response::BackupCut {
+                size_bytes: 65_536,
+                incremental: false
+            }
+        ));
 
         assert_eq!(write(&mut p, 4, false, 0, 4), Vote::CommitOk, "unfenced");
         let mut page = vec![0u8; 16];
@@ -284,10 +313,36 @@ mod tests {
         assert_eq!(read(&mut p, 0, 8192), vec![(0, page)], "as of the cut");
         assert_eq!(read(&mut p, 8192, 65_536 - 8192), vec![]);
         assert!(matches!(
-            ask(&mut p, 1, Request::BackupEnd { backup: 9 }),
+            ask(
+                &mut p,
+                1,
+                Request::BackupEnd {
+                    backup: 9,
+                    completed: true
+                }
+            ),
             Response::BackupEnded
         ));
         assert_eq!(write(&mut p, 5, false, 0, 5), Vote::CommitOk);
+
+        // Backup 9 completed: a cut since it is incremental, since another is not.
+        let cut = |p: &mut P, backup, since| {
+            assert!(matches!(
+                ask(p, 2, Request::BackupLock { backup }),
+                Response::BackupLock { locked: true, .. }
+            ));
+            match ask(p, 2, Request::BackupCut { backup, since }) {
+                Response::BackupCut { incremental, .. } => incremental,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(cut(&mut p, 10, Some(9)));
+        let ended = Request::BackupEnd {
+            backup: 10,
+            completed: false,
+        };
+        assert!(matches!(ask(&mut p, 2, ended), Response::BackupEnded));
+        assert!(!cut(&mut p, 11, Some(10)), "10 did not complete");
     }
 
     #[test]
@@ -296,7 +351,14 @@ mod tests {
         assert_eq!(lock(&mut p, 0), (true, 0));
         assert_eq!(write(&mut p, 1, false, 0, 1), Vote::AbortLock);
         let later = BACKUP_FENCE_LEASE_MS + 1;
-        let gone = ask(&mut p, later, Request::BackupCut { backup: 9 });
+        let gone = ask(
+            &mut p,
+            later,
+            Request::BackupCut {
+                backup: 9,
+                since: None,
+            },
+        );
         assert!(matches!(
             gone,
             Response::Error {

@@ -42,9 +42,16 @@ enum BackupCommand {
         /// a slower copy in memory meanwhile.
         #[arg(long, default_value = "32M", value_parser = super::args::parse_rate)]
         max_rate: u64,
+        /// An incremental backup from this one (a backup's directory): a node whose last
+        /// completed backup that is gives only the pages written since its cut; a node that
+        /// restarted since, or joined, gives all of them. A restore reads the chain of bases,
+        /// so keep them.
+        #[arg(long, value_name = "BACKUP")]
+        since: Option<PathBuf>,
     },
-    /// Check a backup: the manifest, every image file's length and CRC, every run's CRC.
-    /// Prints {"backup", "ok": true, "nodes", "data_bytes"}; exits 1 if anything is wrong.
+    /// Check a backup: the manifest, every image file's length and CRC, every run's CRC,
+    /// and the same of every base an incremental backup starts from. Prints {"backup",
+    /// "ok": true, "nodes", "data_bytes", "chain"}; exits 1 if anything is wrong.
     Verify { dest: PathBuf },
     /// Make a new local cluster of the backup in DEST: --data (a new or empty directory)
     /// then holds what `tutti up --data DIR` starts, in log mode on 127.0.0.1, with the
@@ -64,6 +71,7 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
             lock_timeout_ms,
             attempts,
             max_rate,
+            since,
         } => {
             let start = Instant::now();
             let handle = cluster.connect(dialer).await?;
@@ -72,6 +80,7 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
                 attempts: attempts.max(1),
                 progress: true,
                 max_bytes_per_s: (max_rate > 0).then_some(max_rate),
+                since,
                 ..tutti_backup::CreateOptions::default()
             };
             let manifest = (tutti_backup::create(&handle, &dest, &opts).await)
@@ -80,6 +89,7 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
                 "backup": dest,
                 "id": manifest.backup,
                 "nodes": manifest.nodes,
+                "base": manifest.base,
                 "regions": manifest.regions.len(),
                 "data_bytes": manifest.nodes.iter().map(|n| n.data_bytes).sum::<u64>(),
                 "fenced_ms": manifest.fenced_ms,
@@ -90,9 +100,11 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
         }
         BackupCommand::Verify { dest } => {
             let manifest = tutti_backup::verify(&dest).map_err(|e| e.to_string())?;
+            let chain = tutti_backup::format::chain(&dest, &manifest).map_err(|e| e.to_string())?;
             let out = json!({
                 "backup": dest,
                 "ok": true,
+                "chain": chain.iter().map(|(dir, _)| dir).collect::<Vec<_>>(),
                 "id": manifest.backup,
                 "nodes": manifest.nodes.iter().map(|n| n.id).collect::<Vec<_>>(),
                 "data_bytes": manifest.nodes.iter().map(|n| n.data_bytes).sum::<u64>(),

@@ -1395,9 +1395,9 @@ mod tests {
     use super::*;
     use tutti_wire::CmpOp;
 
-    type P = Participant<u32>;
+    pub(super) type P = Participant<u32>;
 
-    fn node(id: NodeId, mode: Mode) -> P {
+    pub(super) fn node(id: NodeId, mode: Mode) -> P {
         let cfg = Config {
             id,
             mode,
@@ -1408,7 +1408,7 @@ mod tests {
         Participant::new(cfg, Space::anonymous(1 << 20).unwrap(), 1)
     }
 
-    fn tid(seq: u64) -> Tid {
+    pub(super) fn tid(seq: u64) -> Tid {
         Tid {
             epoch: 1,
             coordinator: 7,

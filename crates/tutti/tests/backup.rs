@@ -36,6 +36,36 @@ fn tutti_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `tutti backup restore BACKUP --data DATA`, then the restored cluster started and ready.
+fn restore_and_start(
+    rt: &tokio::runtime::Runtime,
+    backup: &std::path::Path,
+    data: &std::path::Path,
+) -> (LocalCluster, tutti_client::Cluster) {
+    let restored = tutti_json(&[
+        "backup",
+        "restore",
+        backup.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ]);
+    eprintln!("restored: {restored}");
+    let layout = Layout {
+        host: LOOPBACK,
+        nodes: NODES as usize,
+        mode: "log".into(),
+        size_bytes: 64 << 20,
+        node_flags: vec![],
+        manager_flags: vec![],
+    };
+    let mut local = LocalCluster::open(&common::exe(), data, layout, true).unwrap();
+    local.start_all().unwrap();
+    let cluster = rt
+        .block_on(local.wait_ready(Duration::from_secs(60)))
+        .unwrap();
+    (local, cluster)
+}
+
 /// Each client's transfers: seen committed, and seen committed or unknown.
 type Counts = Vec<(Arc<AtomicU64>, Arc<AtomicU64>)>;
 
@@ -138,29 +168,8 @@ fn a_backup_under_load_restores_to_a_consistent_cut() {
     assert_eq!(verified["chain"].as_array().unwrap().len(), 2, "{verified}");
     let restore_dir = common::scratch("backup-restored");
     let data = restore_dir.join("cluster");
-    let restored = tutti_json(&[
-        "backup",
-        "restore",
-        dest.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-    ]);
-    eprintln!("restored: {restored}");
     drop(c);
-
-    let layout = Layout {
-        host: LOOPBACK,
-        nodes: NODES as usize,
-        mode: "log".into(),
-        size_bytes: 64 << 20,
-        node_flags: vec![],
-        manager_flags: vec![],
-    };
-    let mut local = LocalCluster::open(&common::exe(), &data, layout, true).unwrap();
-    local.start_all().unwrap();
-    let restored_cluster = rt
-        .block_on(local.wait_ready(Duration::from_secs(60)))
-        .unwrap();
+    let (mut local, restored_cluster) = restore_and_start(&rt, &dest, &data);
     // The incremental cut laid over the full one: its counters lie between what clients had
     // seen when the backup began and what they had seen, or might have, when it ended; the
     // money is all there.
@@ -449,27 +458,8 @@ fn a_file_system_backed_up_while_written_restores_clean() {
     eprintln!("files made by each writer: {made:?}");
 
     let data = scratch.join("restored");
-    tutti_json(&[
-        "backup",
-        "restore",
-        dest.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-    ]);
     drop(c);
-    let layout = Layout {
-        host: LOOPBACK,
-        nodes: NODES as usize,
-        mode: "log".into(),
-        size_bytes: 64 << 20,
-        node_flags: vec![],
-        manager_flags: vec![],
-    };
-    let mut local = LocalCluster::open(&common::exe(), &data, layout, true).unwrap();
-    local.start_all().unwrap();
-    let restored = rt
-        .block_on(local.wait_ready(Duration::from_secs(60)))
-        .unwrap();
+    let (mut local, restored) = restore_and_start(&rt, &dest, &data);
     let data_dir = data.display().to_string();
     // The cut is the volume as after a crash of every mount: an unlink's reclaim of the
     // file's inode (a minitransaction of its own) may not be in it, which --repair frees.

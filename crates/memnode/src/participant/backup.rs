@@ -177,33 +177,11 @@ fn busy(other: u64) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use crate::participant::{Config, Mode, Participant, CHECKPOINT_STEP_TIDS};
-    use crate::space::Space;
+    use crate::participant::tests::{node, tid, P};
+    use crate::participant::Mode;
     use tutti_wire::{
-        Decision, ErrorCode, ExecPrepare, Item, Limits, Request, Response, Tid, Vote,
-        BACKUP_FENCE_LEASE_MS,
+        Decision, ErrorCode, ExecPrepare, Item, Request, Response, Vote, BACKUP_FENCE_LEASE_MS,
     };
-
-    type P = Participant<u32>;
-
-    fn node() -> P {
-        let cfg = Config {
-            id: 1,
-            mode: Mode::Ram,
-            timeout_uncertain_ms: 100,
-            limits: Limits::default(),
-            checkpoint_step_tids: CHECKPOINT_STEP_TIDS,
-        };
-        Participant::new(cfg, Space::anonymous(1 << 16).unwrap(), 1)
-    }
-
-    fn tid(seq: u64) -> Tid {
-        Tid {
-            epoch: 1,
-            coordinator: 7,
-            seq,
-        }
-    }
 
     fn ask(p: &mut P, now_ms: u64, req: Request) -> Response {
         let mut acts = p.on_request(now_ms, 0, 1, req);
@@ -251,7 +229,7 @@ mod tests {
 
     #[test]
     fn the_cut_waits_for_held_locks_refuses_new_ones_and_keeps_its_image() {
-        let mut p = node();
+        let mut p = node(1, Mode::Ram);
         assert_eq!(write(&mut p, 1, false, 0, 1), Vote::CommitOk);
         assert_eq!(write(&mut p, 2, true, 8, 2), Vote::CommitOk, "uncertain");
         assert_eq!(lock(&mut p, 0), (false, 1), "tid 2 holds its lock");
@@ -300,7 +278,7 @@ mod tests {
         assert!(matches!(
             cut,
             Response::BackupCut {
-                size_bytes: 65_536,
+                size_bytes: 1_048_576,
                 incremental: false
             }
         ));
@@ -311,7 +289,7 @@ mod tests {
         page[8..].fill(2);
         page.resize(4096, 0);
         assert_eq!(read(&mut p, 0, 8192), vec![(0, page)], "as of the cut");
-        assert_eq!(read(&mut p, 8192, 65_536 - 8192), vec![]);
+        assert_eq!(read(&mut p, 8192, 1_048_576 - 8192), vec![]);
         assert!(matches!(
             ask(
                 &mut p,
@@ -347,7 +325,7 @@ mod tests {
 
     #[test]
     fn a_fence_nobody_asks_about_lapses() {
-        let mut p = node();
+        let mut p = node(1, Mode::Ram);
         assert_eq!(lock(&mut p, 0), (true, 0));
         assert_eq!(write(&mut p, 1, false, 0, 1), Vote::AbortLock);
         let later = BACKUP_FENCE_LEASE_MS + 1;

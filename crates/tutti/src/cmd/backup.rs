@@ -18,7 +18,8 @@ pub(crate) struct BackupArgs {
 #[derive(Subcommand)]
 enum BackupCommand {
     /// Back up every memory node into DEST (a new or empty directory) while the cluster
-    /// serves, and print {"backup", "nodes", "data_bytes", "fenced_ms", "copy_ms", "total_ms"}.
+    /// serves, and print {"backup", "id", "nodes", "base", "regions", "data_bytes", "fenced_ms",
+    /// "copy_ms", "total_ms"}.
     ///
     /// The cut is the same point on every node: each node is fenced in node-id order (new
     /// minitransactions that would lock there abort and retry) until the locks held there
@@ -33,13 +34,15 @@ enum BackupCommand {
         /// fences come down; it is tried again, up to --attempts times).
         #[arg(long, default_value_t = 5_000)]
         lock_timeout_ms: u64,
+        /// Attempts at a cut before giving up: locks that did not drain, or another backup
+        /// holding a node (then the next attempt waits 11 s for its cut to lapse).
         #[arg(long, default_value_t = 3)]
         attempts: u32,
         /// Store at most this many bytes per second (suffixes K, M, G; 0: as fast as it
         /// goes), so that the copy leaves the cluster's disk and CPUs to it. Measured on a
-        /// 4-node cluster under load: unlimited (250 MiB/s) cost 46 % of its throughput while
-        /// it ran, 32M about 6 % (docs/backup.md). The nodes keep the pages written ahead of
-        /// a slower copy in memory meanwhile.
+        /// 4-node cluster under load: unlimited (250-320 MiB/s) cost 42-50 % of its
+        /// throughput while it ran, 32M 6-15 % (docs/backup.md). The nodes keep the pages
+        /// written ahead of a slower copy in memory meanwhile.
         #[arg(long, default_value = "32M", value_parser = super::args::parse_rate)]
         max_rate: u64,
         /// An incremental backup from this one (a backup's directory): a node whose last

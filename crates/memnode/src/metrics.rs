@@ -98,6 +98,16 @@ impl Collector for Scrape {
                 "the node process's resident set",
                 r.rss_bytes,
             ),
+            (
+                "backup_saved_bytes",
+                "pages a backup's cut holds saved by copy-on-write",
+                r.backup_saved_bytes,
+            ),
+            (
+                "backup_saved_bytes_max",
+                "the most a backup's cut held saved at once since the node started",
+                r.backup_saved_bytes_max,
+            ),
         ] {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(v).encode(family.encode_family(&[("node", node.clone())])?)?;
@@ -211,6 +221,8 @@ mod tests {
             serving: true,
             rss_bytes: 0,
             log_sync: SyncHistogram::default(),
+            backup_saved_bytes: 0,
+            backup_saved_bytes_max: 0,
         };
         report.log_sync.record(100);
         report.log_sync.record(3_000);

@@ -235,6 +235,8 @@ pub struct Participant<R> {
     /// The last backup whose cut was read whole here (since this process started): an
     /// incremental backup starts from it.
     backup_base: Option<u64>,
+    /// The most bytes an ended backup's cut held saved at once.
+    backup_saved_bytes_max: u64,
 }
 
 impl<R> Participant<R> {
@@ -268,6 +270,7 @@ impl<R> Participant<R> {
             rss_bytes: 0,
             backup: None,
             backup_base: None,
+            backup_saved_bytes_max: 0,
         }
     }
 
@@ -1287,6 +1290,9 @@ impl<R> Participant<R> {
             epoch: self.epoch,
             serving: self.stage == Stage::Serving,
             rss_bytes: self.rss_bytes,
+            backup_saved_bytes: self.space.cut_saved_bytes().0,
+            backup_saved_bytes_max: (self.backup_saved_bytes_max)
+                .max(self.space.cut_saved_bytes().1),
             log_sync: self.log.sync,
         }
     }

@@ -201,6 +201,13 @@ impl Space {
         });
     }
 
+    /// Bytes the cut holds saved now, and the most it held at once (0, 0 with no cut).
+    pub fn cut_saved_bytes(&self) -> (u64, u64) {
+        self.cut
+            .as_ref()
+            .map_or((0, 0), |c| (c.saved_bytes, c.saved_bytes_max))
+    }
+
     /// Drops the cut; `completed`: it was read whole, and becomes the base of the next
     /// incremental cut. Returns the most bytes it held saved at once (0 if there was none).
     pub fn end_cut(&mut self, completed: bool) -> u64 {

@@ -321,6 +321,11 @@ pub struct StatsReport {
     /// How long the redo log's synced writes took (each round's write and its fdatasync),
     /// since the node started; all zero in `ram`.
     pub log_sync: SyncHistogram,
+    /// Bytes a backup's cut holds now: pages saved by copy-on-write ahead of its reader
+    /// (0 with no backup running).
+    pub backup_saved_bytes: u64,
+    /// The most any backup's cut held at once since the node started.
+    pub backup_saved_bytes_max: u64,
 }
 
 /// Buckets of a `SyncHistogram`.

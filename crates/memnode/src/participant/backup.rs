@@ -38,7 +38,8 @@ impl<R> Participant<R> {
         let ended = self.backup.take();
         self.locks.set_fenced(false);
         let whole = completed && ended.as_ref().is_some_and(|b| b.cut);
-        self.space.end_cut(whole);
+        let saved_max = self.space.end_cut(whole);
+        self.backup_saved_bytes_max = self.backup_saved_bytes_max.max(saved_max);
         if whole {
             self.backup_base = ended.map(|b| b.id);
         }
@@ -284,12 +285,20 @@ mod tests {
         ));
 
         assert_eq!(write(&mut p, 4, false, 0, 4), Vote::CommitOk, "unfenced");
+        let saved = |p: &P| {
+            (
+                p.stats(1).backup_saved_bytes,
+                p.stats(1).backup_saved_bytes_max,
+            )
+        };
+        assert_eq!(saved(&p), (4096, 4096), "page 0 saved for the cut");
         let mut page = vec![0u8; 16];
         page[..8].fill(1);
         page[8..].fill(2);
         page.resize(4096, 0);
         assert_eq!(read(&mut p, 0, 8192), vec![(0, page)], "as of the cut");
         assert_eq!(read(&mut p, 8192, 1_048_576 - 8192), vec![]);
+        assert_eq!(saved(&p), (0, 4096), "read, so no longer kept");
         assert!(matches!(
             ask(
                 &mut p,

@@ -24,6 +24,7 @@ pub(crate) async fn run(a: StatsArgs, dialer: &Dialer) -> Result<(), String> {
                     "locks_held": s.locks_held, "log_bytes": s.log_bytes, "log_records_live": s.log_records_live,
                     "log_syncs": s.log_sync.count(), "log_records_appended": s.log_records_appended,
                     "rss_bytes": s.rss_bytes, "log_sync_max_us": s.log_sync.max_us,
+                    "backup_saved_bytes": s.backup_saved_bytes, "backup_saved_bytes_max": s.backup_saved_bytes_max,
                     "log_sync_mean_us": s.log_sync.sum_us.checked_div(s.log_sync.count()).unwrap_or(0),
                     "classes": s.classes.iter().map(|c| serde_json::json!({
                         "class": c.class,

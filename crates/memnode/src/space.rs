@@ -201,6 +201,13 @@ impl Space {
         });
     }
 
+    /// Whether the cut was read to the end.
+    pub fn cut_read_whole(&self) -> bool {
+        self.cut
+            .as_ref()
+            .is_some_and(|c| c.read_upto == self.size_bytes)
+    }
+
     /// Bytes the cut holds saved now, and the most it held at once (0, 0 with no cut).
     pub fn cut_saved_bytes(&self) -> (u64, u64) {
         self.cut

@@ -32,12 +32,12 @@ impl<R> Participant<R> {
         }
     }
 
-    /// Ends the backup in progress; `completed`: its cut was read whole, and is the base of
-    /// the next incremental backup.
+    /// Ends the backup in progress; `completed`: the backup stored its cut, which is then
+    /// the base of the next incremental backup (if it was read to the end here).
     fn end_backup(&mut self, completed: bool) {
         let ended = self.backup.take();
         self.locks.set_fenced(false);
-        let whole = completed && ended.as_ref().is_some_and(|b| b.cut);
+        let whole = completed && self.space.cut_read_whole();
         let saved_max = self.space.end_cut(whole);
         self.backup_saved_bytes_max = self.backup_saved_bytes_max.max(saved_max);
         if whole {
@@ -330,6 +330,12 @@ mod tests {
         };
         assert!(matches!(ask(&mut p, 2, ended), Response::BackupEnded));
         assert!(!cut(&mut p, 11, Some(10)), "10 did not complete");
+        let unread = Request::BackupEnd {
+            backup: 11,
+            completed: true,
+        };
+        assert!(matches!(ask(&mut p, 2, unread), Response::BackupEnded));
+        assert!(!cut(&mut p, 12, Some(11)), "11 was not read to the end");
     }
 
     #[test]

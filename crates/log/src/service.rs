@@ -80,6 +80,18 @@ pub struct LogService {
     take_rounds: u32,
 }
 
+/// The most of a log's period that one reservation takes: every replacement of the sequencer
+/// leaves up to a lease of holes that only a trim gives back, so a lease near the period
+/// (a small log) left the log full after one restart.
+const LEASE_PERIOD_SHARE: u64 = 16;
+
+/// The lease a sequencer of a log with `period` positions uses: `lease`, at most a
+/// `LEASE_PERIOD_SHARE`th of the period (the default 4,096 is a 16th of a default log on 4
+/// nodes).
+fn lease_for(lease: u64, period: u64) -> u64 {
+    lease.min(period / LEASE_PERIOD_SHARE).max(1)
+}
+
 impl LogService {
     pub fn new(name: String, addr: String, lease: u64) -> LogService {
         LogService {
@@ -225,7 +237,7 @@ impl LogService {
                         t.epoch,
                         (t.tail, t.trim, layout.period()),
                         layout.backpointers,
-                        self.lease,
+                        lease_for(self.lease, layout.period()),
                         t.history,
                     );
                     let mut effects = vec![Effect::Reserve {
@@ -340,6 +352,14 @@ fn on_asks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_small_log_gets_a_lease_of_a_sixteenth_of_its_period() {
+        assert_eq!(lease_for(4096, 65_532), 4095);
+        assert_eq!(lease_for(4096, 1 << 20), 4096);
+        assert_eq!(lease_for(4096, 3069), 191);
+        assert_eq!(lease_for(4096, 3), 1);
+    }
 
     #[test]
     fn a_replaced_sequencer_refuses_and_takes_no_epoch() {

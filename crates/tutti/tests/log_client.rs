@@ -289,3 +289,34 @@ fn concurrent_appends_to_a_node_are_written_in_batches() {
         eprintln!("{logged} redo-log records for 640 appends");
     });
 }
+
+/// A log smaller than the default lease stays usable across replacements of its sequencer:
+/// each leaves at most a lease of holes, and the lease is a 16th of the log's period.
+#[test]
+fn a_small_log_survives_replacements_of_its_sequencer() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let mut c = common::start("log-small", 3, "log", &[], &[]);
+    rt.block_on(async {
+        let cluster = common::ready(&c).await;
+        // 3 × 1,000 positions, below the default lease of 4,096.
+        let log = Log::create(
+            &cluster,
+            "small",
+            &shape(vec![1, 2, 3], 512, 1000),
+            LogOptions::default(),
+        )
+        .await
+        .expect("created");
+        let mut positions = Vec::new();
+        for round in 0..6u8 {
+            positions.push(log.append(vec![round], &[1]).await.expect("appended"));
+            c.local.kill_sequencer();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            c.local.start_sequencer().expect("sequencer restarted");
+        }
+        positions.push(log.append(vec![6], &[1]).await.expect("appended"));
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+        assert!(*positions.last().unwrap() < 3000, "{positions:?}");
+    });
+}

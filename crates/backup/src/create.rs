@@ -61,16 +61,10 @@ pub async fn create(
         Some(path) => Some(base_of(path)?),
         None => None,
     };
-    let made_dest = prepare_dest(dest)?;
+    let claimed = crate::Destination::claim(dest, "a backup goes into a new or empty directory")?;
     let result = attempts(cluster, dest, opts, base).await;
     if result.is_err() {
-        if made_dest {
-            let _ = std::fs::remove_dir_all(dest);
-        } else if let Ok(entries) = std::fs::read_dir(dest) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
+        claimed.undo();
     }
     result
 }
@@ -91,30 +85,6 @@ fn base_of(path: &Path) -> Result<(u64, Base), Error> {
         path,
     };
     Ok((id, base))
-}
-
-/// Creates `dest` or checks that it is empty; true if it created it.
-fn prepare_dest(dest: &Path) -> Result<bool, Error> {
-    match std::fs::read_dir(dest) {
-        Ok(mut entries) => match entries.next() {
-            None => Ok(false),
-            Some(_) => Err(Error::Refused(format!(
-                "{} is not empty: a backup goes into a new or empty directory",
-                dest.display()
-            ))),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(dest).map_err(|source| Error::Io {
-                what: format!("create {}", dest.display()),
-                source,
-            })?;
-            Ok(true)
-        }
-        Err(source) => Err(Error::Io {
-            what: format!("read {}", dest.display()),
-            source,
-        }),
-    }
 }
 
 async fn attempts(

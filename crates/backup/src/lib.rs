@@ -31,3 +31,46 @@ pub enum Error {
     #[error("{0}")]
     Refused(String),
 }
+
+/// A directory a backup or a restore writes into: new, or empty when claimed.
+struct Destination<'a> {
+    dir: &'a std::path::Path,
+    /// It did not exist: undoing removes it, not only what is in it.
+    made: bool,
+}
+
+impl<'a> Destination<'a> {
+    /// Creates `dir`, or checks that it is empty; `what` says what goes there, for the
+    /// refusal.
+    fn claim(dir: &'a std::path::Path, what: &str) -> Result<Destination<'a>, Error> {
+        let made = match std::fs::read_dir(dir).map(|mut entries| entries.next().is_some()) {
+            Ok(true) => {
+                let shown = dir.display();
+                return Err(Error::Refused(format!("{shown} is not empty: {what}")));
+            }
+            Ok(false) => false,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(source) => {
+                let what = format!("read {}", dir.display());
+                return Err(Error::Io { what, source });
+            }
+        };
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+        Ok(Destination { dir, made })
+    }
+
+    /// Removes what was written there (and the directory, if it was made).
+    fn undo(&self) {
+        if self.made {
+            let _ = std::fs::remove_dir_all(self.dir);
+        } else if let Ok(entries) = std::fs::read_dir(self.dir) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+            }
+        }
+    }
+}

@@ -37,29 +37,13 @@ pub fn restore(backup: &Path, data: &Path) -> Result<Restored, Error> {
             n.id, n.size_bytes, manifest.nodes[0].id
         )));
     }
-    let made = match std::fs::read_dir(data) {
-        Ok(mut entries) => match entries.next() {
-            None => false,
-            Some(_) => {
-                return Err(Error::Refused(format!(
-                    "{} is not empty: a restore makes a new cluster in a new or empty directory",
-                    data.display()
-                )))
-            }
-        },
-        Err(_) => true,
-    };
-    std::fs::create_dir_all(data).map_err(io(format!("create {}", data.display())))?;
+    let claimed = crate::Destination::claim(
+        data,
+        "a restore makes a new cluster in a new or empty directory",
+    )?;
     let result = write_cluster(backup, data, &manifest, size_bytes);
     if result.is_err() {
-        if made {
-            let _ = std::fs::remove_dir_all(data);
-        } else if let Ok(entries) = std::fs::read_dir(data) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_dir_all(entry.path())
-                    .or_else(|_| std::fs::remove_file(entry.path()));
-            }
-        }
+        claimed.undo();
     }
     let data = result?;
     Ok(Restored {

@@ -56,6 +56,7 @@ pub async fn run(cfg: &BackupBenchConfig) -> Result<Vec<BackupResult>, String> {
     let layout = Layout {
         host: LOOPBACK,
         nodes: usize::from(cfg.nodes),
+        managers: 1,
         mode: "log".into(),
         size_bytes: cfg.size_bytes,
         node_flags: vec![],

@@ -131,6 +131,7 @@ impl ScratchCluster {
         let layout = Layout {
             host: tutti_harness::local::LOOPBACK,
             nodes,
+            managers: 1,
             mode: mode.into(),
             size_bytes,
             node_flags: vec![],

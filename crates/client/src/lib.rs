@@ -35,8 +35,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 pub use tutti_wire::Limits;
 use tutti_wire::{
-    Backoff, Connection, Connections, Dialer, Directory, NodeId, NodeInfo, Request, Response,
-    RpcError, StatsReport, Tid,
+    Backoff, Connection, Connections, Dialer, Directory, Managers, NodeId, NodeInfo, Request,
+    Response, RpcError, StatsReport, Tid,
 };
 
 #[derive(Clone, Debug)]
@@ -99,7 +99,7 @@ pub enum ExecError {
 }
 
 struct Inner {
-    manager: String,
+    managers: Managers,
     opts: ClientOptions,
     directory: Mutex<Directory>,
     conns: Connections,
@@ -117,10 +117,15 @@ pub struct Cluster {
 impl Cluster {
     /// Fetches the directory from the manager (retrying until the deadline) and caches it.
     pub async fn connect(manager: &str, opts: ClientOptions) -> Result<Cluster, ConnectError> {
+        let managers = Managers::parse(manager, opts.frame_bytes_max, opts.dialer.clone())
+            .map_err(|reason| ConnectError::Manager {
+                addr: manager.to_string(),
+                reason,
+            })?;
         let until = Instant::now() + opts.deadline;
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         let directory = loop {
-            match fetch_directory(manager, opts.frame_bytes_max, &opts.dialer).await {
+            match fetch_directory(&managers, MANAGER_TIMEOUT).await {
                 Ok(d) => break d,
                 Err(e) => {
                     let permanent =
@@ -143,7 +148,7 @@ impl Cluster {
         );
         Ok(Cluster {
             inner: Arc::new(Inner {
-                manager: manager.to_string(),
+                managers,
                 opts,
                 directory: Mutex::new(directory),
                 conns,
@@ -160,17 +165,16 @@ impl Cluster {
         &self.inner.opts
     }
 
-    /// The manager this handle fetches its directory from.
-    pub fn manager(&self) -> &str {
-        &self.inner.manager
+    /// The managers this handle fetches its directory from, as `connect` took them.
+    pub fn manager(&self) -> String {
+        self.inner.managers.list()
     }
 
     /// Sends `req` to the manager over a connection of its own and returns the reply: for
     /// the rare requests of the layers above (regions). Bounded by 2 s to connect and 2 s
     /// to answer; the manager's errors come back as `RpcError::Remote`.
     pub async fn ask_manager(&self, req: &Request) -> Result<Response, RpcError> {
-        let opts = &self.inner.opts;
-        ask_manager(&self.inner.manager, opts.frame_bytes_max, &opts.dialer, req).await
+        self.inner.managers.call(req, MANAGER_TIMEOUT).await
     }
 
     pub fn nodes(&self) -> Vec<NodeInfo> {
@@ -426,12 +430,8 @@ impl Cluster {
 
     /// Best effort: keeps the cached directory if the manager is down.
     async fn refresh_directory(&self) {
-        let fetch = fetch_directory(
-            &self.inner.manager,
-            self.inner.opts.frame_bytes_max,
-            &self.inner.opts.dialer,
-        );
-        if let Ok(Ok(d)) = tokio::time::timeout(Duration::from_millis(500), fetch).await {
+        let fetch = fetch_directory(&self.inner.managers, Duration::from_millis(500));
+        if let Ok(d) = fetch.await {
             self.inner.epoch.fetch_max(d.epoch, Ordering::Relaxed);
             *self.inner.directory.lock().expect("directory poisoned") = d;
         }
@@ -444,32 +444,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long one directory request may take.
 const MANAGER_TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn ask_manager(
-    manager: &str,
-    frame_bytes_max: usize,
-    dialer: &Dialer,
-    req: &Request,
-) -> Result<Response, RpcError> {
-    let connect = tokio::time::timeout(
-        MANAGER_TIMEOUT,
-        Connection::connect(manager, frame_bytes_max, dialer),
-    );
-    let conn = connect.await.map_err(|_| RpcError::Timeout {
-        addr: manager.to_string(),
-        ms: MANAGER_TIMEOUT.as_millis() as u64,
-    })??;
-    conn.call_within(req, MANAGER_TIMEOUT).await
-}
-
-async fn fetch_directory(
-    manager: &str,
-    frame_bytes_max: usize,
-    dialer: &Dialer,
-) -> Result<Directory, RpcError> {
-    match ask_manager(manager, frame_bytes_max, dialer, &Request::Directory).await? {
+async fn fetch_directory(managers: &Managers, timeout: Duration) -> Result<Directory, RpcError> {
+    match managers.call(&Request::Directory, timeout).await? {
         Response::Directory(d) => Ok(d),
         _ => Err(RpcError::Unexpected {
-            addr: manager.to_string(),
+            addr: managers.list(),
         }),
     }
 }

@@ -819,6 +819,7 @@ pub fn run(
     let layout = crate::local::Layout {
         host: crate::local::LOOPBACK,
         nodes: 4,
+        managers: 1,
         mode: "log".into(),
         size_bytes: 64 << 20,
         node_flags: NODE_FLAGS.iter().map(|s| s.to_string()).collect(),

@@ -21,11 +21,27 @@ pub struct NodeEntry {
     pub data: PathBuf,
 }
 
+/// One manager of a group of several (`tutti up --managers 3`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ManagerEntry {
+    /// Its Raft id: its place in the group, from 1.
+    pub id: u64,
+    pub addr: String,
+    pub data: PathBuf,
+}
+
 /// `DATA/cluster.json`: every address of a local cluster.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ClusterFile {
+    /// What clients take as `--cluster`: the manager's address, or the addresses of every
+    /// manager of the group separated by commas.
     pub manager: String,
+    /// A lone manager's data directory (the first one's, in a group).
     pub manager_data: PathBuf,
+    /// The managers of a group, each with its id, address and data directory; empty for a
+    /// lone manager (files from before groups have none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub managers: Vec<ManagerEntry>,
     pub mode: String,
     pub size_bytes: u64,
     pub nodes: Vec<NodeEntry>,
@@ -64,9 +80,29 @@ fn new_addr(host: IpAddr) -> Result<String, LocalError> {
 impl ClusterFile {
     /// The address the cluster's processes listen on (the manager's host).
     pub fn host(&self) -> IpAddr {
-        self.manager
-            .parse::<SocketAddr>()
-            .map_or(LOOPBACK, |a| a.ip())
+        let first = self.manager.split(',').next().unwrap_or_default();
+        first.parse::<SocketAddr>().map_or(LOOPBACK, |a| a.ip())
+    }
+
+    /// Every manager: the group's, or the lone one as a group of one.
+    pub fn manager_entries(&self) -> Vec<ManagerEntry> {
+        if !self.managers.is_empty() {
+            return self.managers.clone();
+        }
+        vec![ManagerEntry {
+            id: 1,
+            addr: self.manager.clone(),
+            data: self.manager_data.clone(),
+        }]
+    }
+
+    /// The supervised process name of manager `id`: `manager` when it is alone.
+    pub fn manager_process(&self, id: u64) -> String {
+        if self.managers.is_empty() {
+            "manager".into()
+        } else {
+            format!("manager-{id}")
+        }
     }
 }
 
@@ -82,6 +118,8 @@ pub struct Layout {
     /// other machines dial.
     pub host: IpAddr,
     pub nodes: usize,
+    /// Managers in the Raft group holding the manager's state: 1, 3 or 5.
+    pub managers: usize,
     pub mode: String,
     pub size_bytes: u64,
     /// Extra flags for every memory node (e.g. a shorter uncertain timeout in tests).
@@ -165,6 +203,14 @@ impl LocalCluster {
                         layout.host
                     )));
                 }
+                let managers = file.manager_entries().len();
+                if strict && managers != layout.managers {
+                    return Err(LocalError::Config(format!(
+                        "{} holds a cluster with {managers} manager(s); use another --data to make one with {}",
+                        dir.display(),
+                        layout.managers
+                    )));
+                }
                 // More nodes than asked for is the same cluster grown by `tutti node add`.
                 if strict && (file.nodes.len() < layout.nodes || file.mode != layout.mode) {
                     return Err(LocalError::Config(format!(
@@ -180,7 +226,8 @@ impl LocalCluster {
             }
             Err(_) => {
                 let ids: Vec<NodeId> = (1..=layout.nodes as NodeId).collect();
-                create_file(&dir, layout.host, &layout.mode, layout.size_bytes, &ids)?
+                let file = create_file(&dir, layout.host, &layout.mode, layout.size_bytes, &ids)?;
+                with_managers(&dir, file, layout.managers)?
             }
         };
         let credentials = file.credentials.load().map_err(LocalError::Config)?;
@@ -222,16 +269,34 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Starts every manager.
     pub fn start_manager(&mut self) -> Result<(), LocalError> {
+        for m in self.file.manager_entries() {
+            self.start_manager_id(m.id)?;
+        }
+        Ok(())
+    }
+
+    /// Starts manager `id` of the group (1 for a lone manager).
+    pub fn start_manager_id(&mut self, id: u64) -> Result<(), LocalError> {
+        let entries = self.file.manager_entries();
+        let m = (entries.iter())
+            .find(|m| m.id == id)
+            .ok_or_else(|| LocalError::Config(format!("no manager {id}")))?;
         let mut args = vec![
             "manager".into(),
             "--listen".into(),
-            self.file.manager.clone(),
+            m.addr.clone(),
             "--data".into(),
-            self.file.manager_data.display().to_string(),
+            m.data.display().to_string(),
         ];
+        if entries.len() > 1 {
+            args.extend(["--id".into(), id.to_string()]);
+            args.extend(["--peers".into(), self.file.manager.clone()]);
+        }
         args.extend(self.layout.manager_flags.iter().cloned());
-        self.spawn("manager", args)
+        let name = self.file.manager_process(id);
+        self.spawn(&name, args)
     }
 
     pub fn start_node(&mut self, id: NodeId) -> Result<(), LocalError> {
@@ -278,9 +343,12 @@ impl LocalCluster {
         match name.strip_prefix("node-").map(str::parse) {
             Some(Ok(id)) => self.start_node(id),
             Some(Err(_)) => Err(LocalError::Config(format!("no process {name}"))),
-            None if name == "manager" => self.start_manager(),
-            None if name == "sequencer" => self.start_sequencer(),
-            None => Err(LocalError::Config(format!("no process {name}"))),
+            None if name == "manager" => self.start_manager_id(1),
+            None => match name.strip_prefix("manager-").map(str::parse) {
+                Some(Ok(id)) => self.start_manager_id(id),
+                _ if name == "sequencer" => self.start_sequencer(),
+                _ => Err(LocalError::Config(format!("no process {name}"))),
+            },
         }
     }
 
@@ -323,9 +391,17 @@ impl LocalCluster {
         self.processes.kill(&format!("node-{id}"));
     }
 
-    /// `kill -9` the manager.
+    /// `kill -9` every manager.
     pub fn kill_manager(&mut self) {
-        self.processes.kill("manager");
+        for m in self.file.manager_entries() {
+            self.kill_manager_id(m.id);
+        }
+    }
+
+    /// `kill -9` manager `id` of the group.
+    pub fn kill_manager_id(&mut self, id: u64) {
+        let name = self.file.manager_process(id);
+        self.processes.kill(&name);
     }
 
     /// `kill -9` the sequencer.
@@ -439,6 +515,7 @@ pub fn create_file(
     let file = ClusterFile {
         manager: new_addr(host)?,
         manager_data: dir.join("manager"),
+        managers: Vec::new(),
         mode: mode.to_string(),
         size_bytes,
         nodes,
@@ -446,6 +523,34 @@ pub fn create_file(
         credentials: CredentialFiles::default(),
     };
     write_file(dir, &file)?;
+    Ok(file)
+}
+
+/// `file` with a group of `managers` managers (`manager-ID` data directories, free ports)
+/// instead of its lone one, if more than one; written to `dir/cluster.json`.
+fn with_managers(
+    dir: &Path,
+    mut file: ClusterFile,
+    managers: usize,
+) -> Result<ClusterFile, LocalError> {
+    if ![1, 3, 5].contains(&managers) {
+        return Err(LocalError::Config(format!(
+            "{managers} managers: a group has 1, 3 or 5 (a majority must survive)"
+        )));
+    }
+    if managers > 1 {
+        for id in 1..=managers as u64 {
+            file.managers.push(ManagerEntry {
+                id,
+                addr: new_addr(file.host())?,
+                data: dir.join(format!("manager-{id}")),
+            });
+        }
+        let addrs: Vec<&str> = file.managers.iter().map(|m| m.addr.as_str()).collect();
+        file.manager = addrs.join(",");
+        file.manager_data = file.managers[0].data.clone();
+        write_file(dir, &file)?;
+    }
     Ok(file)
 }
 

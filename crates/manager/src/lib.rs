@@ -3,12 +3,15 @@
 //! (Sinfonia Fig. 7), the relay of "applied" sets for log garbage collection (§4.6), and the
 //! epoch clock. It holds no application data and is not on the minitransaction path.
 
+mod raft_store;
 mod recovery;
 mod regions;
+mod replica;
 mod state;
 mod store;
 
 pub use recovery::Recovery;
+pub use replica::{Actions, Replica, ReplicaConfig};
 pub use state::{ManagerState, Persisted, RecoveryBatch};
 
 /// Writes `state` as the manager's state in `dir` (a new cluster's, restored from a backup),
@@ -22,22 +25,37 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tutti_wire::{serve, Connection, Connections, Dialer, NodeId, Request, Response};
+use tokio::sync::mpsc;
+use tutti_wire::{serve, Connection, Connections, Dialer, NodeId, Replies, Request, Response};
+
+/// The Raft clock's tick: a follower stands after 10 to 20 ticks without a leader, and the
+/// leader sends heartbeats every 2.
+const TICK_MS: u64 = 50;
+const ELECTION_TICKS: usize = 10;
+const HEARTBEAT_TICKS: usize = 2;
 
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
     pub listen: String,
     pub data: PathBuf,
+    /// Every manager of the group, in the same order at each of them (a group of one by
+    /// default: this manager).
+    pub peers: Vec<String>,
+    /// This manager's place in `peers`, from 1.
+    pub id: u64,
     pub epoch_period_ms: u64,
     pub failure_timeout_ms: u64,
     pub frame_bytes_max: usize,
-    /// How it reaches the memory nodes (routes through a proxy under `tutti chaos`).
+    /// How it reaches the memory nodes and the other managers (routes through a proxy
+    /// under `tutti chaos`).
     pub dialer: Dialer,
 }
 
 impl ManagerConfig {
     pub fn new(listen: String, data: PathBuf) -> Self {
         ManagerConfig {
+            peers: vec![listen.clone()],
+            id: 1,
             listen,
             data,
             epoch_period_ms: 3_600_000,
@@ -64,8 +82,10 @@ pub enum ManagerError {
 
 struct Manager {
     cfg: ManagerConfig,
-    state: Mutex<ManagerState>,
+    replica: Mutex<Replica<Replies>>,
     conns: Connections,
+    /// A queue per other manager, by Raft id (the own one unused), for Raft messages in order.
+    peers: Vec<mpsc::UnboundedSender<Vec<u8>>>,
     /// The origin of the state machine's clock.
     started: Instant,
 }
@@ -81,17 +101,27 @@ pub async fn run(
     cfg: ManagerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ManagerError> {
-    let persisted = store::load(&cfg.data)?;
-    store::save(&cfg.data, &persisted).map_err(|source| ManagerError::Io {
-        what: "write manager.json".into(),
-        source,
+    let stored = store::load_raft(&cfg.data)?;
+    // At a group's first start, its state begins as `manager.json` (a restored cluster's,
+    // or a manager's from before Raft) or fresh.
+    let initial = match stored {
+        Some(_) => Persisted::fresh(),
+        None => store::load(&cfg.data)?,
+    };
+    let replica_cfg = ReplicaConfig {
+        id: cfg.id,
+        peers: cfg.peers.clone(),
+        failure_timeout_ms: cfg.failure_timeout_ms,
+        election_ticks: ELECTION_TICKS,
+        heartbeat_ticks: HEARTBEAT_TICKS,
+        fixed_election: false,
+    };
+    let replica = Replica::open(replica_cfg, stored.as_deref(), &initial).map_err(|reason| {
+        ManagerError::State {
+            path: store::raft_path(&cfg.data),
+            reason,
+        }
     })?;
-    // Differs at each start: nodes learn from it that GC reports held here are gone.
-    let incarnation = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
-        | 1;
-    let state = ManagerState::new(persisted, incarnation);
     let listener = TcpListener::bind(&cfg.listen)
         .await
         .map_err(|source| ManagerError::Io {
@@ -104,16 +134,29 @@ pub async fn run(
     })?;
     tutti_wire::require_credentials_beyond_loopback(listening, cfg.dialer.credentials())
         .map_err(ManagerError::Config)?;
-    tracing::info!(addr = %cfg.listen, epoch = state.epoch(), "manager listening");
+    tracing::info!(addr = %cfg.listen, id = cfg.id, managers = cfg.peers.len(), "manager listening");
     let conns = Connections::new(
         cfg.frame_bytes_max,
         Duration::from_secs(1),
         cfg.dialer.clone(),
     );
+    let mut peers = Vec::new();
+    let mut senders = Vec::new();
+    for addr in &cfg.peers {
+        let (tx, rx) = mpsc::unbounded_channel();
+        peers.push(tx);
+        senders.push(tokio::spawn(send_to_peer(
+            addr.clone(),
+            cfg.frame_bytes_max,
+            cfg.dialer.clone(),
+            rx,
+        )));
+    }
     let manager = Arc::new(Manager {
         cfg,
-        state: Mutex::new(state),
+        replica: Mutex::new(replica),
         conns,
+        peers,
         started: Instant::now(),
     });
     let acceptor = {
@@ -124,80 +167,98 @@ pub async fn run(
             frame_bytes_max,
             credentials,
             move |id, req, replies| {
-                let resp = handle(&manager, req);
-                if id != tutti_wire::ONE_WAY {
-                    let _ = replies.send((id, resp));
-                }
+                let now_ms = manager.now_ms();
+                step(&manager, |r| r.on_request(now_ms, replies, id, req));
             },
         ))
     };
+    let clock = tokio::spawn(raft_clock(manager.clone()));
     let epochs = tokio::spawn(epoch_clock(manager.clone()));
     shutdown.await;
     acceptor.abort();
+    clock.abort();
     epochs.abort();
+    for sender in senders {
+        sender.abort();
+    }
     Ok(())
 }
 
-fn handle(manager: &Arc<Manager>, req: Request) -> Response {
-    let now_ms = manager.now_ms();
-    let mut state = manager.state.lock().expect("manager state poisoned");
-    match req {
-        Request::Register {
-            node,
-            addr,
-            size_bytes,
-            durable,
-            rebooted,
-        } => {
-            let (resp, written) = state.register(now_ms, node, addr, size_bytes, durable, rebooted);
-            save_then(manager, written, resp)
-        }
-        Request::Directory => {
-            Response::Directory(state.directory(now_ms, manager.cfg.failure_timeout_ms))
-        }
-        Request::Heartbeat {
-            node,
-            uncertain,
-            applied,
-            applied_below,
-        } => {
-            let (resp, batch) = state.heartbeat(now_ms, node, uncertain, applied, applied_below);
-            if let Some(batch) = batch {
-                tokio::spawn(recover(manager.clone(), batch));
+/// Runs `f` on the replica and carries out its actions: the Raft state is on disk before
+/// any message or reply that depends on it leaves. A manager that cannot write its state
+/// stops (another one of the group takes over, or `tutti up` restarts it).
+fn step(manager: &Arc<Manager>, f: impl FnOnce(&mut Replica<Replies>) -> Actions<Replies>) {
+    let acts = {
+        let mut replica = manager.replica.lock().expect("manager replica poisoned");
+        let acts = f(&mut replica);
+        if let Some(bytes) = &acts.persist {
+            if let Err(e) = store::save_raft(&manager.cfg.data, bytes) {
+                tracing::error!("writing the manager's Raft state: {e}; stopping");
+                std::process::exit(70);
             }
-            resp
         }
-        other => match state.region_request(other) {
-            Some((resp, written)) => save_then(manager, written, resp),
-            None => Response::Error {
-                code: tutti_wire::ErrorCode::Unsupported,
-                message: "the manager serves Register, Directory, Heartbeat, regions and the sequencer's address".into(),
-            },
-        },
+        acts
+    };
+    for (to, bytes) in acts.messages {
+        if let Some(queue) = manager.peers.get(to as usize - 1) {
+            let _ = queue.send(bytes);
+        }
+    }
+    for (replies, id, resp) in acts.replies {
+        if id != tutti_wire::ONE_WAY {
+            let _ = replies.send((id, resp));
+        }
+    }
+    for batch in acts.recoveries {
+        tokio::spawn(recover(manager.clone(), batch));
     }
 }
 
-/// `resp`, once `written` (if any) is on disk; an error instead if it cannot be.
-fn save_then(manager: &Manager, written: Option<Persisted>, resp: Response) -> Response {
-    match written.map(|p| store::save(&manager.cfg.data, &p)) {
-        Some(Err(e)) => Response::Error {
-            code: tutti_wire::ErrorCode::NotReady,
-            message: format!("persisting: {e}"),
-        },
-        _ => resp,
+/// Forwards Raft messages to the manager at `addr`, in order, over one connection. Raft
+/// resends what is lost, so messages queued while the peer cannot be reached are dropped.
+async fn send_to_peer(
+    addr: String,
+    frame_bytes_max: usize,
+    dialer: Dialer,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+) {
+    let mut conn: Option<Connection> = None;
+    while let Some(bytes) = queue.recv().await {
+        if conn.as_ref().is_none_or(|c| c.is_closed()) {
+            let connect = Connection::connect(&addr, frame_bytes_max, &dialer);
+            conn = tokio::time::timeout(Duration::from_millis(500), connect)
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        let sent = match &conn {
+            Some(c) => c.send_one_way(&Request::Raft(bytes)).await.is_ok(),
+            None => false,
+        };
+        if !sent {
+            conn = None;
+            while queue.try_recv().is_ok() {}
+        }
+    }
+}
+
+async fn raft_clock(manager: Arc<Manager>) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(TICK_MS));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let now_ms = manager.now_ms();
+        step(&manager, |r| r.tick(now_ms));
     }
 }
 
 async fn epoch_clock(manager: Arc<Manager>) {
     loop {
         tokio::time::sleep(Duration::from_millis(manager.cfg.epoch_period_ms)).await;
-        // Saved under the lock: no heartbeat acknowledgement names the epoch before it is.
-        let mut state = manager.state.lock().expect("manager state poisoned");
-        let persisted = state.advance_epoch();
-        if let Err(e) = store::save(&manager.cfg.data, &persisted) {
-            tracing::error!("persisting the epoch: {e}");
-        }
-        tracing::info!(epoch = state.epoch(), "epoch advanced");
+        let now_ms = manager.now_ms();
+        // Proposed through the group: no heartbeat acknowledgement names the epoch before
+        // it is committed.
+        step(&manager, |r| r.advance_epoch(now_ms));
     }
 }
 
@@ -232,9 +293,9 @@ async fn recover(manager: Arc<Manager>, batch: RecoveryBatch) {
         }
     }
     manager
-        .state
+        .replica
         .lock()
-        .expect("manager state poisoned")
+        .expect("manager replica poisoned")
         .recovery_done(recovery.batch());
 }
 
@@ -243,9 +304,10 @@ async fn connection(manager: &Manager, q: NodeId) -> Result<Arc<Connection>, tut
         return Ok(c);
     }
     let addr = manager
-        .state
+        .replica
         .lock()
-        .expect("manager state poisoned")
+        .expect("manager replica poisoned")
+        .latest()
         .addr(q)
         .ok_or_else(|| tutti_wire::RpcError::Connect {
             addr: format!("node {q}"),

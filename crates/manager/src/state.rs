@@ -45,6 +45,16 @@ impl Persisted {
 }
 
 impl Persisted {
+    /// Where memory node `node` listens.
+    pub fn addr(&self, node: NodeId) -> Option<String> {
+        self.nodes.get(&node).map(|n| n.addr.clone())
+    }
+
+    /// How many memory nodes the directory holds.
+    pub fn nodes_len(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// The state of a cluster restored from a backup (`tutti backup restore`): its nodes,
     /// `(id, addr, size_bytes)`, durable, and its regions as they were; no sequencer yet (a
     /// new one registers).
@@ -134,6 +144,15 @@ impl ManagerState {
             applied_below: BTreeMap::new(),
             gc_out: HashMap::new(),
             recovering: FxHashSet::default(),
+        }
+    }
+
+    /// Counts every registered node as heard from at `now_ms`: a new leader's view, since
+    /// the leader before heard from them (a node that is down is found so after the
+    /// failure timeout, as it would have been).
+    pub fn presume_alive(&mut self, now_ms: u64) {
+        for &node in self.persisted.nodes.keys() {
+            self.last_seen_ms.insert(node, now_ms);
         }
     }
 

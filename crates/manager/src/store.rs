@@ -1,6 +1,7 @@
-//! The manager's durable state on disk: `manager.json` in the data directory, replaced
-//! atomically (written to a temporary file, synced, renamed, the directory synced). Only
-//! the driver calls this; `ManagerState` hands it the snapshots to write.
+//! The manager's files in its data directory, each replaced atomically (written to a
+//! temporary file, synced, renamed, the directory synced): `raft.bin`, what the replica
+//! keeps of its Raft group (`RaftStore`), and `manager.json`, the state a group starts
+//! from at its first start (a restored cluster's, or a manager's from before Raft).
 
 use crate::state::Persisted;
 use crate::ManagerError;
@@ -32,12 +33,41 @@ pub(crate) fn load(dir: &Path) -> Result<Persisted, ManagerError> {
 
 /// Makes `state` what `load` returns from now on, even across a crash.
 pub(crate) fn save(dir: &Path, state: &Persisted) -> std::io::Result<()> {
-    let path = path(dir);
-    let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
+    replace(dir, &path(dir), &bytes)
+}
+
+pub(crate) fn raft_path(dir: &Path) -> PathBuf {
+    dir.join("raft.bin")
+}
+
+/// What the replica stored last, if it ever did.
+pub(crate) fn load_raft(dir: &Path) -> Result<Option<Vec<u8>>, ManagerError> {
+    std::fs::create_dir_all(dir).map_err(|source| ManagerError::Io {
+        what: format!("create {}", dir.display()),
+        source,
+    })?;
+    let path = raft_path(dir);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ManagerError::Io {
+            what: format!("read {}", path.display()),
+            source,
+        }),
+    }
+}
+
+/// Makes `bytes` what `load_raft` returns from now on, even across a crash.
+pub(crate) fn save_raft(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    replace(dir, &raft_path(dir), bytes)
+}
+
+fn replace(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
     std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
+    std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()
 }
 

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tutti_wire::{
-    Backoff, Connection, Connections, Dialer, Limits, NodeId, Replies, Request, Response, RpcError,
-    Tid,
+    Backoff, Connection, Connections, Dialer, Limits, Managers, NodeId, Replies, Request, Response,
+    RpcError, Tid,
 };
 
 #[derive(Clone, Debug)]
@@ -145,6 +145,8 @@ struct Node {
     start: Instant,
     peers: Connections,
     directory: Mutex<HashMap<NodeId, String>>,
+    /// The manager, or its group (`NodeConfig::manager` lists them).
+    managers: Managers,
 }
 
 impl Node {
@@ -241,16 +243,7 @@ impl Node {
     }
 
     async fn refresh_directory(&self) -> Result<(), RpcError> {
-        let manager = Connection::connect(
-            &self.cfg.manager,
-            self.cfg.frame_bytes_max,
-            &self.cfg.dialer,
-        )
-        .await?;
-        match manager
-            .call_within(&Request::Directory, RPC_TIMEOUT)
-            .await?
-        {
+        match self.managers.call(&Request::Directory, RPC_TIMEOUT).await? {
             Response::Directory(d) => {
                 let mut dir = self.directory.lock().expect("directory poisoned");
                 for n in d.nodes {
@@ -259,7 +252,7 @@ impl Node {
                 Ok(())
             }
             _ => Err(RpcError::Unexpected {
-                addr: self.cfg.manager.clone(),
+                addr: self.managers.list(),
             }),
         }
     }
@@ -280,6 +273,8 @@ pub async fn run(
     tutti_wire::require_credentials_beyond_loopback(listening, cfg.dialer.credentials())
         .map_err(NodeError::Config)?;
     let listen_addr = listening.to_string();
+    let managers = Managers::parse(&cfg.manager, cfg.frame_bytes_max, cfg.dialer.clone())
+        .map_err(NodeError::Config)?;
     let pcfg = Config {
         id: cfg.id,
         mode: cfg.mode,
@@ -322,6 +317,7 @@ pub async fn run(
         start: Instant::now(),
         peers: Connections::new(cfg.frame_bytes_max, RPC_TIMEOUT, cfg.dialer.clone()),
         directory: Mutex::default(),
+        managers,
     });
     let writer = log.map(|log| {
         let node = node.clone();
@@ -558,17 +554,7 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
     };
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        let result = async {
-            let manager = Connection::connect(
-                &node.cfg.manager,
-                node.cfg.frame_bytes_max,
-                &node.cfg.dialer,
-            )
-            .await?;
-            manager.call_within(&req, RPC_TIMEOUT).await
-        }
-        .await;
-        match result {
+        match node.managers.call(&req, RPC_TIMEOUT).await {
             Ok(Response::Registered { epoch, .. }) => {
                 node.step(|p, _| p.set_epoch(epoch));
                 return;
@@ -678,19 +664,8 @@ fn resident_bytes() -> u64 {
 }
 
 async fn heartbeat_loop(node: Arc<Node>) {
-    let mut manager: Option<Connection> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(node.cfg.heartbeat_interval_ms)).await;
-        if manager.as_ref().is_none_or(|m| m.is_closed()) {
-            manager = Connection::connect(
-                &node.cfg.manager,
-                node.cfg.frame_bytes_max,
-                &node.cfg.dialer,
-            )
-            .await
-            .ok();
-        }
-        let Some(conn) = &manager else { continue };
         let sent_ms = node.now_ms();
         let rss_bytes = resident_bytes();
         let report = {
@@ -704,7 +679,7 @@ async fn heartbeat_loop(node: Arc<Node>) {
             applied: report.applied,
             applied_below: report.applied_below,
         };
-        match conn.call_within(&req, RPC_TIMEOUT).await {
+        match node.managers.call(&req, RPC_TIMEOUT).await {
             Ok(Response::HeartbeatAck {
                 epoch,
                 incarnation,
@@ -718,7 +693,6 @@ async fn heartbeat_loop(node: Arc<Node>) {
             Ok(_) | Err(_) => {
                 // Reports may be lost: treat the manager as new so they are sent again.
                 node.step(|p, _| p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[], &[]));
-                manager = None;
             }
         }
     }

@@ -493,7 +493,8 @@ impl<R> Participant<R> {
             | Request::TakeRegion { .. }
             | Request::SetSequencer { .. }
             | Request::Sequencer
-            | Request::Sequence { .. } => {
+            | Request::Sequence { .. }
+            | Request::Raft(_) => {
                 acts.replies.push((
                     reply_to,
                     id,

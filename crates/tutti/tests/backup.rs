@@ -53,6 +53,7 @@ fn restore_and_start(
     let layout = Layout {
         host: LOOPBACK,
         nodes: NODES as usize,
+        managers: 1,
         mode: "log".into(),
         size_bytes: 64 << 20,
         node_flags: vec![],

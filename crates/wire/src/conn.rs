@@ -41,6 +41,8 @@ pub enum RpcError {
     Unexpected { addr: String },
     #[error("{addr} did not answer within {ms} ms")]
     Timeout { addr: String, ms: u64 },
+    #[error("no manager of {addrs} leads (an election may be under way)")]
+    NoLeader { addrs: String },
 }
 
 pub fn codec(frame_bytes_max: usize) -> LengthDelimitedCodec {

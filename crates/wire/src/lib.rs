@@ -9,6 +9,7 @@ pub mod credentials;
 pub mod frame;
 pub mod handshake;
 pub mod limits;
+pub mod managers;
 pub mod message;
 mod planted;
 pub mod token;
@@ -23,5 +24,6 @@ pub use credentials::{
 pub use frame::{decode_envelope, encode_envelope, FrameError, FRAME_BYTES_MAX_DEFAULT, ONE_WAY};
 pub use handshake::{HandshakeError, PROTOCOL_VERSION};
 pub use limits::Limits;
+pub use managers::Managers;
 pub use message::*;
 pub use token::{ClusterToken, TokenError};

@@ -502,6 +502,9 @@ pub enum Request {
     /// byte of the cut was read, and a later incremental backup may start from this one.
     /// Replies `BackupEnded`, also for a backup the node does not know.
     BackupEnd { backup: u64, completed: bool },
+    /// Manager → manager, one-way: a message of the Raft group that holds the manager's
+    /// durable state (an `eraftpb::Message` in protobuf, as the `raft` crate encodes it).
+    Raft(Vec<u8>),
 }
 
 /// How long a memory node keeps a backup's fence without hearing `BackupLock` again: a
@@ -584,6 +587,11 @@ pub enum Response {
     Error {
         code: ErrorCode,
         message: String,
+    },
+    /// A manager that is not its group's leader: ask `leader` (its address, when known)
+    /// instead. Nothing of the request was done.
+    NotLeader {
+        leader: Option<String>,
     },
 }
 

@@ -15,6 +15,11 @@ pub(crate) struct UpArgs {
     /// Memory nodes to start (numbered 1..N). Fixed when the data directory is created.
     #[arg(long, default_value_t = 4)]
     nodes: usize,
+    /// Managers to start: 1, or a Raft group of 3 or 5 that keeps the directory, the epochs
+    /// and the regions through the loss of any minority of them. Fixed when the data
+    /// directory is created.
+    #[arg(long, default_value_t = 1)]
+    managers: usize,
     #[arg(long, value_enum, default_value_t = ModeArg::Log)]
     mode: ModeArg,
     /// Data directory: cluster.json, the manager's state, one directory per node, logs/.
@@ -52,6 +57,7 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
     let layout = Layout {
         host: a.host,
         nodes: a.nodes,
+        managers: a.managers,
         mode: a.mode.name().into(),
         size_bytes: a.size,
         node_flags: vec![],
@@ -66,17 +72,22 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
     }
     cluster.start_all().map_err(|e| e.to_string())?;
     if let Err(e) = cluster.wait_ready(Duration::from_secs(60)).await {
-        let tails: Vec<String> = std::iter::once("manager".to_string())
+        let managers = cluster.file.manager_entries();
+        let tails: Vec<String> = (managers.iter())
+            .map(|m| cluster.file.manager_process(m.id))
             .chain(cluster.node_ids().iter().map(|id| format!("node-{id}")))
             .map(|n| format!("--- {n}:\n{}", cluster.log_tail(&n)))
             .collect();
         return Err(format!("{e}\n{}", tails.join("\n")));
     }
+    let managers = match cluster.file.managers.len() {
+        0 => format!("manager at {}", cluster.file.manager),
+        n => format!("{n} managers at {}", cluster.file.manager),
+    };
     println!(
-        "tutti: {} memory nodes ({} mode) up; manager at {}",
+        "tutti: {} memory nodes ({} mode) up; {managers}",
         cluster.file.nodes.len(),
         cluster.file.mode,
-        cluster.file.manager
     );
     println!("tutti: logs sequenced at {}", cluster.file.sequencer);
     println!(

@@ -68,10 +68,23 @@ pub fn start(
     node_flags: &[&str],
     manager_flags: &[&str],
 ) -> TestCluster {
+    start_with_managers(name, nodes, 1, mode, node_flags, manager_flags)
+}
+
+/// `start`, with a Raft group of `managers` managers.
+pub fn start_with_managers(
+    name: &str,
+    nodes: usize,
+    managers: usize,
+    mode: &str,
+    node_flags: &[&str],
+    manager_flags: &[&str],
+) -> TestCluster {
     let dir = scratch(name);
     let layout = Layout {
         host: tutti_harness::local::LOOPBACK,
         nodes,
+        managers,
         mode: mode.into(),
         size_bytes: 64 << 20,
         node_flags: node_flags.iter().map(|s| s.to_string()).collect(),

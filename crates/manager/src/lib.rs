@@ -10,6 +10,17 @@ mod replica;
 mod state;
 mod store;
 
+/// Deliberate protocol bugs that prove the simulator's checkers can fail. They exist only
+/// with the `planted-bugs` feature; without it `planted` is always false.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Bug {
+    /// The leader replies at once, before the change the reply tells of is committed: a
+    /// leader lost with it takes back what the group acknowledged.
+    ReplyBeforeCommit,
+}
+
+tutti_wire::planted_bugs!(Bug);
+
 pub use recovery::Recovery;
 pub use replica::{Actions, Replica, ReplicaConfig};
 pub use state::{ManagerState, Persisted, RecoveryBatch};

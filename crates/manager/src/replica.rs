@@ -259,7 +259,11 @@ impl<R> Replica<R> {
             }
         }
         let index = self.raw.raft.raft_log.last_index();
-        self.pending.push_back((index, reply_to, id, resp));
+        if crate::planted(crate::Bug::ReplyBeforeCommit) {
+            acts.replies.push((reply_to, id, resp));
+        } else {
+            self.pending.push_back((index, reply_to, id, resp));
+        }
         self.drain(&mut acts, now_ms);
         acts
     }

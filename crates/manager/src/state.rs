@@ -50,6 +50,11 @@ impl Persisted {
         self.nodes.get(&node).map(|n| n.addr.clone())
     }
 
+    /// The epoch this state is at.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// How many memory nodes the directory holds.
     pub fn nodes_len(&self) -> usize {
         self.nodes.len()

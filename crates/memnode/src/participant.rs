@@ -330,6 +330,11 @@ impl<R> Participant<R> {
         self.stage
     }
 
+    /// The newest epoch this node has heard of (from the manager, or in a tid).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Moves to `epoch` if it is newer; in `log` mode the epoch is logged (synced before any
     /// reply that relies on it) so that it never regresses across a restart.
     pub fn set_epoch(&mut self, epoch: u64) -> Actions<R> {

@@ -44,6 +44,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
     let dir = crate::spawn_cluster(
         &mut world,
         images,
+        1,
         &fs,
         cfg.clients,
         &client_cfg,
@@ -76,6 +77,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         batched_decisions: world.counter("batched_decisions"),
         batched_writes: 0,
         incremental_images: 0,
+        manager_elections: world.counter("manager_elections"),
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }

@@ -61,6 +61,8 @@ pub struct SimConfig {
     pub epoch_interval_us: u64,
     /// Consistent backups taken while the bank runs (Sinfonia §4.8), each checked as a cut.
     pub backups: usize,
+    /// Managers: a Raft group that crashes like the nodes if more than one.
+    pub managers: u32,
 }
 
 impl Default for SimConfig {
@@ -85,6 +87,7 @@ impl Default for SimConfig {
             execute_ahead_probability: 0.2,
             epoch_interval_us: 400_000,
             backups: 2,
+            managers: 3,
         }
     }
 }
@@ -122,6 +125,8 @@ pub struct Report {
     pub batched_writes: u64,
     /// Node images that backups took incrementally (the pages written since the last one).
     pub incremental_images: u64,
+    /// Times a manager came to lead its group (the first election included).
+    pub manager_elections: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -143,6 +148,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
     let dir = spawn_cluster(
         &mut world,
         images,
+        cfg.managers,
         &bank,
         cfg.coordinators,
         &client_cfg,
@@ -162,6 +168,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
     let bank = bank.borrow();
     if world.settled() {
         violations.extend(bank.check(&snapshot(&world, &dir, &bank)));
+        violations.extend(check_managers(&world, &dir));
     }
     for (i, cut) in cuts.borrow().iter().enumerate() {
         let reads = read_items(&bank.snapshot(), |node, addr, len| {
@@ -186,16 +193,19 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         batched_decisions: world.counter("batched_decisions"),
         batched_writes: 0,
         incremental_images: world.counter("incremental_images"),
+        manager_elections: world.counter("manager_elections"),
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }
 }
 
-/// Spawns memory nodes holding `images` (node i + 1 the i-th), the manager, and `clients`
-/// clients running `workload`; returns the cluster's directory.
+/// Spawns memory nodes holding `images` (node i + 1 the i-th), `managers` managers (a
+/// Raft group, crashing like the nodes if more than one), and `clients` clients running
+/// `workload`; returns the cluster's directory.
 pub(crate) fn spawn_cluster<W: Workload + 'static>(
     world: &mut World,
     images: Vec<Vec<u8>>,
+    managers: u32,
     workload: &Rc<RefCell<W>>,
     clients: usize,
     client_cfg: &ClientConfig,
@@ -204,7 +214,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
     let nodes = images.len() as u32;
     let dir = Rc::new(Directory {
         nodes: (0..nodes).map(Addr).collect(),
-        manager: Addr(nodes),
+        managers: (nodes..nodes + managers).map(Addr).collect(),
     });
     let check = {
         let workload = workload.clone();
@@ -216,13 +226,48 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
         let node = SimNode::new(id, image, dir.clone(), check.clone());
         assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
     }
-    let manager = SimManager::new(dir.clone(), epoch_interval_us);
-    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
+    for (id, &addr) in (1..).zip(&dir.managers) {
+        let manager = SimManager::new(
+            id,
+            dir.clone(),
+            epoch_interval_us,
+            tutti_manager::Persisted::fresh(),
+        );
+        assert_eq!(world.spawn(Box::new(manager), managers > 1), addr);
+    }
     for c in 0..clients {
         let client = SimClient::new(c as u64, client_cfg.clone(), workload.clone(), dir.clone());
         world.spawn(Box::new(client), false);
     }
     dir
+}
+
+/// The manager group once settled: a majority holds one state (the group's), and no node
+/// heard of an epoch the group does not have, since a manager acknowledges an epoch only
+/// once a majority holds it.
+fn check_managers(world: &World, dir: &Directory) -> Vec<Violation> {
+    let states: Vec<Option<&tutti_manager::Persisted>> = (dir.managers.iter())
+        .map(|&a| world.process::<SimManager>(a).latest())
+        .collect();
+    let majority = states.len() / 2 + 1;
+    let agreed = (states.iter().flatten())
+        .find(|s| states.iter().flatten().filter(|t| t == s).count() >= majority);
+    let Some(group) = agreed else {
+        let detail = format!("no majority of the managers holds one state: {states:?}");
+        return vec![Violation::new("managers", detail)];
+    };
+    let mut violations = Vec::new();
+    for (id, &addr) in (1..).zip(&dir.nodes) {
+        let epoch = world.process::<SimNode>(addr).epoch().unwrap_or(0);
+        if epoch > group.epoch() {
+            let detail = format!(
+                "node {id} was told of epoch {epoch}, the manager group holds {}",
+                group.epoch()
+            );
+            violations.push(Violation::new("lost acknowledgement", detail));
+        }
+    }
+    violations
 }
 
 /// Starts every process, runs the world until it settles or the liveness bound passes, and

@@ -75,7 +75,7 @@ pub(crate) fn spawn_log_cluster(
 ) -> (Rc<Directory>, LogLayout, Vec<Addr>) {
     let dir = Rc::new(Directory {
         nodes: (0..u32::from(shape.nodes)).map(Addr).collect(),
-        manager: Addr(u32::from(shape.nodes)),
+        managers: vec![Addr(u32::from(shape.nodes))],
     });
     let (state, layout, images) = allocate(shape);
     let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
@@ -83,8 +83,8 @@ pub(crate) fn spawn_log_cluster(
         let node = SimNode::new(id, image, dir.clone(), no_check.clone());
         assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
     }
-    let manager = SimManager::with_state(dir.clone(), 400_000, state);
-    assert_eq!(world.spawn(Box::new(manager), false), dir.manager);
+    let manager = SimManager::new(1, dir.clone(), 400_000, state.persisted().clone());
+    assert_eq!(world.spawn(Box::new(manager), false), dir.managers[0]);
     let sequencers = (0..sequencers.max(1))
         .map(|i| {
             let sequencer = SimSequencer::new(i, shape.name, lease, dir.clone());
@@ -231,6 +231,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         batched_decisions: world.counter("batched_decisions"),
         batched_writes: world.counter("batched_writes"),
         incremental_images: 0,
+        manager_elections: world.counter("manager_elections"),
         commits_with_lsns: world.counter("commits_with_lsns"),
         violations,
     }

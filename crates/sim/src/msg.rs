@@ -49,12 +49,52 @@ pub(crate) fn send_one_way(ctx: &mut Ctx<'_>, to: Addr, req: Request) {
     ctx.send(to, Msg::Req { id: 0, req });
 }
 
-/// Where the memory nodes and the manager are.
+/// Where the memory nodes and the managers are.
 #[derive(Debug)]
 pub(crate) struct Directory {
     /// Node `i + 1` is at `nodes[i]`.
     pub(crate) nodes: Vec<Addr>,
-    pub(crate) manager: Addr,
+    /// Manager `i + 1` of the group is at `managers[i]`.
+    pub(crate) managers: Vec<Addr>,
+}
+
+/// Which manager a simulated process asks, as `tutti_wire::Managers` picks one for the
+/// real processes: the one last found leading; a `NotLeader` reply moves to the leader it
+/// names (the next one if it names none), and a request left unanswered to the next one.
+#[derive(Debug)]
+pub(crate) struct ManagerRoute {
+    managers: Vec<Addr>,
+    at: usize,
+}
+
+impl ManagerRoute {
+    pub(crate) fn new(dir: &Directory) -> ManagerRoute {
+        ManagerRoute {
+            managers: dir.managers.clone(),
+            at: 0,
+        }
+    }
+
+    pub(crate) fn addr(&self) -> Addr {
+        self.managers[self.at]
+    }
+
+    /// Notes a reply: true if it is `NotLeader`, which the request must be asked again for.
+    pub(crate) fn not_leader(&mut self, resp: &Response) -> bool {
+        let Response::NotLeader { leader } = resp else {
+            return false;
+        };
+        let named = (leader.as_deref()).and_then(|l| {
+            (1..=self.managers.len() as u64).position(|id| crate::manager::manager_name(id) == l)
+        });
+        self.at = named.unwrap_or((self.at + 1) % self.managers.len());
+        true
+    }
+
+    /// A request went unanswered.
+    pub(crate) fn silent(&mut self) {
+        self.at = (self.at + 1) % self.managers.len();
+    }
 }
 
 impl Directory {

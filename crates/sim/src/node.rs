@@ -3,7 +3,7 @@
 //! was written but not synced and returns the image to its last flush; a process kill keeps
 //! both (they were in the page cache), as on Linux.
 
-use crate::msg::{self, Directory, Msg};
+use crate::msg::{self, Directory, ManagerRoute, Msg};
 use crate::world::{Addr, Ctx, Message, Process, Timer};
 use rand::Rng;
 use std::any::Any;
@@ -44,6 +44,8 @@ pub(crate) struct SimNode {
     id: NodeId,
     space_bytes: u64,
     dir: Rc<Directory>,
+    /// The manager its heartbeats go to.
+    manager: ManagerRoute,
     check: Rc<RecoveryCheck>,
     participant: Option<Participant<Addr>>,
     synced: Vec<(Lsn, LogRecord)>,
@@ -99,6 +101,7 @@ impl SimNode {
         SimNode {
             id,
             space_bytes: image.len() as u64,
+            manager: ManagerRoute::new(&dir),
             dir,
             check,
             participant: Some(participant),
@@ -118,6 +121,11 @@ impl SimNode {
     /// The node's space, while it is up.
     pub(crate) fn space(&self) -> Option<&Space> {
         self.participant.as_ref().map(|p| p.space())
+    }
+
+    /// The newest epoch it has heard of, if it is up.
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        self.participant.as_ref().map(|p| p.epoch())
     }
 
     fn serving(&self) -> bool {
@@ -234,6 +242,7 @@ impl SimNode {
             .collect();
         for pending in unanswered {
             if let Some(Pending::Heartbeat { sent_ms }) = self.pending.remove(&pending) {
+                self.manager.silent();
                 // An epoch of 0 never advances anything, so there is nothing to carry out.
                 let acts = self
                     .up()
@@ -251,7 +260,7 @@ impl SimNode {
         let msg_id = ctx.new_id();
         self.pending
             .insert(msg_id, Pending::Heartbeat { sent_ms: now });
-        ctx.send(self.dir.manager, Msg::Req { id: msg_id, req });
+        ctx.send(self.manager.addr(), Msg::Req { id: msg_id, req });
     }
 
     /// A periodic timer firing: re-arms itself (every `period_us` plus up to 40 % jitter);
@@ -375,7 +384,11 @@ impl Process for SimNode {
             }
             Msg::Resp { id, resp } => match self.pending.remove(&id) {
                 Some(Pending::Heartbeat { sent_ms }) => {
-                    if let Response::HeartbeatAck {
+                    if self.manager.not_leader(&resp) {
+                        // As the real driver after a failed call: the reports go again.
+                        let acts = p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[], &[]);
+                        self.apply(ctx, acts);
+                    } else if let Response::HeartbeatAck {
                         epoch,
                         incarnation,
                         gc,

@@ -6,7 +6,7 @@
 //! serves on until it learns so, as a real one that was cut off would.
 
 use crate::coordinators::{CoordinatorTimer, Coordinators, Finished, Handle};
-use crate::msg::{self, Directory, Msg};
+use crate::msg::{self, Directory, ManagerRoute, Msg};
 use crate::world::{Addr, Ctx, Message, Process, Timer};
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -36,11 +36,13 @@ pub(crate) struct SimSequencer {
     addr: String,
     log: String,
     lease: u64,
-    manager: Addr,
+    manager: ManagerRoute,
     coordinators: Coordinators,
     service: LogService,
     registered: bool,
     register_id: u64,
+    /// The last registration was answered `NotLeader` (the route moved already).
+    redirected: bool,
     /// The manager request in flight (its message id).
     asking: Option<u64>,
     running: BTreeMap<Handle, Running>,
@@ -54,12 +56,13 @@ impl SimSequencer {
         SimSequencer {
             log: log.into(),
             lease,
-            manager: dir.manager,
+            manager: ManagerRoute::new(&dir),
             coordinators: Coordinators::new(dir, (1 << 62) + (i << 48)),
             service: LogService::new(log.into(), addr.clone(), lease),
             addr,
             registered: false,
             register_id: 0,
+            redirected: false,
             asking: None,
             running: BTreeMap::new(),
             frames: BTreeMap::new(),
@@ -72,7 +75,7 @@ impl SimSequencer {
             addr: self.addr.clone(),
         };
         ctx.send(
-            self.manager,
+            self.manager.addr(),
             Msg::Req {
                 id: self.register_id,
                 req,
@@ -88,7 +91,7 @@ impl SimSequencer {
                 Effect::AskManager(req) => {
                     let id = ctx.new_id();
                     self.asking = Some(id);
-                    ctx.send(self.manager, Msg::Req { id, req });
+                    ctx.send(self.manager.addr(), Msg::Req { id, req });
                     ctx.set_timer(MANAGER_TIMEOUT_US, SequencerTimer::ManagerTimeout(id));
                 }
                 Effect::Run(tx) => self.start(ctx, tx, Running::Step, &mut effects),
@@ -185,12 +188,16 @@ impl Process for SimSequencer {
             Msg::Req { .. } => {}
             Msg::Resp { id, resp } => {
                 if id == self.register_id {
+                    self.redirected = self.manager.not_leader(&resp);
                     self.registered = matches!(resp, Response::Sequencer(_));
                     return;
                 }
                 if self.asking == Some(id) {
                     self.asking = None;
                     let reply = match resp {
+                        _ if self.manager.not_leader(&resp) => {
+                            Err((ErrorCode::NotReady, "not the leading manager".into()))
+                        }
                         Response::Error { code, message } => Err((code, message)),
                         other => Ok(other),
                     };
@@ -223,12 +230,16 @@ impl Process for SimSequencer {
         {
             SequencerTimer::Register => {
                 if !self.registered {
+                    if !std::mem::take(&mut self.redirected) {
+                        self.manager.silent();
+                    }
                     self.register(ctx);
                 }
             }
             SequencerTimer::ManagerTimeout(id) => {
                 if self.asking == Some(id) {
                     self.asking = None;
+                    self.manager.silent();
                     let lost = Err((ErrorCode::NotReady, "the manager did not answer".into()));
                     let effects = self.service.on_manager(lost);
                     self.carry_out(ctx, effects);

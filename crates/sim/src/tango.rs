@@ -119,6 +119,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
         batched_decisions: 0,
         batched_writes: 0,
         incremental_images: 0,
+        manager_elections: world.counter("manager_elections"),
         commits_with_lsns: 0,
         violations,
     }

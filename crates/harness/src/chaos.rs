@@ -392,7 +392,10 @@ pub struct ChaosConfig {
     pub mix: Mix,
     pub nodes: Terminator,
     pub clients_killer: Terminator,
+    /// Kills of a manager: the lone one, or a random one of the group (leader or follower).
     pub manager: Terminator,
+    /// Managers: 1, or a Raft group of 3 or 5 (`tutti up --managers`).
+    pub managers: usize,
     /// Kills of the logs' sequencer (log workload only).
     pub sequencer: Terminator,
     /// Time between partitions of a random pair of processes, and how long each lasts.
@@ -475,7 +478,10 @@ impl ChaosReport {
                 self.client_kills.to_string(),
             ),
             (
-                "kill -9 the manager, restart it".into(),
+                match cfg.managers {
+                    1 => "kill -9 the manager, restart it".into(),
+                    n => format!("kill -9 one of {n} managers, restart it"),
+                },
                 interval(&cfg.manager),
                 self.manager_kills.to_string(),
             ),
@@ -819,7 +825,7 @@ pub fn run(
     let layout = crate::local::Layout {
         host: crate::local::LOOPBACK,
         nodes: 4,
-        managers: 1,
+        managers: cfg.managers,
         mode: "log".into(),
         size_bytes: 64 << 20,
         node_flags: NODE_FLAGS.iter().map(|s| s.to_string()).collect(),
@@ -1127,17 +1133,18 @@ async fn start_proxy(
     clients: Vec<Process>,
     sequencer: bool,
 ) -> Result<Proxy, LocalError> {
-    let servers: Vec<(Process, String)> =
-        std::iter::once(("manager".into(), local.file.manager.clone()))
-            .chain(
-                local
-                    .file
-                    .nodes
-                    .iter()
-                    .map(|n| (format!("node-{}", n.id), n.addr.clone())),
-            )
-            .chain(sequencer.then(|| ("sequencer".into(), local.file.sequencer.clone())))
-            .collect();
+    let managers = local.file.manager_entries();
+    let servers: Vec<(Process, String)> = (managers.into_iter())
+        .map(|m| (local.file.manager_process(m.id), m.addr))
+        .chain(
+            local
+                .file
+                .nodes
+                .iter()
+                .map(|n| (format!("node-{}", n.id), n.addr.clone())),
+        )
+        .chain(sequencer.then(|| ("sequencer".into(), local.file.sequencer.clone())))
+        .collect();
     let sources: Vec<Process> = servers
         .iter()
         .map(|(name, _)| name.clone())
@@ -1212,9 +1219,10 @@ impl<'a> Faults<'a> {
             self.next_client = now + draw(rng, &cfg.clients_killer);
         }
         if now >= self.next_manager {
-            local.kill_manager();
+            let id = rng.gen_range(1..=local.file.manager_entries().len() as u64);
+            local.kill_manager_id(id);
             std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
-            local.start_manager()?;
+            local.start_manager_id(id)?;
             report.manager_kills += 1;
             self.next_manager = now + draw(rng, &cfg.manager);
         }

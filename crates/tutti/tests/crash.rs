@@ -49,6 +49,7 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         nodes: common::secs(0.5, 3.0),
         clients_killer: common::secs(0.5, 3.0),
         manager: common::secs(8.0, 16.0),
+        managers: 1,
         sequencer: common::secs(2.0, 6.0),
         partitions: Some((common::secs(2.0, 6.0), common::secs(0.5, 4.0))),
         linearizability_checker: chaos::default_checker(),

@@ -32,9 +32,14 @@ pub(crate) struct ChaosArgs {
     /// Seconds between client kills, as MIN-MAX.
     #[arg(long, default_value = "1-4", value_parser = parse_range)]
     client_kill_every_s: (f64, f64),
-    /// Seconds between manager kills, as MIN-MAX.
+    /// Seconds between manager kills, as MIN-MAX (with --managers 3, a random one of the
+    /// group, leader or follower).
     #[arg(long, default_value = "10-30", value_parser = parse_range)]
     manager_kill_every_s: (f64, f64),
+    /// Managers: 1, or a Raft group of 3 or 5 whose members are killed and partitioned
+    /// from each other and from the nodes like every other process.
+    #[arg(long, default_value_t = 1)]
+    managers: usize,
     /// Seconds between sequencer kills (log workload), as MIN-MAX.
     #[arg(long, default_value = "2-6", value_parser = parse_range)]
     sequencer_kill_every_s: (f64, f64),
@@ -96,6 +101,7 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
         nodes: every(a.node_kill_every_s),
         clients_killer: every(a.client_kill_every_s),
         manager: every(a.manager_kill_every_s),
+        managers: a.managers,
         sequencer: every(a.sequencer_kill_every_s),
         partitions: (!a.no_partitions)
             .then(|| (every(a.partition_every_s), every(a.partition_for_s))),

@@ -12,7 +12,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{Entry, EntryType, Message};
 use raft::{RawNode, StateRole, Storage};
 use std::collections::VecDeque;
-use tutti_wire::{ErrorCode, NodeId, Request, Response};
+use tutti_wire::{ErrorCode, ManagerStatus, NodeId, Request, Response};
 
 /// Entries kept after the snapshot before they are folded into it: each is the whole
 /// state, so a longer log only costs disk and time at start.
@@ -174,6 +174,28 @@ impl<R> Replica<R> {
         &self.latest
     }
 
+    /// Where this replica stands in its group.
+    pub fn status(&self) -> ManagerStatus {
+        let raft = &self.raw.raft;
+        let role = match raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+        };
+        ManagerStatus {
+            id: self.cfg.id,
+            managers: self.cfg.peers.len() as u64,
+            role: role.into(),
+            term: raft.term,
+            leader: self.leader().map(str::to_string),
+            last_index: raft.raft_log.last_index(),
+            commit: raft.raft_log.committed,
+            applied: self.applied,
+            epoch: self.latest.epoch(),
+        }
+    }
+
     /// Advances the Raft clock by one tick (elections, heartbeats).
     pub fn tick(&mut self, now_ms: u64) -> Actions<R> {
         let mut acts = Actions::default();
@@ -210,6 +232,12 @@ impl<R> Replica<R> {
                 Err(e) => tracing::warn!("an undecodable Raft message: {e}"),
             }
             self.drain(&mut acts, now_ms);
+            return acts;
+        }
+        if let Request::ManagerStatus = req {
+            let status = self.status();
+            acts.replies
+                .push((reply_to, id, Response::ManagerStatus(Box::new(status))));
             return acts;
         }
         let Some(state) = &mut self.leading else {

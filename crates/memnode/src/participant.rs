@@ -499,7 +499,8 @@ impl<R> Participant<R> {
             | Request::SetSequencer { .. }
             | Request::Sequencer
             | Request::Sequence { .. }
-            | Request::Raft(_) => {
+            | Request::Raft(_)
+            | Request::ManagerStatus => {
                 acts.replies.push((
                     reply_to,
                     id,

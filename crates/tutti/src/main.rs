@@ -93,6 +93,11 @@ enum Command {
     Tls(cmd::tls::TlsArgs),
     /// Print the load statistics of every memory node.
     Stats(cmd::stats::StatsArgs),
+    /// Print where each manager stands in its Raft group: role, term, leader, log indexes.
+    ///
+    /// Every manager of `--cluster` is asked, whichever leads. Exit status 1 when none
+    /// leads (an election under way, or a majority down).
+    Managers(cmd::managers::ManagersArgs),
     /// Benchmarks; print JSON.
     Bench {
         #[command(subcommand)]
@@ -248,6 +253,10 @@ async fn run(command: Command, dialer: Dialer, credentials: CredentialFiles) -> 
         Command::Stats(a) => {
             init_tracing("error");
             cmd::stats::run(a, &dialer).await
+        }
+        Command::Managers(a) => {
+            init_tracing("error");
+            cmd::managers::run(a, &dialer).await
         }
         Command::Bench { which } => {
             init_tracing("error");

@@ -13,7 +13,7 @@ use tutti_wire::{Connection, Dialer, Request, Response};
 
 const CLIENTS: u64 = 6;
 
-/// The id of the manager that answers a directory request itself (the leader), if any.
+/// The id of the manager that says it leads, if any.
 async fn leader(addrs: &[(u64, String)]) -> Option<u64> {
     for (id, addr) in addrs {
         let Ok(Ok(conn)) = tokio::time::timeout(
@@ -25,9 +25,9 @@ async fn leader(addrs: &[(u64, String)]) -> Option<u64> {
             continue;
         };
         let answer = conn
-            .call_within(&Request::Directory, Duration::from_millis(500))
+            .call_within(&Request::ManagerStatus, Duration::from_millis(500))
             .await;
-        if let Ok(Response::Directory(_)) = answer {
+        if matches!(answer, Ok(Response::ManagerStatus(s)) if s.role == "leader") {
             return Some(*id);
         }
     }
@@ -114,4 +114,15 @@ fn the_manager_group_survives_kills_of_its_leader_under_load() {
         assert_eq!(cluster.nodes().len(), 4, "the directory survived");
     });
     assert!(clients.seen.iter().sum::<u64>() > 100, "{:?}", clients.seen);
+    // `tutti managers` finds one leader among the three, all in one term.
+    let out = std::process::Command::new(common::exe())
+        .args(["managers", "--json", "--cluster"])
+        .arg(&c.local.dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let roles: Vec<&str> = rows.iter().map(|r| r["role"].as_str().unwrap()).collect();
+    assert_eq!(roles.iter().filter(|r| **r == "leader").count(), 1, "{rows:?}");
+    assert!(rows.windows(2).all(|w| w[0]["term"] == w[1]["term"]), "{rows:?}");
 }

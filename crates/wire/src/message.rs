@@ -502,6 +502,9 @@ pub enum Request {
     /// byte of the cut was read, and a later incremental backup may start from this one.
     /// Replies `BackupEnded`, also for a backup the node does not know.
     BackupEnd { backup: u64, completed: bool },
+    /// Anyone → a manager, whichever its role: where it stands in its group. Replies
+    /// `ManagerStatus`.
+    ManagerStatus,
     /// Manager → manager, one-way: a message of the Raft group that holds the manager's
     /// durable state (an `eraftpb::Message` in protobuf, as the `raft` crate encodes it).
     Raft(Vec<u8>),
@@ -514,6 +517,25 @@ pub const BACKUP_FENCE_LEASE_MS: u64 = 2_000;
 pub const BACKUP_CUT_LEASE_MS: u64 = 10_000;
 /// The most one `BackupRead` may ask for.
 pub const BACKUP_READ_BYTES_MAX: u64 = 4 << 20;
+
+/// What `Request::ManagerStatus` answers.
+#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
+pub struct ManagerStatus {
+    /// Its Raft id (its place in the group, from 1) and the group's size.
+    pub id: u64,
+    pub managers: u64,
+    /// `leader`, `follower`, `candidate` or `pre-candidate`.
+    pub role: String,
+    pub term: u64,
+    /// The leader's address, when it knows one.
+    pub leader: Option<String>,
+    /// Raft indexes: the last entry of its log, the last known committed, the last applied.
+    pub last_index: u64,
+    pub commit: u64,
+    pub applied: u64,
+    /// The epoch of the state as of its log's last entry.
+    pub epoch: u64,
+}
 
 #[derive(Encode, Decode, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorCode {
@@ -588,6 +610,8 @@ pub enum Response {
         code: ErrorCode,
         message: String,
     },
+    /// A manager's place in its Raft group, as it sees it.
+    ManagerStatus(Box<ManagerStatus>),
     /// A manager that is not its group's leader: ask `leader` (its address, when known)
     /// instead. Nothing of the request was done.
     NotLeader {

@@ -62,8 +62,14 @@ impl ClusterArg {
         (tutti_log::Log::open(&cluster, name, opts).await).map_err(|e| e.to_string())
     }
 
+    /// The managers' addresses (one, or a group's comma-separated) and the credentials
+    /// cluster.json records.
+    pub(crate) fn access(&self) -> Result<(String, CredentialFiles), String> {
+        access(&self.cluster).map_err(|e| e.to_string())
+    }
+
     pub(crate) async fn connect(&self, dialer: &Dialer) -> Result<Cluster, String> {
-        let (addr, files) = access(&self.cluster).map_err(|e| e.to_string())?;
+        let (addr, files) = self.access()?;
         let opts = ClientOptions {
             deadline: Duration::from_millis(self.deadline_ms),
             dialer: with_cluster_credentials(dialer, &files)?,

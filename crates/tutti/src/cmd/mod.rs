@@ -11,6 +11,7 @@ mod items;
 pub(crate) mod log;
 pub(crate) mod log_workload;
 pub(crate) mod manager;
+pub(crate) mod managers;
 pub(crate) mod memnode;
 pub(crate) mod node;
 pub(crate) mod ns;

@@ -683,6 +683,13 @@ async fn batch_asks(cluster: Cluster, log: String, mut asks: mpsc::Receiver<Pend
     }
 }
 
+/// How long a frame of asks may wait for the sequencer (or a connection to it). A frame
+/// holds one of `FRAMES_IN_FLIGHT`; one left waiting on a sequencer cut off by a partition
+/// (TCP reports nothing) would hold it for good, and with all of them held the log's asks
+/// stopped until the connection closed. A sequencer answers in microseconds, a takeover
+/// in a few round trips to the memory nodes.
+const SEQUENCER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 async fn send_frame(
     cluster: &Cluster,
     log: &str,
@@ -700,9 +707,16 @@ async fn send_frame(
                 Err(e) => return Err(e.to_string()),
             };
             let opts = cluster.options();
-            let c = Connection::connect(&addr, opts.frame_bytes_max, &opts.dialer)
-                .await
-                .map_err(|e| e.to_string())?;
+            let connect = Connection::connect(&addr, opts.frame_bytes_max, &opts.dialer);
+            let c = match tokio::time::timeout(SEQUENCER_CALL_TIMEOUT, connect).await {
+                Ok(c) => c.map_err(|e| e.to_string())?,
+                Err(_) => {
+                    return Err(format!(
+                        "no connection to the sequencer at {addr} within {} ms",
+                        SEQUENCER_CALL_TIMEOUT.as_millis()
+                    ))
+                }
+            };
             let c = Arc::new(c);
             *conn.lock().expect("connection slot poisoned") = Some(c.clone());
             c
@@ -713,7 +727,7 @@ async fn send_frame(
         min_epoch: batch.iter().map(|p| p.min_epoch).max().unwrap_or(0),
         asks: batch.iter().map(|p| p.ask.clone()).collect(),
     };
-    match c.call(&req).await {
+    match c.call_within(&req, SEQUENCER_CALL_TIMEOUT).await {
         Ok(Response::Sequenced(answers)) if answers.len() == batch.len() => Ok(answers),
         Ok(other) => Err(format!("the sequencer at {} answered {other:?}", c.addr())),
         Err(e) => Err(e.to_string()),

@@ -123,6 +123,13 @@ fn the_manager_group_survives_kills_of_its_leader_under_load() {
     assert!(out.status.success(), "{out:?}");
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     let roles: Vec<&str> = rows.iter().map(|r| r["role"].as_str().unwrap()).collect();
-    assert_eq!(roles.iter().filter(|r| **r == "leader").count(), 1, "{rows:?}");
-    assert!(rows.windows(2).all(|w| w[0]["term"] == w[1]["term"]), "{rows:?}");
+    assert_eq!(
+        roles.iter().filter(|r| **r == "leader").count(),
+        1,
+        "{rows:?}"
+    );
+    assert!(
+        rows.windows(2).all(|w| w[0]["term"] == w[1]["term"]),
+        "{rows:?}"
+    );
 }

@@ -125,6 +125,34 @@ impl Clients {
         (0..self.count).for_each(|id| self.kill(id));
     }
 
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Each client's transfers seen committed so far, over all its incarnations.
+    pub fn committed_so_far(&self) -> Vec<u64> {
+        (0..self.count)
+            .map(|id| {
+                let i = id as usize;
+                let running = self.processes.is_running(&format!("client-{id}"));
+                self.seen[i]
+                    + if running {
+                        outcomes(&self.outputs[i]).0
+                    } else {
+                        0
+                    }
+            })
+            .collect()
+    }
+
+    /// Each client's transfers that may have committed: seen committed, ended in an
+    /// error, or in flight in a killed incarnation's tasks.
+    pub fn possibly_committed(&self) -> Vec<u64> {
+        (0..self.count as usize)
+            .map(|i| self.seen[i] + self.errors[i] + self.incarnations[i] * TASKS)
+            .collect()
+    }
+
     /// Transfers the running clients saw commit so far.
     pub fn progress(&self) -> u64 {
         (0..self.count)
@@ -398,6 +426,9 @@ pub struct ChaosConfig {
     pub managers: usize,
     /// Kills of the logs' sequencer (log workload only).
     pub sequencer: Terminator,
+    /// Consistent backups taken while the bank runs, each restored at the end and checked
+    /// as a cut (bank workload only; `None`: none).
+    pub backups: Option<Terminator>,
     /// Time between partitions of a random pair of processes, and how long each lasts.
     /// `None`: processes talk directly, without the proxy.
     pub partitions: Option<(Terminator, Terminator)>,
@@ -440,6 +471,7 @@ pub struct ChaosReport {
     pub linearizability: Option<String>,
     pub log_peak_bytes: u64,
     pub log_after_bytes: u64,
+    pub backups: crate::chaos_backups::BackupCounts,
     pub violations: Vec<String>,
 }
 
@@ -491,6 +523,17 @@ impl ChaosReport {
                 "kill -9 the sequencer, restart it".into(),
                 interval(&cfg.sequencer),
                 self.sequencer_kills.to_string(),
+            ));
+        }
+        if let (Some(every), ChaosWorkload::Bank) = (&cfg.backups, cfg.workload) {
+            let b = &self.backups;
+            rows.push((
+                "consistent backup, restored as a cut".into(),
+                interval(every),
+                format!(
+                    "{} ({} completed and {} of them checked, {} failed)",
+                    b.started, b.completed, b.checked, b.failed
+                ),
             ));
         }
         if let Some((every, lasting)) = &cfg.partitions {
@@ -932,12 +975,34 @@ pub fn run(
     };
     let mut report = ChaosReport::default();
     let mut faults = Faults::new(cfg);
+    let mut backups = match (&cfg.backups, cfg.workload) {
+        (Some(every), ChaosWorkload::Bank) => Some(crate::chaos_backups::Backups::new(
+            exe,
+            dir,
+            *every,
+            &manager,
+            &local.file.credentials.flags(),
+        )),
+        _ => None,
+    };
+    // Drawn apart from the faults, so that the fault schedule of a seed stays what it was.
+    let mut backup_rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0xBAC_C0DE);
+    let mut next_backup = backups
+        .as_ref()
+        .map_or(Duration::MAX, |b| draw(&mut backup_rng, b.every()));
     let start = Instant::now();
     let mut next_progress = Duration::ZERO;
     while start.elapsed() < cfg.duration {
         std::thread::sleep(Duration::from_millis(50));
         let now = start.elapsed();
         faults.inject(now, &mut local, &mut workload, proxy.as_ref(), &mut report)?;
+        if let (Some(b), Workload::Bank(clients)) = (&mut backups, &workload) {
+            b.poll();
+            if now >= next_backup {
+                b.start(clients)?;
+                next_backup = now + draw(&mut backup_rng, b.every());
+            }
+        }
         workload.trim(&rt, now, &mut report);
         if let Workload::Fs(clients) = &mut workload {
             clients
@@ -976,6 +1041,9 @@ pub fn run(
     if let Some(proxy) = &proxy {
         proxy.heal_all();
     }
+    if let Some(b) = &mut backups {
+        b.finish();
+    }
     workload.kill_all();
     rt.block_on(async {
         let verified = match &workload {
@@ -997,6 +1065,13 @@ pub fn run(
     });
     local.stop_all();
     drop(proxy);
+    if let (Some(b), Workload::Bank(clients)) = (&mut backups, &workload) {
+        progress("restoring the backups and checking each is a cut…");
+        let (seen, possible) = (clients.seen.clone(), clients.possibly_committed());
+        b.check(&rt, clients, &seen, &possible);
+        report.backups = b.counts;
+        report.violations.append(&mut b.violations);
+    }
     if matches!(cfg.workload, ChaosWorkload::Objects | ChaosWorkload::Fs)
         || (cfg.workload == ChaosWorkload::Bank && cfg.mix.has_registers())
     {

@@ -4,9 +4,10 @@
 //! cluster (`workload`), the register workload with its histories and Porcupine check
 //! (`registers`), the shared log's client processes and final check (`log_workload`), Tango's objects'
 //! (`objects_workload`), tutti-fs's mounts and workers (`fs_workload`), and the chaos engine
-//! (`chaos`). Internal: not published.
+//! (`chaos`, with the backups it takes: `chaos_backups`). Internal: not published.
 
 pub mod chaos;
+pub mod chaos_backups;
 pub mod fs_workload;
 pub mod local;
 pub mod log_workload;

@@ -1,6 +1,7 @@
 //! Crash safety with real processes in `log` mode: client processes run bank transfers
 //! and register operations while memory nodes, clients and the manager are killed with
-//! SIGKILL at random moments and restarted, and pairs of processes are partitioned.
+//! SIGKILL at random moments and restarted, pairs of processes are partitioned, and
+//! consistent backups are taken (each restored at the end and checked as a cut).
 //! Afterwards nothing a client saw commit is lost, money is conserved, no tid stays
 //! uncertain, no lock is held, garbage collection shrinks the redo log, and Porcupine finds
 //! the register history linearizable (and a corrupted copy of it not).
@@ -50,6 +51,8 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         clients_killer: common::secs(0.5, 3.0),
         manager: common::secs(8.0, 16.0),
         managers: 1,
+        // Backups taken under the faults, each restored at the end and checked as a cut.
+        backups: Some(common::secs(10.0, 20.0)),
         sequencer: common::secs(2.0, 6.0),
         partitions: Some((common::secs(2.0, 6.0), common::secs(0.5, 4.0))),
         linearizability_checker: chaos::default_checker(),
@@ -72,6 +75,10 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
     assert!(
         report.transfers_seen_committed > 100,
         "the workload made progress: {report:?}"
+    );
+    assert!(
+        report.backups.checked >= 2,
+        "backups were taken under the faults and restored as cuts: {report:?}"
     );
     assert!(
         report.log_peak_bytes > 4 * chaos::SEGMENT_BYTES,

@@ -43,6 +43,11 @@ pub(crate) struct ChaosArgs {
     /// Seconds between sequencer kills (log workload), as MIN-MAX.
     #[arg(long, default_value = "2-6", value_parser = parse_range)]
     sequencer_kill_every_s: (f64, f64),
+    /// Seconds between consistent backups taken while the bank runs, as MIN-MAX (bank
+    /// workload; none without it). Each is a `tutti backup create` process; each that
+    /// completes is restored at the end into a cluster of its own, checked as a cut.
+    #[arg(long, value_parser = parse_range)]
+    backup_every_s: Option<(f64, f64)>,
     /// Seconds between partitions of a random pair of processes, as MIN-MAX. Every process
     /// then dials its peers through a fault-injecting proxy in this process.
     #[arg(long, default_value = "5-20", value_parser = parse_range)]
@@ -102,6 +107,7 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
         clients_killer: every(a.client_kill_every_s),
         manager: every(a.manager_kill_every_s),
         managers: a.managers,
+        backups: a.backup_every_s.map(every),
         sequencer: every(a.sequencer_kill_every_s),
         partitions: (!a.no_partitions)
             .then(|| (every(a.partition_every_s), every(a.partition_for_s))),

@@ -177,6 +177,7 @@ pub fn log_chaos_config(
         clients_killer: secs(1.0, 3.0),
         manager: secs(6.0, 10.0),
         managers: 1,
+        backups: None,
         sequencer: secs(1.5, 4.0),
         partitions: Some((secs(3.0, 6.0), secs(0.5, 3.0))),
         linearizability_checker: tutti_harness::chaos::default_checker(),

@@ -245,7 +245,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
 /// The manager group once settled: a majority holds one state (the group's), and no node
 /// heard of an epoch the group does not have, since a manager acknowledges an epoch only
 /// once a majority holds it.
-fn check_managers(world: &World, dir: &Directory) -> Vec<Violation> {
+pub(crate) fn check_managers(world: &World, dir: &Directory) -> Vec<Violation> {
     let states: Vec<Option<&tutti_manager::Persisted>> = (dir.managers.iter())
         .map(|&a| world.process::<SimManager>(a).latest())
         .collect();

@@ -64,8 +64,8 @@ impl Default for LogSimConfig {
     }
 }
 
-/// The memory nodes (a log's region allocated over them all), the manager and `sequencers`
-/// sequencer processes (each restart of one replaces the one named before) of a run of a
+/// The memory nodes (a log's region allocated over them all), a group of three managers
+/// (crashing like the nodes) and `sequencers` sequencer processes (each restart of one replaces the one named before) of a run of a
 /// layer over the log: where they are, the log's layout, the sequencers' addresses.
 pub(crate) fn spawn_log_cluster(
     world: &mut World,
@@ -75,7 +75,7 @@ pub(crate) fn spawn_log_cluster(
 ) -> (Rc<Directory>, LogLayout, Vec<Addr>) {
     let dir = Rc::new(Directory {
         nodes: (0..u32::from(shape.nodes)).map(Addr).collect(),
-        managers: vec![Addr(u32::from(shape.nodes))],
+        managers: (0..3).map(|i| Addr(u32::from(shape.nodes) + i)).collect(),
     });
     let (state, layout, images) = allocate(shape);
     let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
@@ -83,8 +83,10 @@ pub(crate) fn spawn_log_cluster(
         let node = SimNode::new(id, image, dir.clone(), no_check.clone());
         assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
     }
-    let manager = SimManager::new(1, dir.clone(), 400_000, state.persisted().clone());
-    assert_eq!(world.spawn(Box::new(manager), false), dir.managers[0]);
+    for (id, &addr) in (1..).zip(&dir.managers) {
+        let manager = SimManager::new(id, dir.clone(), 400_000, state.persisted().clone());
+        assert_eq!(world.spawn(Box::new(manager), true), addr);
+    }
     let sequencers = (0..sequencers.max(1))
         .map(|i| {
             let sequencer = SimSequencer::new(i, shape.name, lease, dir.clone());
@@ -186,6 +188,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
     violations.extend(h.broken.iter().cloned());
     violations.extend(check_words(&world, &dir, &layout));
     if world.settled() {
+        violations.extend(crate::check_managers(&world, &dir));
         let trim = (layout.nodes.iter())
             .filter_map(|&(node, base)| {
                 let space = world.process::<SimNode>(dir.node(node)).space()?;

@@ -99,6 +99,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
     violations.extend(h.broken.iter().cloned());
     if world.settled() {
         violations.extend(check(&h));
+        violations.extend(crate::check_managers(&world, &dir));
     }
     let committed = (h.transfers.values())
         .filter(|t| t.committed == Some(true))

@@ -206,6 +206,20 @@ fn up_refuses_to_reshape_an_existing_cluster() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Without --nodes, --managers or --mode, up brings back the cluster as it is.
+    let mut child = Command::new(common::exe())
+        .args(["up", "--data"])
+        .arg(&*data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("2 memory nodes (log mode) up"), "{first}");
+    sigterm_and_wait(&mut child);
 }
 
 /// `tutti node add` while `tutti up` serves: the node joins (up starts it), serves

@@ -12,16 +12,18 @@ use tutti_wire::CredentialFiles;
 
 #[derive(Args)]
 pub(crate) struct UpArgs {
-    /// Memory nodes to start (numbered 1..N). Fixed when the data directory is created.
-    #[arg(long, default_value_t = 4)]
-    nodes: usize,
+    /// Memory nodes to start (numbered 1..N) [default: 4, or the existing cluster's]. Fixed
+    /// when the data directory is created.
+    #[arg(long)]
+    nodes: Option<usize>,
     /// Managers to start: 1, or a Raft group of 3 or 5 that keeps the directory, the epochs
-    /// and the regions through the loss of any minority of them. Fixed when the data
-    /// directory is created.
-    #[arg(long, default_value_t = 1)]
-    managers: usize,
-    #[arg(long, value_enum, default_value_t = ModeArg::Log)]
-    mode: ModeArg,
+    /// and the regions through the loss of any minority of them [default: 1, or the
+    /// existing cluster's]. Fixed when the data directory is created.
+    #[arg(long)]
+    managers: Option<usize>,
+    /// [default: log, or the existing cluster's]
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
     /// Data directory: cluster.json, the manager's state, one directory per node, logs/.
     #[arg(long, default_value = "./tutti-data")]
     data: PathBuf,
@@ -54,16 +56,29 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
             a.host, a.host
         ));
     }
+    // What is not asked for is what the existing cluster has, if there is one.
+    let existing = tutti_harness::local::read_file(&a.data).ok();
+    let nodes = (a.nodes)
+        .or_else(|| existing.as_ref().map(|f| f.nodes.len()))
+        .unwrap_or(4);
+    let managers = (a.managers)
+        .or_else(|| existing.as_ref().map(|f| f.manager_entries().len()))
+        .unwrap_or(1);
+    let mode = match (a.mode, &existing) {
+        (Some(m), _) => m.name().to_string(),
+        (None, Some(f)) => f.mode.clone(),
+        (None, None) => ModeArg::Log.name().to_string(),
+    };
     let layout = Layout {
         host: a.host,
-        nodes: a.nodes,
-        managers: a.managers,
-        mode: a.mode.name().into(),
+        nodes,
+        managers,
+        mode,
         size_bytes: a.size,
         node_flags: vec![],
         manager_flags: vec![],
     };
-    if a.nodes == 0 || a.nodes > 1000 {
+    if nodes == 0 || nodes > 1000 {
         return Err("--nodes must be between 1 and 1000".into());
     }
     let mut cluster = LocalCluster::open(&exe, &a.data, layout, true).map_err(|e| e.to_string())?;

@@ -54,6 +54,16 @@ impl<R> Default for Actions<R> {
     }
 }
 
+/// A reply held back: until the log is applied up to `index`, and for a read (`read`: its
+/// batch), until a ReadIndex confirmed that this replica still led after it was made.
+struct Waiting<R> {
+    index: u64,
+    read: Option<u64>,
+    reply_to: R,
+    id: u64,
+    resp: Response,
+}
+
 pub struct Replica<R> {
     cfg: ReplicaConfig,
     raw: RawNode<RaftStore>,
@@ -64,8 +74,14 @@ pub struct Replica<R> {
     /// The state as of `applied` (what a snapshot holds).
     applied_data: Vec<u8>,
     applied: u64,
-    /// Replies waiting for the log to be committed up to their index.
-    pending: VecDeque<(u64, R, u64, Response)>,
+    /// Replies waiting for the log to be committed up to their index, and those of reads
+    /// for the leadership they were made under to be confirmed.
+    pending: VecDeque<Waiting<R>>,
+    /// The next batch of reads to confirm with a ReadIndex (a round of heartbeats that a
+    /// majority answers), whether any waits in it, and the last batch confirmed.
+    read_batch: u64,
+    read_wanted: bool,
+    read_confirmed: u64,
 }
 
 fn decode_state(bytes: &[u8]) -> Result<Persisted, String> {
@@ -147,6 +163,9 @@ impl<R> Replica<R> {
             applied_data,
             applied,
             pending: VecDeque::new(),
+            read_batch: 1,
+            read_wanted: false,
+            read_confirmed: 0,
         })
     }
 
@@ -277,20 +296,33 @@ impl<R> Replica<R> {
                 (refused, None)
             }),
         };
-        if let Some(written) = written {
-            if !self.propose(&written) {
+        // A change proves the leadership it was made under by committing; a read needs a
+        // ReadIndex: a deposed leader that has not heard of it yet must not answer.
+        let read = match written {
+            Some(written) if !self.propose(&written) => {
                 let leader = self.leader().map(str::to_string);
                 acts.replies
                     .push((reply_to, id, Response::NotLeader { leader }));
                 self.drain(&mut acts, now_ms);
                 return acts;
             }
-        }
+            Some(_) => None,
+            None => {
+                self.read_wanted = true;
+                Some(self.read_batch)
+            }
+        };
         let index = self.raw.raft.raft_log.last_index();
         if crate::planted(crate::Bug::ReplyBeforeCommit) {
             acts.replies.push((reply_to, id, resp));
         } else {
-            self.pending.push_back((index, reply_to, id, resp));
+            self.pending.push_back(Waiting {
+                index,
+                read,
+                reply_to,
+                id,
+                resp,
+            });
         }
         self.drain(&mut acts, now_ms);
         acts
@@ -319,9 +351,16 @@ impl<R> Replica<R> {
     /// messages, applies committed entries and releases the replies they were holding.
     fn drain(&mut self, acts: &mut Actions<R>, now_ms: u64) {
         let mut stored = false;
-        while self.raw.has_ready() {
+        loop {
+            self.ask_read_index();
+            if !self.raw.has_ready() {
+                break;
+            }
             let mut rd = self.raw.ready();
             acts.messages.extend(encode(rd.take_messages()));
+            for rs in rd.take_read_states() {
+                self.read_confirmed(rs.index, &rs.request_ctx);
+            }
             if !rd.snapshot().is_empty() {
                 let snapshot = rd.snapshot().clone();
                 match decode_state(&snapshot.data) {
@@ -383,11 +422,12 @@ impl<R> Replica<R> {
             }
             (false, true) => {
                 self.leading = None;
+                self.read_wanted = false;
                 let leader = self.leader().map(str::to_string);
-                for (_, reply_to, id, _) in self.pending.drain(..) {
+                for w in self.pending.drain(..) {
                     let leader = leader.clone();
                     acts.replies
-                        .push((reply_to, id, Response::NotLeader { leader }));
+                        .push((w.reply_to, w.id, Response::NotLeader { leader }));
                 }
             }
             _ => {}
@@ -403,16 +443,40 @@ impl<R> Replica<R> {
         }
     }
 
-    /// Sends the replies whose index is applied.
+    /// Sends the replies whose index is applied and whose read, if any, was confirmed.
     fn release(&mut self, acts: &mut Actions<R>) {
-        while self
-            .pending
-            .front()
-            .is_some_and(|(i, ..)| *i <= self.applied)
-        {
-            let (_, reply_to, id, resp) = self.pending.pop_front().expect("present");
-            acts.replies.push((reply_to, id, resp));
+        while self.pending.front().is_some_and(|w| {
+            w.index <= self.applied && w.read.is_none_or(|b| b <= self.read_confirmed)
+        }) {
+            let w = self.pending.pop_front().expect("present");
+            acts.replies.push((w.reply_to, w.id, w.resp));
         }
+    }
+
+    /// Asks raft to confirm the reads waiting since the last ReadIndex, once this leader has
+    /// committed an entry of its term (raft drops a ReadIndex before that).
+    fn ask_read_index(&mut self) {
+        let log = &self.raw.raft.raft_log;
+        let committed_in_term = log.term(log.committed).ok() == Some(self.raw.raft.term);
+        if self.read_wanted && self.leading.is_some() && committed_in_term {
+            self.raw.read_index(self.read_batch.to_le_bytes().to_vec());
+            self.read_batch += 1;
+            self.read_wanted = false;
+        }
+    }
+
+    /// A ReadIndex came back: this replica led when the reads of its batch were made, and
+    /// they may be answered once the log is applied up to `index`.
+    fn read_confirmed(&mut self, index: u64, ctx: &[u8]) {
+        let Ok(batch) = <[u8; 8]>::try_from(ctx).map(u64::from_le_bytes) else {
+            return;
+        };
+        for w in &mut self.pending {
+            if w.read.is_some_and(|b| b <= batch) {
+                w.index = w.index.max(index);
+            }
+        }
+        self.read_confirmed = self.read_confirmed.max(batch);
     }
 
     /// For tests and the simulator's checks: the Raft index applied here.
@@ -444,6 +508,9 @@ mod tests {
         disks: Vec<Option<Vec<u8>>>,
         replies: Vec<(u32, Response)>,
         now_ms: u64,
+        /// A replica paused and cut off from the others (a stopped process): it gets no
+        /// ticks, and messages to and from it are lost.
+        isolated: Option<usize>,
     }
 
     fn config(id: u64) -> ReplicaConfig {
@@ -464,6 +531,7 @@ mod tests {
                 disks: vec![None, None, None],
                 replies: vec![],
                 now_ms: 0,
+                isolated: None,
             };
             for id in 1..=3 {
                 g.replicas.push(Some(g.open(id)));
@@ -480,7 +548,9 @@ mod tests {
             if let Some(bytes) = acts.persist {
                 self.disks[from] = Some(bytes);
             }
-            inbox.extend(acts.messages);
+            let cut = |i: usize| self.isolated == Some(i);
+            let sent = acts.messages.into_iter();
+            inbox.extend(sent.filter(|(to, _)| !cut(from) && !cut(*to as usize - 1)));
             self.replies
                 .extend(acts.replies.into_iter().map(|(r, _, resp)| (r, resp)));
         }
@@ -491,6 +561,9 @@ mod tests {
                 self.now_ms += 50;
                 let mut inbox = vec![];
                 for i in 0..3 {
+                    if self.isolated == Some(i) {
+                        continue;
+                    }
                     if let Some(r) = &mut self.replicas[i] {
                         let acts = r.tick(self.now_ms);
                         self.take(i, acts, &mut inbox);
@@ -595,6 +668,40 @@ mod tests {
             matches!(&g.replies[..], [(3, Response::NotLeader { .. })]),
             "{:?}",
             g.replies
+        );
+    }
+
+    #[test]
+    fn a_leader_cut_off_answers_no_read_from_a_state_the_others_moved_past() {
+        let mut g = Group::new();
+        g.run(40);
+        let old = g.leader().unwrap();
+        g.isolated = Some(old);
+        // The others elect a leader and register a node; the old one has not heard.
+        g.run(60);
+        let new = (0..3).find(|&i| i != old && g.replicas[i].as_ref().unwrap().is_leader());
+        let new = new.expect("the majority elects a leader");
+        g.ask(new, 1, register(9));
+        assert!(matches!(
+            g.replies.last(),
+            Some((1, Response::Registered { .. }))
+        ));
+        // Paused all along, the old leader still takes itself for the leader. Asked for
+        // the directory, it must not answer with one that lacks node 9: it waits until it
+        // hears from the others, then says it does not lead.
+        assert!(g.replicas[old].as_ref().unwrap().is_leader());
+        g.ask(old, 2, Request::Directory);
+        assert!(
+            g.replies.iter().all(|(tag, _)| *tag != 2),
+            "{:?}",
+            g.replies
+        );
+        g.isolated = None;
+        g.run(10);
+        let answer = g.replies.iter().find(|(tag, _)| *tag == 2);
+        assert!(
+            matches!(answer, Some((2, Response::NotLeader { .. }))),
+            "{answer:?}"
         );
     }
 

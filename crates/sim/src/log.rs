@@ -41,6 +41,8 @@ pub struct LogSimConfig {
     /// Sequencer processes: each restart of one replaces the one named before, and clients
     /// ask any of them.
     pub sequencers: u64,
+    /// Managers: a Raft group that crashes like the nodes if more than one.
+    pub managers: u32,
     /// A client that trims the log below every reader, so that appends go round the slots.
     pub trimmer: bool,
     pub hole_timeout_us: u64,
@@ -57,6 +59,7 @@ impl Default for LogSimConfig {
             backpointers: 2,
             lease: 8,
             sequencers: 2,
+            managers: 3,
             trimmer: true,
             hole_timeout_us: 20_000,
             faults: crate::SimConfig::default().faults,
@@ -64,18 +67,21 @@ impl Default for LogSimConfig {
     }
 }
 
-/// The memory nodes (a log's region allocated over them all), a group of three managers
-/// (crashing like the nodes) and `sequencers` sequencer processes (each restart of one replaces the one named before) of a run of a
+/// The memory nodes (a log's region allocated over them all), `managers` managers (a group
+/// crashing like the nodes if more than one) and `sequencers` sequencer processes (each restart of one replaces the one named before) of a run of a
 /// layer over the log: where they are, the log's layout, the sequencers' addresses.
 pub(crate) fn spawn_log_cluster(
     world: &mut World,
     shape: &LogShape<'_>,
     lease: u64,
     sequencers: u64,
+    managers: u32,
 ) -> (Rc<Directory>, LogLayout, Vec<Addr>) {
     let dir = Rc::new(Directory {
         nodes: (0..u32::from(shape.nodes)).map(Addr).collect(),
-        managers: (0..3).map(|i| Addr(u32::from(shape.nodes) + i)).collect(),
+        managers: (0..managers)
+            .map(|i| Addr(u32::from(shape.nodes) + i))
+            .collect(),
     });
     let (state, layout, images) = allocate(shape);
     let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
@@ -85,7 +91,7 @@ pub(crate) fn spawn_log_cluster(
     }
     for (id, &addr) in (1..).zip(&dir.managers) {
         let manager = SimManager::new(id, dir.clone(), 400_000, state.persisted().clone());
-        assert_eq!(world.spawn(Box::new(manager), true), addr);
+        assert_eq!(world.spawn(Box::new(manager), managers > 1), addr);
     }
     let sequencers = (0..sequencers.max(1))
         .map(|i| {
@@ -158,7 +164,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         backpointers: cfg.backpointers,
     };
     let (dir, layout, sequencers) =
-        spawn_log_cluster(&mut world, &shape, cfg.lease, cfg.sequencers);
+        spawn_log_cluster(&mut world, &shape, cfg.lease, cfg.sequencers, cfg.managers);
     let history = Rc::new(RefCell::new(LogHistory {
         appenders: cfg.appenders,
         ..LogHistory::default()

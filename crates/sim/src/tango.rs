@@ -32,6 +32,8 @@ pub struct TangoSimConfig {
     pub nodes: u16,
     pub transfers_per_client: usize,
     pub sequencers: u64,
+    /// Managers: a Raft group that crashes like the nodes if more than one.
+    pub managers: u32,
     pub lease: u64,
     pub hole_timeout_us: u64,
     pub decision_timeout_us: u64,
@@ -44,6 +46,7 @@ impl Default for TangoSimConfig {
             nodes: 3,
             transfers_per_client: 8,
             sequencers: 2,
+            managers: 3,
             lease: 8,
             hole_timeout_us: 20_000,
             decision_timeout_us: 40_000,
@@ -63,7 +66,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
         backpointers: 2,
     };
     let (dir, layout, sequencers) =
-        spawn_log_cluster(&mut world, &shape, cfg.lease, cfg.sequencers);
+        spawn_log_cluster(&mut world, &shape, cfg.lease, cfg.sequencers, cfg.managers);
     // Which accounts ask for decision records: drawn per seed, so that both ways of
     // deciding without the read set (decision records, and rebuilding it) run.
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x7a6e_6f00);

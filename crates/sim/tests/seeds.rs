@@ -88,9 +88,9 @@ fn trace_hashes_are_pinned() {
 /// checkpoint in steps with requests and heartbeats between them, two backups per run, and
 /// a Raft group of three managers that crash like the nodes.
 const PINNED: [(u64, u64, u64, u64); 3] = [
-    (1, 2_215_622_875_556_730_846, 4_761, 2_559_536),
-    (77, 615_413_576_339_699_446, 5_878, 3_141_140),
-    (4242, 16_532_736_142_641_061_737, 5_000, 2_545_762),
+    (1, 7_845_514_038_045_419_198, 5_907, 2_723_539),
+    (77, 15_135_371_200_846_383_869, 5_727, 2_137_615),
+    (4242, 2_058_320_357_465_389_276, 5_778, 2_308_616),
 ];
 
 /// Seeds that broke an invariant before a fix (docs/simulation.md lists which bug each

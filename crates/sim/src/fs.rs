@@ -44,7 +44,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
     let dir = crate::spawn_cluster(
         &mut world,
         images,
-        1,
+        3,
         &fs,
         cfg.clients,
         &client_cfg,
@@ -53,6 +53,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
     let mut violations = crate::run_to_the_end(&mut world, &cfg.faults);
     let fs = fs.borrow();
     if world.settled() {
+        violations.extend(crate::check_managers(&world, &dir));
         let snapshot: Vec<Vec<u8>> = (1..=cfg.nodes)
             .map(|n| {
                 let space = world.process::<SimNode>(dir.node(n)).space();

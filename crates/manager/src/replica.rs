@@ -12,7 +12,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{Entry, EntryType, Message};
 use raft::{RawNode, StateRole, Storage};
 use std::collections::VecDeque;
-use tutti_wire::{ErrorCode, ManagerStatus, NodeId, Request, Response};
+use tutti_wire::{ErrorCode, ManagerStatus, Request, Response};
 
 /// Entries kept after the snapshot before they are folded into it: each is the whole
 /// state, so a longer log only costs disk and time at start.
@@ -169,10 +169,6 @@ impl<R> Replica<R> {
         })
     }
 
-    pub fn id(&self) -> u64 {
-        self.cfg.id
-    }
-
     pub fn is_leader(&self) -> bool {
         self.leading.is_some()
     }
@@ -181,11 +177,6 @@ impl<R> Replica<R> {
     pub fn leader(&self) -> Option<&str> {
         let id = self.raw.raft.leader_id;
         (id != 0).then(|| self.cfg.peers.get(id as usize - 1).map(String::as_str))?
-    }
-
-    /// The state machine, while this replica leads.
-    pub fn leading(&mut self) -> Option<&mut ManagerState> {
-        self.leading.as_mut()
     }
 
     /// The durable state as of the last entry of this replica's log.
@@ -478,16 +469,6 @@ impl<R> Replica<R> {
         }
         self.read_confirmed = self.read_confirmed.max(batch);
     }
-
-    /// For tests and the simulator's checks: the Raft index applied here.
-    pub fn applied(&self) -> u64 {
-        self.applied
-    }
-
-    /// The address of node `q`, as the leader knows it.
-    pub fn addr(&self, q: NodeId) -> Option<String> {
-        self.leading.as_ref()?.addr(q)
-    }
 }
 
 fn encode(messages: Vec<Message>) -> impl Iterator<Item = (u64, Vec<u8>)> {
@@ -500,6 +481,7 @@ fn encode(messages: Vec<Message>) -> impl Iterator<Item = (u64, Vec<u8>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tutti_wire::NodeId;
 
     /// Three replicas over a perfect network; `down` ones neither send nor receive. Each
     /// keeps only what it persisted when it is restarted.

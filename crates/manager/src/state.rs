@@ -176,10 +176,6 @@ impl ManagerState {
         self.persisted.clone()
     }
 
-    pub fn addr(&self, node: NodeId) -> Option<String> {
-        self.persisted.nodes.get(&node).map(|n| n.addr.clone())
-    }
-
     /// Registers a memory node at `now_ms`. With a snapshot, the directory changed: write
     /// it before sending the reply (and send an error instead if that fails).
     pub fn register(
@@ -486,7 +482,10 @@ mod tests {
         assert_eq!(s.advance_epoch().epoch, 2);
         let restarted = ManagerState::new(s.persisted().clone(), 2);
         assert_eq!(restarted.epoch(), 2);
-        assert_eq!(restarted.addr(4).as_deref(), Some("127.0.0.1:9"));
+        assert_eq!(
+            restarted.persisted().addr(4).as_deref(),
+            Some("127.0.0.1:9")
+        );
     }
 
     #[test]

@@ -85,6 +85,6 @@ mod tests {
         save(dir.path(), &s.advance_epoch()).unwrap();
         let s = ManagerState::new(load(dir.path()).unwrap(), 2);
         assert_eq!(s.epoch(), 2);
-        assert_eq!(s.addr(4).as_deref(), Some("127.0.0.1:9"));
+        assert_eq!(s.persisted().addr(4).as_deref(), Some("127.0.0.1:9"));
     }
 }

@@ -43,10 +43,6 @@ impl Managers {
         })
     }
 
-    pub fn addrs(&self) -> &[String] {
-        &self.addrs
-    }
-
     /// The addresses as `parse` takes them.
     pub fn list(&self) -> String {
         self.addrs.join(",")
@@ -137,7 +133,6 @@ mod tests {
     #[test]
     fn a_list_is_split_on_commas() {
         let m = Managers::parse(" a:1, b:2,,c:3 ", 1 << 20, Dialer::default()).unwrap();
-        assert_eq!(m.addrs(), ["a:1", "b:2", "c:3"]);
         assert_eq!(m.list(), "a:1,b:2,c:3");
         assert!(Managers::parse(" , ", 1 << 20, Dialer::default()).is_err());
     }

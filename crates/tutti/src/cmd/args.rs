@@ -35,7 +35,8 @@ impl ModeArg {
 
 #[derive(Args)]
 pub(crate) struct ClusterArg {
-    /// Manager address, or a data directory / cluster.json written by `tutti up`.
+    /// Manager address (or a manager group's addresses, comma-separated), or a data
+    /// directory / cluster.json written by `tutti up`.
     #[arg(long, global = true, default_value = "./tutti-data")]
     cluster: String,
     /// Give up after this long (retries included).

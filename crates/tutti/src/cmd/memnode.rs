@@ -13,6 +13,8 @@ pub(crate) struct MemnodeArgs {
     id: u16,
     #[arg(long, default_value = "127.0.0.1:7701")]
     listen: String,
+    /// The manager's address, or every address of a manager group, comma-separated (the
+    /// node follows the group's leader).
     #[arg(long, default_value = "127.0.0.1:7700")]
     manager: String,
     /// Data directory (required in log mode): redo log segments, image, node.json.

@@ -1067,8 +1067,7 @@ pub fn run(
     drop(proxy);
     if let (Some(b), Workload::Bank(clients)) = (&mut backups, &workload) {
         progress("restoring the backups and checking each is a cut…");
-        let (seen, possible) = (clients.seen.clone(), clients.possibly_committed());
-        b.check(&rt, clients, &seen, &possible);
+        b.check(&rt, clients);
         report.backups = b.counts;
         report.violations.append(&mut b.violations);
     }

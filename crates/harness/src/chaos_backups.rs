@@ -130,18 +130,12 @@ impl Backups {
         }
     }
 
-    /// Restores every completed backup into a cluster of its own and checks it is a cut,
-    /// given each client's transfers seen committed (`seen`) and possibly committed
-    /// (`possible`) by the end of the run.
-    pub fn check(
-        &mut self,
-        rt: &tokio::runtime::Runtime,
-        clients: &Clients,
-        seen: &[u64],
-        possible: &[u64],
-    ) {
+    /// Restores every completed backup into a cluster of its own and checks it is a cut of
+    /// the run whose clients (all stopped) are `clients`.
+    pub fn check(&mut self, rt: &tokio::runtime::Runtime, clients: &Clients) {
+        let possible = clients.possibly_committed();
         for (dest, before) in std::mem::take(&mut self.completed) {
-            match self.check_one(rt, clients, &dest, &before, seen, possible) {
+            match self.check_one(rt, clients, &dest, &before, &possible) {
                 Ok(()) => self.counts.checked += 1,
                 Err(v) => self
                     .violations
@@ -156,7 +150,6 @@ impl Backups {
         clients: &Clients,
         dest: &Path,
         before: &[u64],
-        seen: &[u64],
         possible: &[u64],
     ) -> Result<(), Vec<String>> {
         let data = dest.with_extension("restored");
@@ -197,7 +190,7 @@ impl Backups {
             for id in 0..clients.count() {
                 let i = id as usize;
                 then.tally(id, before[i], 0);
-                end.tally(id, seen[i], possible[i] - seen[i]);
+                end.tally(id, clients.seen[i], possible[i] - clients.seen[i]);
             }
             let snapshot = cluster
                 .exec_and_commit(&end.snapshot())

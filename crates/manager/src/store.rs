@@ -13,21 +13,13 @@ fn path(dir: &Path) -> PathBuf {
 
 /// The state last saved in `dir` (created if missing), or a fresh one.
 pub(crate) fn load(dir: &Path) -> Result<Persisted, ManagerError> {
-    std::fs::create_dir_all(dir).map_err(|source| ManagerError::Io {
-        what: format!("create {}", dir.display()),
-        source,
-    })?;
     let path = path(dir);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ManagerError::State {
+    match read_if_present(dir, &path)? {
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| ManagerError::State {
             path,
             reason: e.to_string(),
         }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Persisted::fresh()),
-        Err(source) => Err(ManagerError::Io {
-            what: format!("read {}", path.display()),
-            source,
-        }),
+        None => Ok(Persisted::fresh()),
     }
 }
 
@@ -43,12 +35,16 @@ pub(crate) fn raft_path(dir: &Path) -> PathBuf {
 
 /// What the replica stored last, if it ever did.
 pub(crate) fn load_raft(dir: &Path) -> Result<Option<Vec<u8>>, ManagerError> {
+    read_if_present(dir, &raft_path(dir))
+}
+
+/// The bytes of `path` in `dir` (created if missing), or `None` if there is no such file.
+fn read_if_present(dir: &Path, path: &Path) -> Result<Option<Vec<u8>>, ManagerError> {
     std::fs::create_dir_all(dir).map_err(|source| ManagerError::Io {
         what: format!("create {}", dir.display()),
         source,
     })?;
-    let path = raft_path(dir);
-    match std::fs::read(&path) {
+    match std::fs::read(path) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(ManagerError::Io {

@@ -13,13 +13,28 @@ use std::time::{Duration, Instant};
 use tutti_client::{ClientOptions, Cluster};
 use tutti_wire::{CredentialFiles, Credentials, Dialer, NodeId};
 
+/// A logical memory node: its first primary (process `node-ID`) and, in `log-repl` mode,
+/// its mirror (process `node-ID-mirror`). Which of the two serves is the manager's
+/// placement (`tutti nodes` shows it): after a fail-over, the mirror.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct NodeEntry {
     pub id: NodeId,
     pub addr: String,
     pub metrics: String,
     pub data: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<MirrorEntry>,
 }
+
+/// A `log-repl` node's mirror process.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct MirrorEntry {
+    pub addr: String,
+    pub data: PathBuf,
+}
+
+/// The mode whose nodes have mirrors.
+pub const REPLICATED_MODE: &str = "log-repl";
 
 /// One manager of a group of several (`tutti up --managers 3`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -299,13 +314,50 @@ impl LocalCluster {
         self.spawn(&name, args)
     }
 
-    pub fn start_node(&mut self, id: NodeId) -> Result<(), LocalError> {
-        let n = self
-            .file
-            .nodes
-            .iter()
+    fn node_entry(&self, id: NodeId) -> Result<&NodeEntry, LocalError> {
+        (self.file.nodes.iter())
             .find(|n| n.id == id)
-            .ok_or_else(|| LocalError::Config(format!("no node {id}")))?;
+            .ok_or_else(|| LocalError::Config(format!("no node {id}")))
+    }
+
+    /// Starts node `id`: its primary process, and its mirror's if it has one.
+    pub fn start_node(&mut self, id: NodeId) -> Result<(), LocalError> {
+        if self.node_entry(id)?.mirror.is_some() {
+            self.start_mirror(id)?;
+        }
+        self.start_primary(id)
+    }
+
+    /// Starts `log-repl` node `id`'s mirror process, `node-ID-mirror`.
+    pub fn start_mirror(&mut self, id: NodeId) -> Result<(), LocalError> {
+        let n = self.node_entry(id)?;
+        let m = (n.mirror.clone())
+            .ok_or_else(|| LocalError::Config(format!("node {id} has no mirror")))?;
+        let mut args = vec![
+            "memnode".into(),
+            "--id".into(),
+            id.to_string(),
+            "--listen".into(),
+            m.addr.clone(),
+            "--manager".into(),
+            self.file.manager.clone(),
+            "--data".into(),
+            m.data.display().to_string(),
+            "--mode".into(),
+            self.file.mode.clone(),
+            "--role".into(),
+            "mirror".into(),
+            "--size".into(),
+            self.file.size_bytes.to_string(),
+        ];
+        args.extend(self.layout.node_flags.iter().cloned());
+        self.spawn(&format!("node-{id}-mirror"), args)
+    }
+
+    /// Starts node `id`'s primary process, `node-ID`.
+    pub fn start_primary(&mut self, id: NodeId) -> Result<(), LocalError> {
+        let n = self.node_entry(id)?;
+        let mirror = n.mirror.as_ref().map(|m| m.addr.clone());
         let mut args = vec![
             "memnode".into(),
             "--id".into(),
@@ -323,6 +375,9 @@ impl LocalCluster {
             "--metrics".into(),
             n.metrics.clone(),
         ];
+        if let Some(mirror) = mirror {
+            args.extend(["--mirror".into(), mirror]);
+        }
         args.extend(self.layout.node_flags.iter().cloned());
         self.spawn(&format!("node-{id}"), args)
     }
@@ -338,10 +393,17 @@ impl LocalCluster {
         self.spawn("sequencer", args)
     }
 
-    /// Starts `name` again after it exited: `manager`, `sequencer` or `node-N`.
+    /// Starts `name` again after it exited: `manager`, `sequencer`, `node-N` or
+    /// `node-N-mirror`.
     pub fn restart(&mut self, name: &str) -> Result<(), LocalError> {
+        let mirror = name
+            .strip_prefix("node-")
+            .and_then(|n| n.strip_suffix("-mirror"));
+        if let Some(Ok(id)) = mirror.map(str::parse) {
+            return self.start_mirror(id);
+        }
         match name.strip_prefix("node-").map(str::parse) {
-            Some(Ok(id)) => self.start_node(id),
+            Some(Ok(id)) => self.start_primary(id),
             Some(Err(_)) => Err(LocalError::Config(format!("no process {name}"))),
             None if name == "manager" => self.start_manager_id(1),
             None => match name.strip_prefix("manager-").map(str::parse) {
@@ -386,9 +448,24 @@ impl LocalCluster {
         Ok(new)
     }
 
-    /// `kill -9` a memory node.
+    /// `kill -9` a memory node (its first primary's process).
     pub fn kill_node(&mut self, id: NodeId) {
         self.processes.kill(&format!("node-{id}"));
+    }
+
+    /// `kill -9` the process called `name` (`node-3-mirror`, say).
+    pub fn kill(&mut self, name: &str) {
+        self.processes.kill(name);
+    }
+
+    /// The process of node `id` that listens on `addr` (the manager's directory names the
+    /// one serving): `node-ID` or `node-ID-mirror`.
+    pub fn process_at(&self, id: NodeId, addr: &str) -> Option<String> {
+        let n = self.node_entry(id).ok()?;
+        if n.addr == addr {
+            return Some(format!("node-{id}"));
+        }
+        (n.mirror.as_ref()?.addr == addr).then(|| format!("node-{id}-mirror"))
     }
 
     /// `kill -9` every manager.
@@ -482,18 +559,31 @@ pub fn record_node(dir: &Path) -> Result<NodeEntry, LocalError> {
     }
     let mut file = read_file(dir)?;
     let id = file.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
-    let node = NodeEntry {
-        id,
-        addr: new_addr(file.host())?,
-        metrics: new_addr(file.host())?,
-        data: dir.join(format!("node-{id}")),
-    };
+    let node = node_entry(dir, file.host(), &file.mode, id)?;
     file.nodes.push(node.clone());
     write_file(dir, &file)?;
     Ok(node)
 }
 
-/// `dir/cluster.json`.
+/// Node `id` of a cluster in `dir` on `host`: free ports, data directory `dir/node-ID`
+/// (and in `log-repl` mode a mirror with `dir/node-ID-mirror`).
+fn node_entry(dir: &Path, host: IpAddr, mode: &str, id: NodeId) -> Result<NodeEntry, LocalError> {
+    let mirror = match mode {
+        REPLICATED_MODE => Some(MirrorEntry {
+            addr: new_addr(host)?,
+            data: dir.join(format!("node-{id}-mirror")),
+        }),
+        _ => None,
+    };
+    Ok(NodeEntry {
+        id,
+        addr: new_addr(host)?,
+        metrics: new_addr(host)?,
+        data: dir.join(format!("node-{id}")),
+        mirror,
+    })
+}
+
 /// Writes `dir/cluster.json` for a new cluster on `host` with memory nodes `ids`, each
 /// with its data directory `dir/node-ID` and free ports; returns it.
 pub fn create_file(
@@ -505,12 +595,7 @@ pub fn create_file(
 ) -> Result<ClusterFile, LocalError> {
     let mut nodes = Vec::new();
     for &id in ids {
-        nodes.push(NodeEntry {
-            id,
-            addr: new_addr(host)?,
-            metrics: new_addr(host)?,
-            data: dir.join(format!("node-{id}")),
-        });
+        nodes.push(node_entry(dir, host, mode, id)?);
     }
     let file = ClusterFile {
         manager: new_addr(host)?,

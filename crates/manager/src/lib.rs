@@ -56,6 +56,8 @@ pub struct ManagerConfig {
     pub id: u64,
     pub epoch_period_ms: u64,
     pub failure_timeout_ms: u64,
+    /// A replicated node's primary or mirror silent this long is replaced or dropped.
+    pub failover_timeout_ms: u64,
     pub frame_bytes_max: usize,
     /// How it reaches the memory nodes and the other managers (routes through a proxy
     /// under `tutti chaos`).
@@ -71,6 +73,7 @@ impl ManagerConfig {
             data,
             epoch_period_ms: 3_600_000,
             failure_timeout_ms: 3_000,
+            failover_timeout_ms: 1_000,
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
             dialer: Dialer::default(),
         }
@@ -123,6 +126,7 @@ pub async fn run(
         id: cfg.id,
         peers: cfg.peers.clone(),
         failure_timeout_ms: cfg.failure_timeout_ms,
+        failover_timeout_ms: cfg.failover_timeout_ms,
         election_ticks: ELECTION_TICKS,
         heartbeat_ticks: HEARTBEAT_TICKS,
         fixed_election: false,

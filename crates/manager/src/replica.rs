@@ -25,6 +25,8 @@ pub struct ReplicaConfig {
     /// Every manager's address, in Raft id order.
     pub peers: Vec<String>,
     pub failure_timeout_ms: u64,
+    /// A replicated node's primary or mirror silent this long is replaced or dropped.
+    pub failover_timeout_ms: u64,
     /// Ticks without a leader before a follower stands (raft randomizes it up to twice
     /// this, unless `fixed_election` holds).
     pub election_ticks: usize,
@@ -206,10 +208,16 @@ impl<R> Replica<R> {
         }
     }
 
-    /// Advances the Raft clock by one tick (elections, heartbeats).
+    /// Advances the Raft clock by one tick (elections, heartbeats); the leader looks for
+    /// replicated nodes that lost a copy.
     pub fn tick(&mut self, now_ms: u64) -> Actions<R> {
         let mut acts = Actions::default();
         self.raw.tick();
+        let timeout_ms = self.cfg.failover_timeout_ms;
+        let failed_over = (self.leading.as_mut()).and_then(|s| s.fail_over(now_ms, timeout_ms));
+        if let Some(state) = failed_over {
+            self.propose(&state);
+        }
         self.drain(&mut acts, now_ms);
         acts
     }
@@ -263,7 +271,11 @@ impl<R> Replica<R> {
                 size_bytes,
                 durable,
                 rebooted,
-            } => state.register(now_ms, node, addr, size_bytes, durable, rebooted),
+                mirror,
+            } => state.register(now_ms, node, addr, size_bytes, durable, rebooted, mirror),
+            Request::MirrorHeartbeat { node, addr, .. } => {
+                (state.mirror_heartbeat(now_ms, node, &addr), None)
+            }
             Request::Directory => {
                 let directory = state.directory(now_ms, self.cfg.failure_timeout_ms);
                 (Response::Directory(directory), None)
@@ -273,8 +285,16 @@ impl<R> Replica<R> {
                 uncertain,
                 applied,
                 applied_below,
+                mirror_behind_ms,
             } => {
-                let (resp, batch) = state.heartbeat(now_ms, node, uncertain, applied, applied_below);
+                let (resp, batch) = state.heartbeat(
+                    now_ms,
+                    node,
+                    uncertain,
+                    applied,
+                    applied_below,
+                    mirror_behind_ms,
+                );
                 acts.recoveries.extend(batch);
                 (resp, None)
             }
@@ -500,6 +520,7 @@ mod tests {
             id,
             peers: vec!["m1".into(), "m2".into(), "m3".into()],
             failure_timeout_ms: 3000,
+            failover_timeout_ms: 1000,
             election_ticks: 10 + id as usize * 3,
             heartbeat_ticks: 2,
             fixed_election: true,
@@ -594,6 +615,7 @@ mod tests {
             size_bytes: 4096,
             durable: true,
             rebooted: false,
+            mirror: None,
         }
     }
 

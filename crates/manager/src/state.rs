@@ -8,7 +8,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use tutti_wire::{Applied, Directory, NodeId, NodeInfo, Request, Response, Tid};
+use tutti_wire::{
+    Applied, Directory, ErrorCode, NodeId, NodeInfo, Placement, Request, Response, Tid,
+};
 
 /// Tids relayed to one node per heartbeat acknowledgement.
 const GC_BATCH_MAX: usize = 65_536;
@@ -75,6 +77,8 @@ impl Persisted {
                         addr: addr.clone(),
                         size_bytes: *size_bytes,
                         durable: true,
+                        config_epoch: 0,
+                        mirror: None,
                     };
                     (*id, node)
                 })
@@ -87,9 +91,31 @@ impl Persisted {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 struct PersistedNode {
+    /// Where it serves: its primary's address, for a replicated node.
     addr: String,
     size_bytes: u64,
     durable: bool,
+    /// A replicated node's configuration epoch (docs/replication.md); 0 for a node that
+    /// is not replicated. Absent from files before replication.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    config_epoch: u64,
+    /// A replicated node's mirror, while it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mirror: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl PersistedNode {
+    fn placement(&self) -> Option<Placement> {
+        (self.config_epoch > 0).then(|| Placement {
+            config_epoch: self.config_epoch,
+            primary: self.addr.clone(),
+            mirror: self.mirror.clone(),
+        })
+    }
 }
 
 /// A tid reported applied by some of its participants. The participants are shared by all
@@ -121,6 +147,10 @@ pub struct ManagerState {
     incarnation: u64,
     /// When each node was last heard from, on the driver's clock (ms).
     last_seen_ms: HashMap<NodeId, u64>,
+    /// When each replicated node's mirror was last heard from, and how long its primary
+    /// last said the mirror had kept records unacknowledged.
+    mirror_seen_ms: HashMap<NodeId, u64>,
+    mirror_behind_ms: HashMap<NodeId, u64>,
     rebooted: HashSet<NodeId>,
     /// Multi-participant tids some participants reported applied, and which ones did.
     applied: FxHashMap<Tid, Awaited>,
@@ -142,6 +172,8 @@ impl ManagerState {
             persisted,
             incarnation,
             last_seen_ms: HashMap::new(),
+            mirror_seen_ms: HashMap::new(),
+            mirror_behind_ms: HashMap::new(),
             rebooted: HashSet::new(),
             applied: FxHashMap::default(),
             applied_older: FxHashMap::default(),
@@ -156,8 +188,11 @@ impl ManagerState {
     /// the leader before heard from them (a node that is down is found so after the
     /// failure timeout, as it would have been).
     pub fn presume_alive(&mut self, now_ms: u64) {
-        for &node in self.persisted.nodes.keys() {
+        for (&node, n) in &self.persisted.nodes {
             self.last_seen_ms.insert(node, now_ms);
+            if n.mirror.is_some() {
+                self.mirror_seen_ms.insert(node, now_ms);
+            }
         }
     }
 
@@ -177,7 +212,10 @@ impl ManagerState {
     }
 
     /// Registers a memory node at `now_ms`. With a snapshot, the directory changed: write
-    /// it before sending the reply (and send an error instead if that fails).
+    /// it before sending the reply (and send an error instead if that fails). `mirror`
+    /// makes a new node replicated; a replicated node's placement is the manager's to
+    /// change after that, and a primary it replaced is refused.
+    #[allow(clippy::too_many_arguments)]
     pub fn register(
         &mut self,
         now_ms: u64,
@@ -186,18 +224,42 @@ impl ManagerState {
         size_bytes: u64,
         durable: bool,
         rebooted: bool,
+        mirror: Option<String>,
     ) -> (Response, Option<Persisted>) {
+        let refuse = |code, message: String| (Response::Error { code, message }, None);
         if node == 0 {
-            let refused = Response::Error {
-                code: tutti_wire::ErrorCode::BadRequest,
-                message: "node ids start at 1".into(),
-            };
-            return (refused, None);
+            return refuse(ErrorCode::BadRequest, "node ids start at 1".into());
+        }
+        let known = self.persisted.nodes.get(&node);
+        let (config_epoch, mirror) = match known {
+            Some(k) if k.config_epoch > 0 && k.addr != addr => {
+                let message = format!(
+                    "node {node} is served by {} since configuration epoch {}: this primary \
+                     was replaced",
+                    k.addr, k.config_epoch
+                );
+                return refuse(ErrorCode::StaleConfig, message);
+            }
+            Some(k) if k.config_epoch > 0 => (k.config_epoch, k.mirror.clone()),
+            Some(_) if mirror.is_some() => {
+                let message = format!(
+                    "node {node} was registered without a mirror; a mirror cannot join a \
+                     node that already holds data"
+                );
+                return refuse(ErrorCode::BadRequest, message);
+            }
+            Some(_) => (0, None),
+            None => (u64::from(mirror.is_some()), mirror),
+        };
+        if mirror.is_some() && !self.mirror_seen_ms.contains_key(&node) {
+            self.mirror_seen_ms.insert(node, now_ms);
         }
         let entry = PersistedNode {
             addr,
             size_bytes,
             durable,
+            config_epoch,
+            mirror,
         };
         let changed = self.persisted.nodes.get(&node) != Some(&entry);
         if changed {
@@ -219,6 +281,7 @@ impl ManagerState {
         let registered = Response::Registered {
             epoch: self.persisted.epoch,
             incarnation: self.incarnation,
+            placement: self.placement(node),
         };
         (registered, changed.then(|| self.persisted.clone()))
     }
@@ -244,6 +307,62 @@ impl ManagerState {
         }
     }
 
+    /// A replicated node's placement as this state has it.
+    pub fn placement(&self, node: NodeId) -> Option<Placement> {
+        self.persisted
+            .nodes
+            .get(&node)
+            .and_then(PersistedNode::placement)
+    }
+
+    /// `Request::MirrorHeartbeat`: the mirror at `addr` is alive. Replies the placement,
+    /// which names the mirror primary once it took over.
+    pub fn mirror_heartbeat(&mut self, now_ms: u64, node: NodeId, addr: &str) -> Response {
+        let placement = self.placement(node);
+        if placement.as_ref().and_then(|p| p.mirror.as_deref()) == Some(addr) {
+            self.mirror_seen_ms.insert(node, now_ms);
+        }
+        Response::Placement(placement)
+    }
+
+    /// Changes the placement of every replicated node that lost a copy, as of `now_ms`:
+    /// a primary silent for `timeout_ms` whose mirror is heard from is replaced by the
+    /// mirror; a mirror silent that long, or that long behind by its primary's account,
+    /// is dropped, and the primary goes on alone. Each change raises the node's
+    /// configuration epoch. With a snapshot, propose it: nobody hears of the new placement
+    /// before it is committed.
+    pub fn fail_over(&mut self, now_ms: u64, timeout_ms: u64) -> Option<Persisted> {
+        let silent =
+            |seen: Option<&u64>| seen.is_none_or(|&t| now_ms.saturating_sub(t) >= timeout_ms);
+        let mut changed = false;
+        for (&id, n) in self.persisted.nodes.iter_mut() {
+            let Some(mirror) = n.mirror.clone() else {
+                continue;
+            };
+            let primary_silent = silent(self.last_seen_ms.get(&id));
+            let mirror_silent = silent(self.mirror_seen_ms.get(&id));
+            let mirror_behind =
+                (self.mirror_behind_ms.get(&id)).is_some_and(|&ms| ms >= timeout_ms);
+            if primary_silent && !mirror_silent {
+                tracing::warn!(node = id, old = %n.addr, new = %mirror, "primary silent: its mirror takes over");
+                n.addr = mirror;
+                n.mirror = None;
+                // The new primary registers once recovered; it is not failed until then.
+                self.last_seen_ms.insert(id, now_ms);
+            } else if !primary_silent && (mirror_silent || mirror_behind) {
+                tracing::warn!(node = id, %mirror, "mirror lost: the primary goes on alone");
+                n.mirror = None;
+            } else {
+                continue;
+            }
+            n.config_epoch += 1;
+            self.mirror_seen_ms.remove(&id);
+            self.mirror_behind_ms.remove(&id);
+            changed = true;
+        }
+        changed.then(|| self.persisted.clone())
+    }
+
     fn rotate_after(&self) -> u64 {
         REPORTS_ROTATE_ROUNDS * (self.persisted.nodes.len() as u64).max(1)
     }
@@ -257,8 +376,10 @@ impl ManagerState {
         uncertain: Vec<(Tid, Vec<NodeId>)>,
         applied: Vec<Applied>,
         applied_below: u64,
+        mirror_behind_ms: u64,
     ) -> (Response, Option<RecoveryBatch>) {
         self.last_seen_ms.insert(node, now_ms);
+        self.mirror_behind_ms.insert(node, mirror_behind_ms);
         self.applied_below.insert(node, applied_below);
         self.heartbeats += 1;
         if self.heartbeats >= self.rotate_after() {
@@ -310,6 +431,7 @@ impl ManagerState {
                 incarnation: self.incarnation,
                 gc,
                 applied_below: self.applied_below.iter().map(|(&q, &b)| (q, b)).collect(),
+                placement: self.placement(node),
             },
             batch,
         )
@@ -386,16 +508,16 @@ mod tests {
                 tids,
             }]
         };
-        let (resp, _) = s.heartbeat(0, 1, vec![], applied(vec![tid(1), tid(2)]), 0);
+        let (resp, _) = s.heartbeat(0, 1, vec![], applied(vec![tid(1), tid(2)]), 0, 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()));
-        let (resp, _) = s.heartbeat(0, 1, vec![], applied(vec![tid(1)]), 0);
+        let (resp, _) = s.heartbeat(0, 1, vec![], applied(vec![tid(1)]), 0, 0);
         assert!(
             matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc.is_empty()),
             "a report repeated by the same node does not count twice"
         );
-        let (resp, _) = s.heartbeat(0, 2, vec![], applied(vec![tid(1)]), 0);
+        let (resp, _) = s.heartbeat(0, 2, vec![], applied(vec![tid(1)]), 0, 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
-        let (resp, _) = s.heartbeat(0, 1, vec![], vec![], 0);
+        let (resp, _) = s.heartbeat(0, 1, vec![], vec![], 0, 0);
         assert!(matches!(resp, Response::HeartbeatAck { ref gc, .. } if gc == &vec![tid(1)]));
     }
 
@@ -406,13 +528,13 @@ mod tests {
             Response::HeartbeatAck { applied_below, .. } => applied_below,
             other => panic!("{other:?}"),
         };
-        let _ = s.heartbeat(0, 2, vec![], vec![], 40);
+        let _ = s.heartbeat(0, 2, vec![], vec![], 40, 0);
         assert_eq!(
-            below(s.heartbeat(0, 1, vec![], vec![], 7).0),
+            below(s.heartbeat(0, 1, vec![], vec![], 7, 0).0),
             vec![(1, 7), (2, 40)]
         );
         assert_eq!(
-            below(s.heartbeat(0, 2, vec![], vec![], 41).0),
+            below(s.heartbeat(0, 2, vec![], vec![], 41, 0).0),
             vec![(1, 7), (2, 41)]
         );
     }
@@ -430,25 +552,25 @@ mod tests {
             Response::HeartbeatAck { gc, .. } => gc,
             other => panic!("{other:?}"),
         };
-        let _ = s.heartbeat(0, 1, vec![], applied(vec![tid(1), tid(2)]), 0);
+        let _ = s.heartbeat(0, 1, vec![], applied(vec![tid(1), tid(2)]), 0, 0);
         for _ in 1..s.rotate_after() {
-            let _ = s.heartbeat(0, 3, vec![], vec![], 0);
+            let _ = s.heartbeat(0, 3, vec![], vec![], 0, 0);
         }
         assert_eq!(s.applied_older.len(), 2, "rotated once");
-        let completed = s.heartbeat(0, 2, vec![], applied(vec![tid(1)]), 0).0;
+        let completed = s.heartbeat(0, 2, vec![], applied(vec![tid(1)]), 0, 0).0;
         assert_eq!(
             gc(completed),
             vec![tid(1)],
             "a report found among the older ones"
         );
-        assert_eq!(gc(s.heartbeat(0, 1, vec![], vec![], 0).0), vec![tid(1)]);
+        assert_eq!(gc(s.heartbeat(0, 1, vec![], vec![], 0, 0).0), vec![tid(1)]);
         for _ in 0..2 * s.rotate_after() {
-            let _ = s.heartbeat(0, 3, vec![], vec![], 0);
+            let _ = s.heartbeat(0, 3, vec![], vec![], 0, 0);
         }
         assert!(s.applied.is_empty() && s.applied_older.is_empty());
-        let _ = s.heartbeat(0, 2, vec![], applied(vec![tid(2)]), 0);
+        let _ = s.heartbeat(0, 2, vec![], applied(vec![tid(2)]), 0, 0);
         assert!(
-            gc(s.heartbeat(0, 1, vec![], vec![], 0).0).is_empty(),
+            gc(s.heartbeat(0, 1, vec![], vec![], 0, 0).0).is_empty(),
             "node 1's report was dropped: node 1 settles tid 2 by asking node 2"
         );
     }
@@ -474,10 +596,10 @@ mod tests {
     #[test]
     fn durable_changes_come_back_as_snapshots_to_write() {
         let mut s = ManagerState::new(Persisted::fresh(), 1);
-        let (_, written) = s.register(0, 4, "127.0.0.1:9".into(), 4096, true, false);
+        let (_, written) = s.register(0, 4, "127.0.0.1:9".into(), 4096, true, false, None);
         let written = written.expect("a new node is written before the reply");
         assert_eq!(&written, s.persisted());
-        let (_, again) = s.register(10, 4, "127.0.0.1:9".into(), 4096, true, true);
+        let (_, again) = s.register(10, 4, "127.0.0.1:9".into(), 4096, true, true, None);
         assert!(again.is_none(), "nothing changed");
         assert_eq!(s.advance_epoch().epoch, 2);
         let restarted = ManagerState::new(s.persisted().clone(), 2);
@@ -491,7 +613,7 @@ mod tests {
     #[test]
     fn regions_and_their_epochs_are_persisted_before_the_reply() {
         let mut s = ManagerState::new(Persisted::fresh(), 1);
-        let _ = s.register(0, 1, "127.0.0.1:9".into(), 1 << 20, true, false);
+        let _ = s.register(0, 1, "127.0.0.1:9".into(), 1 << 20, true, false, None);
         let create = Request::CreateRegion {
             name: "events".into(),
             kind: "log".into(),
@@ -531,11 +653,79 @@ mod tests {
     #[test]
     fn a_node_is_alive_until_the_failure_timeout_passes_on_the_given_clock() {
         let mut s = ManagerState::new(Persisted::fresh(), 1);
-        let _ = s.register(1_000, 1, "127.0.0.1:9".into(), 4096, true, false);
+        let _ = s.register(1_000, 1, "127.0.0.1:9".into(), 4096, true, false, None);
         let alive = |s: &ManagerState, now| s.directory(now, 3_000).nodes[0].alive;
         assert!(alive(&s, 3_999));
         assert!(!alive(&s, 4_000));
-        let _ = s.heartbeat(5_000, 1, vec![], vec![], 0);
+        let _ = s.heartbeat(5_000, 1, vec![], vec![], 0, 0);
         assert!(alive(&s, 7_999));
+    }
+
+    #[test]
+    fn a_silent_primary_is_replaced_by_its_mirror_and_then_refused() {
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let mirror = Some("m:1".to_string());
+        let (resp, _) = s.register(0, 1, "p:1".into(), 4096, true, false, mirror.clone());
+        let Response::Registered { placement, .. } = resp else {
+            panic!("{resp:?}")
+        };
+        let first = placement.expect("replicated");
+        assert_eq!((first.config_epoch, first.mirror), (1, mirror.clone()));
+        let _ = s.register(0, 2, "q:1".into(), 4096, true, false, Some("n:1".into()));
+        // Node 2's mirror stays silent; node 1's primary does.
+        for now in (100..=1_000).step_by(100) {
+            let _ = s.mirror_heartbeat(now, 1, "m:1");
+            let _ = s.heartbeat(now, 2, vec![], vec![], 0, 0);
+        }
+        assert!(
+            s.fail_over(999, 1_000).is_none(),
+            "nothing silent for 1 s yet"
+        );
+        let written = s.fail_over(1_000, 1_000).expect("two changes");
+        assert_eq!(&written, s.persisted());
+        let one = s.placement(1).unwrap();
+        assert_eq!(
+            (one.config_epoch, one.primary.as_str(), one.mirror),
+            (2, "m:1", None)
+        );
+        let two = s.placement(2).unwrap();
+        assert_eq!(
+            (two.config_epoch, two.primary.as_str(), two.mirror),
+            (2, "q:1", None)
+        );
+        assert!(matches!(
+            s.mirror_heartbeat(1_100, 1, "m:1"),
+            Response::Placement(Some(p)) if p.primary == "m:1"
+        ));
+        let (refused, changed) = s.register(1_100, 1, "p:1".into(), 4096, true, true, mirror);
+        assert!(
+            matches!(
+                refused,
+                Response::Error {
+                    code: ErrorCode::StaleConfig,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        assert!(changed.is_none());
+        let (resp, _) = s.register(1_100, 1, "m:1".into(), 4096, true, true, None);
+        assert!(matches!(
+            resp,
+            Response::Registered {
+                placement: Some(_),
+                ..
+            }
+        ));
+        assert!(
+            s.fail_over(5_000, 1_000).is_none(),
+            "no mirror left to fail over to"
+        );
+        let restarted = ManagerState::new(s.persisted().clone(), 2);
+        assert_eq!(
+            restarted.placement(1),
+            s.placement(1),
+            "placements are durable"
+        );
     }
 }

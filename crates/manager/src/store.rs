@@ -76,7 +76,7 @@ mod tests {
     fn directory_and_epoch_survive_restart() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = ManagerState::new(load(dir.path()).unwrap(), 1);
-        let (_, written) = s.register(0, 4, "127.0.0.1:9".into(), 4096, true, false);
+        let (_, written) = s.register(0, 4, "127.0.0.1:9".into(), 4096, true, false, None);
         save(dir.path(), &written.unwrap()).unwrap();
         save(dir.path(), &s.advance_epoch()).unwrap();
         let s = ManagerState::new(load(dir.path()).unwrap(), 2);

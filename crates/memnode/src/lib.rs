@@ -5,15 +5,20 @@
 
 pub mod log_record;
 pub mod metrics;
+pub mod mirror;
+mod mirror_node;
 pub mod node;
 pub mod participant;
+mod primary;
 pub mod range_locks;
 pub mod recovery;
 pub mod redo_log;
 pub mod segment_files;
+pub mod shipper;
 pub mod space;
 pub mod stats;
 
-pub use node::{run, NodeConfig};
+pub use node::{run, NodeConfig, Role};
 pub use participant::{Config, Mode, Participant};
+pub use primary::EXIT_REPLACED;
 pub use tutti_wire::Limits;

@@ -3,8 +3,10 @@
 //! recovery by asking peers. All protocol decisions are the `Participant`'s.
 
 use crate::participant::{Actions, Config, LogCounters, Mode, Participant, BATCH_TIDS_MAX};
+use crate::primary::EXIT_REPLACED;
 use crate::recovery::Stage2;
 use crate::redo_log::{encode_record, LogError, LogRecord, Lsn, RedoLog};
+use crate::shipper::Shipper;
 use crate::space::Space;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -35,6 +37,20 @@ pub struct NodeConfig {
     pub frame_bytes_max: usize,
     /// How it reaches the manager and its peers (routes through a proxy under `tutti chaos`).
     pub dialer: Dialer,
+    /// `log-repl` (docs/replication.md): a primary's mirror at the node's first start (the
+    /// manager's placement rules after that).
+    pub mirror: Option<String>,
+    pub role: Role,
+}
+
+/// What a `log-repl` process is for its logical node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Serves the node (an unreplicated node is its own primary).
+    Primary,
+    /// Holds a copy of the primary's log and image; serves once the manager names it
+    /// primary.
+    Mirror,
 }
 
 impl NodeConfig {
@@ -60,6 +76,8 @@ impl NodeConfig {
             limits: Limits::default(),
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
             dialer: Dialer::default(),
+            mirror: None,
+            role: Role::Primary,
         }
     }
 }
@@ -76,9 +94,12 @@ pub enum NodeError {
     },
     #[error(transparent)]
     Log(#[from] LogError),
+    /// A `log-repl` primary that another copy of its node replaced.
+    #[error("replaced: {0}")]
+    Replaced(String),
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
     let what = what.into();
     move |source| NodeError::Io { what, source }
 }
@@ -132,8 +153,8 @@ fn send_replies(replies: Vec<(Replies, u64, Response)>) {
     }
 }
 
-struct Node {
-    cfg: NodeConfig,
+pub(crate) struct Node {
+    pub(crate) cfg: NodeConfig,
     participant: Mutex<Participant<Replies>>,
     log: Option<std::sync::mpsc::Sender<LogCmd>>,
     /// Whoever holds this lock sends to `log`, so records reach the writer in lsn order.
@@ -147,11 +168,59 @@ struct Node {
     directory: Mutex<HashMap<NodeId, String>>,
     /// The manager, or its group (`NodeConfig::manager` lists them).
     managers: Managers,
+    /// A replicated primary's shipping to its mirror (`log-repl`); none otherwise.
+    shipper: Option<Mutex<Shipper>>,
+    /// Wakes the shipping task: records to ship, or a new placement.
+    pub(crate) ship_wakeup: tokio::sync::Notify,
+    /// Replies made while a replicated primary's lease had run out, in order: they leave
+    /// once a mirror's acknowledgement renews it.
+    held: Mutex<Vec<(Replies, u64, Response)>>,
 }
 
 impl Node {
-    fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
+    }
+
+    /// Runs `f` on the shipper; only a replicated primary ships.
+    pub(crate) fn with_shipper<T>(&self, f: impl FnOnce(&mut Shipper) -> T) -> T {
+        let shipper = self.shipper.as_ref().expect("a replicated primary");
+        f(&mut shipper.lock().expect("shipper poisoned"))
+    }
+
+    /// Both copies hold every record below `durable_next`: the participant may rely on
+    /// them, and the lease was renewed.
+    pub(crate) fn durable(&self, durable_next: Lsn) {
+        self.step(|p, now| p.on_synced(now, durable_next.saturating_sub(1)));
+        self.release_held();
+    }
+
+    /// Another copy serves this node now: stop at once, answering nobody.
+    pub(crate) fn replaced(&self, why: &str) -> ! {
+        tracing::error!("this primary was replaced ({why}); stopping");
+        std::process::exit(EXIT_REPLACED);
+    }
+
+    /// Sends `replies`, unless this is a replicated primary whose lease ran out: those wait
+    /// (in order) for the next acknowledgement, since the mirror may be taking over.
+    fn send(&self, replies: Vec<(Replies, u64, Response)>) {
+        if let Some(shipper) = &self.shipper {
+            let valid = (shipper.lock().expect("shipper poisoned")).lease_valid(self.now_ms());
+            let mut held = self.held.lock().expect("held poisoned");
+            if !valid || !held.is_empty() {
+                held.extend(replies);
+                return;
+            }
+        }
+        send_replies(replies);
+    }
+
+    fn release_held(&self) {
+        let Some(shipper) = &self.shipper else { return };
+        if (shipper.lock().expect("shipper poisoned")).lease_valid(self.now_ms()) {
+            let mut held = self.held.lock().expect("held poisoned");
+            send_replies(std::mem::take(&mut *held));
+        }
     }
 
     /// Runs `f` on the participant and carries out its actions, handing its log records
@@ -166,7 +235,7 @@ impl Node {
             }
             acts.replies
         };
-        send_replies(replies);
+        self.send(replies);
     }
 
     /// `step` for a request read from a connection. Its log records wait until the
@@ -194,7 +263,7 @@ impl Node {
             }
             acts.replies
         };
-        send_replies(replies);
+        self.send(replies);
     }
 
     fn hand_over_unsent(&self) {
@@ -259,6 +328,8 @@ impl Node {
 }
 
 /// Runs a memory node until `shutdown` resolves, then syncs the log and flushes the image.
+/// A mirror (`Role::Mirror`) runs as one until the manager names it primary, then as the
+/// node's primary on the same address and data directory.
 pub async fn run(
     cfg: NodeConfig,
     shutdown: impl std::future::Future<Output = ()>,
@@ -266,15 +337,37 @@ pub async fn run(
     if cfg.id == 0 {
         return Err(NodeError::Config("node ids start at 1".into()));
     }
+    if cfg.mode == Mode::Ram && (cfg.mirror.is_some() || cfg.role == Role::Mirror) {
+        return Err(NodeError::Config(
+            "replication (a mirror) needs a redo log: use log-repl".into(),
+        ));
+    }
     let listener = TcpListener::bind(&cfg.listen)
         .await
         .map_err(io(format!("listen on {}", cfg.listen)))?;
     let listening = listener.local_addr().map_err(io("local address"))?;
     tutti_wire::require_credentials_beyond_loopback(listening, cfg.dialer.credentials())
         .map_err(NodeError::Config)?;
+    let parse_managers = || {
+        Managers::parse(&cfg.manager, cfg.frame_bytes_max, cfg.dialer.clone())
+            .map_err(NodeError::Config)
+    };
+    let mut shutdown = std::pin::pin!(shutdown);
+    let (listener, promoted) = match cfg.role {
+        Role::Primary => (listener, false),
+        Role::Mirror => {
+            let ended =
+                crate::mirror_node::run(&cfg, listener, parse_managers()?, shutdown.as_mut())
+                    .await?;
+            match ended {
+                crate::mirror_node::Ended::Stopped => return Ok(()),
+                crate::mirror_node::Ended::Promoted => (rebind(listening).await?, true),
+            }
+        }
+    };
     let listen_addr = listening.to_string();
-    let managers = Managers::parse(&cfg.manager, cfg.frame_bytes_max, cfg.dialer.clone())
-        .map_err(NodeError::Config)?;
+    let managers = parse_managers()?;
+    let replicated = cfg.mirror.is_some() || promoted;
     let pcfg = Config {
         id: cfg.id,
         mode: cfg.mode,
@@ -282,6 +375,7 @@ pub async fn run(
         limits: cfg.limits,
         checkpoint_step_tids: crate::participant::CHECKPOINT_STEP_TIDS,
     };
+    let mut shipper = None;
     let (participant, log, space_flusher, rebooted, _dir_lock) = match cfg.mode {
         Mode::Ram => {
             let space = Space::anonymous(cfg.size_bytes).map_err(io("map the address space"))?;
@@ -298,16 +392,38 @@ pub async fn run(
             let flusher = space.flusher();
             let recovered = RedoLog::open(&data.join("log"), cfg.log_segment_bytes)?;
             let rebooted = !recovered.records.is_empty();
-            let next = recovered.log.next_lsn();
-            tracing::info!(
-                records = recovered.records.len(),
-                "stage 1: read the redo log"
-            );
-            let p = Participant::recover(pcfg, space, next, recovered.records);
-            (p, Some(recovered.log), Some(flusher), rebooted, Some(lock))
+            let (mut log, mut records) = (recovered.log, recovered.records);
+            if replicated {
+                let req = register_request(&cfg, &listen_addr, rebooted);
+                let first = crate::primary::register(&managers, &req).await?;
+                let (reg, behind) = crate::primary::adopt_mirror_tail(
+                    cfg.id,
+                    &managers,
+                    &req,
+                    first,
+                    &cfg.dialer,
+                    cfg.frame_bytes_max,
+                    &mut log,
+                    &mut records,
+                )
+                .await?;
+                let mut s = Shipper::new(cfg.id, reg.placement, log.next_lsn());
+                if behind {
+                    s.mark_behind(0);
+                }
+                shipper = Some((s, reg.epoch));
+            }
+            let next = log.next_lsn();
+            tracing::info!(records = records.len(), "stage 1: read the redo log");
+            let p = Participant::recover(pcfg, space, next, records);
+            (p, Some(log), Some(flusher), rebooted, Some(lock))
         }
     };
     let (log_tx, log_rx) = std::sync::mpsc::channel();
+    let (shipper, registered_epoch) = match shipper {
+        Some((s, epoch)) => (Some(Mutex::new(s)), Some(epoch)),
+        None => (None, None),
+    };
     let node = Arc::new(Node {
         cfg: cfg.clone(),
         participant: Mutex::new(participant),
@@ -318,6 +434,9 @@ pub async fn run(
         peers: Connections::new(cfg.frame_bytes_max, RPC_TIMEOUT, cfg.dialer.clone()),
         directory: Mutex::default(),
         managers,
+        shipper,
+        ship_wakeup: tokio::sync::Notify::new(),
+        held: Mutex::default(),
     });
     let writer = log.map(|log| {
         let node = node.clone();
@@ -336,7 +455,16 @@ pub async fn run(
             move |id, req, replies| node.step_request(|p, now| p.on_request(now, replies, id, req)),
         ))
     };
-    tokio::spawn(register(node.clone(), listen_addr.clone(), rebooted));
+    match registered_epoch {
+        // Registered before recovery, to learn its placement.
+        Some(epoch) => {
+            node.step(|p, _| p.set_epoch(epoch));
+            tokio::spawn(crate::primary::ship(node.clone()));
+        }
+        None => {
+            tokio::spawn(register(node.clone(), listen_addr.clone(), rebooted));
+        }
+    }
     if let Some(addr) = cfg.metrics.clone() {
         let node = node.clone();
         tokio::spawn(crate::metrics::serve(addr, move || {
@@ -377,7 +505,10 @@ pub async fn run(
 const DATA_FORMAT: u32 = 2;
 
 /// Checks (or records, on first start) that the data directory belongs to this node.
-fn open_data_dir(data: &std::path::Path, cfg: &NodeConfig) -> Result<std::fs::File, NodeError> {
+pub(crate) fn open_data_dir(
+    data: &std::path::Path,
+    cfg: &NodeConfig,
+) -> Result<std::fs::File, NodeError> {
     std::fs::create_dir_all(data).map_err(io(format!("create {}", data.display())))?;
     let lock = std::fs::File::create(data.join("LOCK")).map_err(io("create LOCK"))?;
     lock.try_lock().map_err(|_| {
@@ -500,6 +631,13 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
             // device round trip of its own, and a stalled disk shows in either.
             let started = Instant::now();
             if count > 0 {
+                if let Some(shipper) = &node.shipper {
+                    // Shipped while this copy writes and syncs its own: in parallel.
+                    let now_ms = node.now_ms();
+                    let mut s = shipper.lock().expect("shipper poisoned");
+                    s.push(now_ms, log.next_lsn(), count, buf.clone());
+                    node.ship_wakeup.notify_one();
+                }
                 log.append(log.next_lsn(), count, &buf)?;
             }
             if needs_sync {
@@ -508,6 +646,9 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
             }
             if let Some(lsn) = truncate {
                 log.truncate_head(lsn)?;
+                if let Some(shipper) = &node.shipper {
+                    shipper.lock().expect("shipper poisoned").truncated(lsn);
+                }
             }
             Ok(())
         })();
@@ -522,7 +663,15 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
         buf.clear();
         count = 0;
         if needs_sync {
-            let upto = log.next_lsn() - 1;
+            let mut upto = log.next_lsn() - 1;
+            if let Some(shipper) = &node.shipper {
+                // Durable once the mirror holds them too.
+                let both = shipper
+                    .lock()
+                    .expect("shipper poisoned")
+                    .on_local_synced(upto + 1);
+                upto = both - 1;
+            }
             node.writer_waiting.store(true, Ordering::Relaxed);
             node.step(|p, now| {
                 node.writer_waiting.store(false, Ordering::Relaxed);
@@ -544,14 +693,36 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
     }
 }
 
-async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
-    let req = Request::Register {
-        node: node.cfg.id,
-        addr,
-        size_bytes: node.cfg.size_bytes,
-        durable: node.cfg.mode == Mode::Log,
+/// Listens on `addr` again: a promoted mirror's, which it stopped listening on a moment
+/// ago (the port is released as the mirror's acceptor task ends).
+async fn rebind(addr: std::net::SocketAddr) -> Result<TcpListener, NodeError> {
+    let mut tries = 0;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) if tries < 100 => {
+                tracing::debug!("listening again on {addr}: {e}");
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => return Err(io(format!("listen again on {addr}"))(e)),
+        }
+    }
+}
+
+fn register_request(cfg: &NodeConfig, addr: &str, rebooted: bool) -> Request {
+    Request::Register {
+        node: cfg.id,
+        addr: addr.to_string(),
+        size_bytes: cfg.size_bytes,
+        durable: cfg.mode == Mode::Log,
         rebooted,
-    };
+        mirror: cfg.mirror.clone(),
+    }
+}
+
+async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
+    let req = register_request(&node.cfg, &addr, rebooted);
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         match node.managers.call(&req, RPC_TIMEOUT).await {
@@ -663,10 +834,31 @@ fn resident_bytes() -> u64 {
     pages * u64::try_from(page).unwrap_or(4096)
 }
 
+/// A replicated primary whose lease ran out and that has not heard from the manager for
+/// this long stops: the manager replaces a primary silent for its fail-over timeout (1 s
+/// by default), and clients then find the new one only once this one's connections close.
+const CUT_OFF_MS: u64 = 1_000;
+
 async fn heartbeat_loop(node: Arc<Node>) {
+    let manager_heard_ms = Arc::new(std::sync::atomic::AtomicU64::new(node.now_ms()));
+    if node.shipper.is_some() {
+        let (node, heard) = (node.clone(), manager_heard_ms.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let now = node.now_ms();
+                let silent_ms = now.saturating_sub(heard.load(Ordering::Relaxed));
+                if silent_ms >= CUT_OFF_MS && !node.with_shipper(|s| s.lease_valid(now)) {
+                    node.replaced("cut off from its mirror and from the managers");
+                }
+            }
+        });
+    }
     loop {
         tokio::time::sleep(Duration::from_millis(node.cfg.heartbeat_interval_ms)).await;
         let sent_ms = node.now_ms();
+        let mirror_behind_ms =
+            (node.shipper.as_ref()).map_or(0, |_| node.with_shipper(|s| s.behind_ms(sent_ms)));
         let rss_bytes = resident_bytes();
         let report = {
             let mut p = node.participant.lock().expect("participant poisoned");
@@ -678,6 +870,7 @@ async fn heartbeat_loop(node: Arc<Node>) {
             uncertain: report.uncertain,
             applied: report.applied,
             applied_below: report.applied_below,
+            mirror_behind_ms,
         };
         match node.managers.call(&req, RPC_TIMEOUT).await {
             Ok(Response::HeartbeatAck {
@@ -685,7 +878,18 @@ async fn heartbeat_loop(node: Arc<Node>) {
                 incarnation,
                 gc,
                 applied_below,
+                placement,
             }) => {
+                manager_heard_ms.store(node.now_ms(), Ordering::Relaxed);
+                if let (Some(placement), Some(_)) = (placement, &node.shipper) {
+                    if let Err(why) = node.with_shipper(|s| s.set_placement(placement)) {
+                        node.replaced(&why);
+                    }
+                    // Without a mirror now, what waited for it is durable.
+                    let durable_next = node.with_shipper(|s| s.durable_next());
+                    node.durable(durable_next);
+                    node.ship_wakeup.notify_one();
+                }
                 node.step(|p, _| {
                     p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc, &applied_below)
                 });

@@ -488,7 +488,19 @@ impl<R> Participant<R> {
             | Request::BackupEnd { .. }) => {
                 self.backup_request(&mut acts, now_ms, reply_to, id, req)
             }
+            Request::Replicate { node, .. } | Request::ReplicaTail { node, .. } => {
+                // A primary that was replaced ships to its old mirror, which took over.
+                acts.replies.push((
+                    reply_to,
+                    id,
+                    error(
+                        ErrorCode::StaleConfig,
+                        format!("node {node} is served here: this is its primary now"),
+                    ),
+                ));
+            }
             Request::Register { .. }
+            | Request::MirrorHeartbeat { .. }
             | Request::Directory
             | Request::Heartbeat { .. }
             | Request::CreateRegion { .. }

@@ -124,6 +124,7 @@ pub(crate) fn allocate(shape: &LogShape<'_>) -> (ManagerState, LogLayout, Vec<Ve
             shape.space_bytes,
             true,
             false,
+            None,
         );
     }
     let mut layout = LogLayout {

@@ -194,6 +194,7 @@ impl Process for SimManager {
                 .map(manager_name)
                 .collect(),
             failure_timeout_ms: 3_000,
+            failover_timeout_ms: 1_000,
             election_ticks,
             heartbeat_ticks: 2,
             fixed_election: true,

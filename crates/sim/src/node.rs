@@ -256,6 +256,7 @@ impl SimNode {
             uncertain: report.uncertain,
             applied: report.applied,
             applied_below: report.applied_below,
+            mirror_behind_ms: 0,
         };
         let msg_id = ctx.new_id();
         self.pending
@@ -393,6 +394,7 @@ impl Process for SimNode {
                         incarnation,
                         gc,
                         applied_below,
+                        ..
                     } = resp
                     {
                         let acts =

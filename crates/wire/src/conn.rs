@@ -215,6 +215,16 @@ impl Connection {
 
     /// Sends `req` and waits for its reply. An `Error` reply becomes `RpcError::Remote`.
     pub async fn call(&self, req: &Request) -> Result<Response, RpcError> {
+        self.send_call(req).await?.await
+    }
+
+    /// Hands `req` to the connection's writer and returns its reply to await later: frames
+    /// leave in the order of these calls, so a sender of ordered requests (a primary's
+    /// records to its mirror) keeps several in flight without reordering them.
+    pub async fn send_call(
+        &self,
+        req: &Request,
+    ) -> Result<impl std::future::Future<Output = Result<Response, RpcError>>, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending
@@ -236,15 +246,19 @@ impl Connection {
                 .remove(&id);
             return Err(self.closed_error());
         }
-        match rx.await {
-            Ok(Response::Error { code, message }) => Err(RpcError::Remote {
-                addr: self.addr.clone(),
-                code,
-                message,
-            }),
-            Ok(resp) => Ok(resp),
-            Err(_) => Err(self.closed_error()),
-        }
+        let addr = self.addr.clone();
+        let closed = self.closed_error();
+        Ok(async move {
+            match rx.await {
+                Ok(Response::Error { code, message }) => Err(RpcError::Remote {
+                    addr,
+                    code,
+                    message,
+                }),
+                Ok(resp) => Ok(resp),
+                Err(_) => Err(closed),
+            }
+        })
     }
 
     /// `call`, giving up after `timeout` (the request may still be executed).
@@ -408,7 +422,9 @@ pub async fn accept(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream
 }
 
 /// Accepts connections on `listener` forever and serves each with `handle`
-/// (see `serve_connection`).
+/// (see `serve_connection`). The connections are this future's: dropping it (aborting its
+/// task) closes every one, so that a process that changes what it is (a mirror promoted to
+/// primary) leaves no connection served the old way.
 pub async fn serve<H>(
     listener: tokio::net::TcpListener,
     frame_bytes_max: usize,
@@ -418,10 +434,14 @@ pub async fn serve<H>(
     H: Fn(u64, Request, Replies) + Send + Sync + 'static,
 {
     let handle = Arc::new(handle);
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let stream = accept(&listener).await;
+        let stream = tokio::select! {
+            stream = accept(&listener) => stream,
+            Some(_) = connections.join_next() => continue,
+        };
         let handle = handle.clone();
-        tokio::spawn(serve_connection(
+        connections.spawn(serve_connection(
             stream,
             frame_bytes_max,
             credentials.clone(),

@@ -424,13 +424,17 @@ pub enum Request {
     Applied { tids: Vec<Tid> },
     /// Anyone → memory node: load statistics.
     Stats,
-    /// Memory node → manager, at start; `rebooted` says it found state on disk.
+    /// Memory node → manager, at start; `rebooted` says it found state on disk. `mirror`:
+    /// the backup it was started with (`log-repl`), recorded in the node's placement when
+    /// the manager first hears of the node; after that the manager's placement rules.
+    /// Replies `Registered`, or `Error { StaleConfig }` to a primary that was replaced.
     Register {
         node: NodeId,
         addr: String,
         size_bytes: u64,
         durable: bool,
         rebooted: bool,
+        mirror: Option<String>,
     },
     /// Anyone → manager.
     Directory,
@@ -477,11 +481,14 @@ pub enum Request {
     /// tids newly applied to the node's durable image whose participants' lsns it does not
     /// know (multi-participant ones only), and `applied_below`: every committed tid whose
     /// Prepare record at this node has a smaller lsn is in the node's durable image.
+    /// `mirror_behind_ms`: a replicated primary's oldest record its mirror has not
+    /// acknowledged has waited this long (0: none waits).
     Heartbeat {
         node: NodeId,
         uncertain: Vec<(Tid, Vec<NodeId>)>,
         applied: Vec<Applied>,
         applied_below: u64,
+        mirror_behind_ms: u64,
     },
     /// Backup → memory node, phase 1 of a consistent cut (Sinfonia §4.8), sent to every
     /// node in node-id order: from the first one, the node refuses new locks (`AbortLock`)
@@ -505,6 +512,39 @@ pub enum Request {
     /// Anyone → a manager, whichever its role: where it stands in its group. Replies
     /// `ManagerStatus`.
     ManagerStatus,
+    /// Primary → its mirror (`log-repl`, docs/replication.md): the primary's redo log
+    /// records `first_lsn .. first_lsn + count`, encoded as in a segment (docs/storage.md),
+    /// the primary's truncation point (every record below it is dead; 0 for none) and
+    /// `primary_synced` (every record below it is on the primary's own disk). Sent in lsn
+    /// order, empty ones to renew the primary's lease. Replies `Replicated`
+    /// once the mirror holds every record of it durably, `ReplicaGap` when records before
+    /// `first_lsn` are missing there, `Error { StaleConfig }` to a primary of an older
+    /// configuration than the mirror knows (or to any primary, once promoted).
+    Replicate {
+        node: NodeId,
+        config_epoch: u64,
+        first_lsn: u64,
+        count: u64,
+        records: Vec<u8>,
+        truncate_below: u64,
+        primary_synced: u64,
+    },
+    /// A restarting primary → its mirror, before its own recovery: the records the mirror
+    /// holds from `from` on (logged there, never acknowledged: the primary adopts them, as
+    /// if it had synced them itself). Replies `ReplicaTail`.
+    ReplicaTail {
+        node: NodeId,
+        config_epoch: u64,
+        from: u64,
+    },
+    /// Mirror → manager, periodically: it is alive, at `addr`, holding every record of the
+    /// node's log below `next_lsn`. Replies `Placement` (the mirror promotes itself when
+    /// the placement names it primary).
+    MirrorHeartbeat {
+        node: NodeId,
+        addr: String,
+        next_lsn: u64,
+    },
     /// Manager → manager, one-way: a message of the Raft group that holds the manager's
     /// durable state (an `eraftpb::Message` in protobuf, as the `raft` crate encodes it).
     Raft(Vec<u8>),
@@ -517,6 +557,24 @@ pub const BACKUP_FENCE_LEASE_MS: u64 = 2_000;
 pub const BACKUP_CUT_LEASE_MS: u64 = 10_000;
 /// The most one `BackupRead` may ask for.
 pub const BACKUP_READ_BYTES_MAX: u64 = 4 << 20;
+
+/// Where a replicated logical memory node's copies are (`log-repl`): chosen by the
+/// manager's leader, committed through the manager group before anyone acts on it.
+#[derive(Encode, Decode, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Placement {
+    /// Raised at each change. A mirror refuses a primary of an older configuration, so a
+    /// replaced primary never again gets a record acknowledged, hence never votes.
+    pub config_epoch: u64,
+    pub primary: String,
+    /// The backup that acknowledges every record before the primary relies on it; none
+    /// while the node runs unreplicated (its mirror was lost).
+    pub mirror: Option<String>,
+}
+
+/// How long a mirror's acknowledgement lets its primary answer, from when the primary sent
+/// what was acknowledged; the mirror does not take over before as long after its last
+/// acknowledgement, so no two primaries answer at once (docs/replication.md, "Leases").
+pub const PRIMARY_LEASE_MS: u64 = 500;
 
 /// What `Request::ManagerStatus` answers.
 #[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]
@@ -555,6 +613,9 @@ pub enum ErrorCode {
     Conflict,
     /// A node's address space has no room left for the region.
     NoSpace,
+    /// The sender acts on a configuration (`Placement`) older than the receiver's: a
+    /// replaced primary.
+    StaleConfig,
 }
 
 #[derive(Encode, Decode, Clone, Debug)]
@@ -595,9 +656,11 @@ pub enum Response {
     /// cut, zero or not; every other page is as it was then.
     BackupChunk(Vec<(u64, Vec<u8>)>),
     BackupEnded,
+    /// `placement`: the node's, if it is replicated.
     Registered {
         epoch: u64,
         incarnation: u64,
+        placement: Option<Placement>,
     },
     HeartbeatAck {
         epoch: u64,
@@ -605,7 +668,26 @@ pub enum Response {
         gc: Vec<Tid>,
         /// The latest `applied_below` of every node that reported one to this incarnation.
         applied_below: Vec<(NodeId, u64)>,
+        /// The node's placement, if it is replicated: a primary learns here that it lost
+        /// its mirror (and runs alone) or was replaced (and stops).
+        placement: Option<Placement>,
     },
+    /// `Replicate`: the mirror holds every record below `next_lsn` durably.
+    Replicated {
+        next_lsn: u64,
+    },
+    /// `Replicate`: the mirror holds records below `next_lsn` only; send from there.
+    ReplicaGap {
+        next_lsn: u64,
+    },
+    /// `ReplicaTail`: records `first_lsn .. first_lsn + count`, encoded as in a segment.
+    ReplicaTail {
+        first_lsn: u64,
+        count: u64,
+        records: Vec<u8>,
+    },
+    /// `MirrorHeartbeat`: the node's placement as committed (none: not replicated).
+    Placement(Option<Placement>),
     Error {
         code: ErrorCode,
         message: String,

@@ -16,19 +16,23 @@ pub(crate) enum ModeArg {
     Ram,
     /// Redo log synced at prepare; survives crashes of every node.
     Log,
+    /// `log`, and every record also on a mirror in another process before the node relies
+    /// on it: a node keeps serving through the loss of its primary (docs/replication.md).
+    LogRepl,
 }
 
 impl ModeArg {
     pub(crate) fn mode(self) -> Mode {
         match self {
             ModeArg::Ram => Mode::Ram,
-            ModeArg::Log => Mode::Log,
+            ModeArg::Log | ModeArg::LogRepl => Mode::Log,
         }
     }
     pub(crate) fn name(self) -> &'static str {
         match self {
             ModeArg::Ram => "ram",
             ModeArg::Log => "log",
+            ModeArg::LogRepl => "log-repl",
         }
     }
 }

@@ -18,6 +18,10 @@ pub(crate) struct ManagerArgs {
     /// A node silent this long is reported as not alive.
     #[arg(long, default_value_t = 3_000)]
     failure_timeout_ms: u64,
+    /// A replicated node (`log-repl`) whose primary is silent this long is served by its
+    /// mirror from then on; a mirror silent (or behind) this long is dropped.
+    #[arg(long, default_value_t = 1_000)]
+    failover_timeout_ms: u64,
     /// Every manager of a Raft group, in the same order at each (comma-separated
     /// addresses, this one's included). Without it, the manager is a group of one.
     #[arg(long, value_name = "ADDR,ADDR,...", requires = "id")]
@@ -38,6 +42,7 @@ pub(crate) async fn run(a: ManagerArgs, dialer: Dialer) -> Result<(), String> {
     }
     cfg.epoch_period_ms = a.epoch_period_s.max(1) * 1000;
     cfg.failure_timeout_ms = a.failure_timeout_ms;
+    cfg.failover_timeout_ms = a.failover_timeout_ms;
     cfg.dialer = dialer;
     tutti_manager::run(cfg, shutdown_signal())
         .await

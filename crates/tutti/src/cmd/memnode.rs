@@ -3,7 +3,7 @@
 use super::args::{parse_size, shutdown_signal, ModeArg};
 use clap::Args;
 use std::path::PathBuf;
-use tutti_memnode::{Limits, NodeConfig};
+use tutti_memnode::{Limits, NodeConfig, Role};
 use tutti_wire::Dialer;
 
 #[derive(Args)]
@@ -22,6 +22,14 @@ pub(crate) struct MemnodeArgs {
     data: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = ModeArg::Log)]
     mode: ModeArg,
+    /// log-repl: this process is the node's `primary` or its `mirror` (a backup copy that
+    /// serves once the manager names it primary).
+    #[arg(long, value_enum, default_value_t = RoleArg::Primary)]
+    role: RoleArg,
+    /// log-repl primary: its mirror's address (exactly as the mirror listens), taken into
+    /// the node's placement when the manager first hears of the node.
+    #[arg(long, value_name = "ADDR")]
+    mirror: Option<String>,
     /// Bytes of address space (suffixes K, M, G accepted). Fixed at creation.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     size: u64,
@@ -45,8 +53,26 @@ pub(crate) struct MemnodeArgs {
     items_max: usize,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RoleArg {
+    Primary,
+    Mirror,
+}
+
 pub(crate) async fn run(a: MemnodeArgs, dialer: Dialer) -> Result<(), String> {
+    let replicated = matches!(a.mode, ModeArg::LogRepl);
+    if !replicated && (a.mirror.is_some() || matches!(a.role, RoleArg::Mirror)) {
+        return Err("--mirror and --role mirror need --mode log-repl".into());
+    }
+    if replicated && matches!(a.role, RoleArg::Primary) && a.mirror.is_none() {
+        return Err("--mode log-repl: a primary needs --mirror ADDR".into());
+    }
     let mut cfg = NodeConfig::new(a.id, a.listen, a.manager, a.mode.mode(), a.data);
+    cfg.mirror = a.mirror;
+    cfg.role = match a.role {
+        RoleArg::Primary => Role::Primary,
+        RoleArg::Mirror => Role::Mirror,
+    };
     cfg.size_bytes = a.size;
     cfg.metrics = a.metrics;
     cfg.dialer = dialer;
@@ -61,7 +87,12 @@ pub(crate) async fn run(a: MemnodeArgs, dialer: Dialer) -> Result<(), String> {
     cfg.frame_bytes_max = (a.minitx_bytes_max as usize)
         .saturating_add(1 << 20)
         .max(tutti_wire::FRAME_BYTES_MAX_DEFAULT);
-    tutti_memnode::run(cfg, shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    match tutti_memnode::run(cfg, shutdown_signal()).await {
+        Ok(()) => Ok(()),
+        Err(tutti_memnode::node::NodeError::Replaced(why)) => {
+            eprintln!("tutti memnode: replaced: {why}");
+            std::process::exit(tutti_memnode::EXIT_REPLACED);
+        }
+        Err(e) => Err(e.to_string()),
+    }
 }

@@ -193,6 +193,18 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), String> {
                 }
                 Err(e) => eprintln!("tutti: looking for added nodes: {e}"),
             },
+            Event::Exited(name, status) if status.code() == Some(tutti_memnode::EXIT_REPLACED) => {
+                // Starting it again would only be refused: its node is served by its mirror.
+                eprintln!(
+                    "tutti: {name} was replaced by its node's mirror and stays down (a new \
+                     mirror from it is not built yet); see {}",
+                    cluster
+                        .dir
+                        .join("logs")
+                        .join(format!("{name}.log"))
+                        .display()
+                );
+            }
             Event::Exited(name, status) => {
                 let log = cluster.dir.join("logs").join(format!("{name}.log"));
                 let r = children.entry(name.clone()).or_insert(Restarts {

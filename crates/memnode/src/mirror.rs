@@ -1,0 +1,363 @@
+//! The mirror: the backup copy of a logical memory node in `log-repl` mode (Sinfonia §4.9,
+//! primary-copy replication). It holds the primary's redo log record for record, at the same
+//! lsns, and applies each committed tid's writes to an image of its own once the records
+//! saying so are durable here, so that taking over is an ordinary restart of a `log` node
+//! over this data directory (stages 1–3 of Fig. 8). No I/O: `node` drives it.
+
+use crate::log_record::{decode_record, encode_record, LogRecord, Lsn};
+use crate::participant::Writes;
+use crate::space::Space;
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use tutti_wire::{ErrorCode, NodeId, Response, Tid, PRIMARY_LEASE_MS};
+
+/// Past the lease, how much longer a mirror waits before it takes over: the two clocks
+/// may run at slightly different rates.
+pub const TAKE_OVER_MARGIN_MS: u64 = 100;
+
+/// What the driver must do, in this order: append `append` (first lsn, count, encoded
+/// records) to the log and sync it, then call `on_synced`; send `replies` now.
+pub struct MirrorActions<R> {
+    pub append: Option<(Lsn, u64, Vec<u8>)>,
+    pub replies: Vec<(R, u64, Response)>,
+}
+
+impl<R> Default for MirrorActions<R> {
+    fn default() -> Self {
+        MirrorActions {
+            append: None,
+            replies: Vec::new(),
+        }
+    }
+}
+
+/// What a `Request::Replicate` carries, but the node.
+pub struct Replicate<'a> {
+    pub config_epoch: u64,
+    pub first_lsn: Lsn,
+    pub records: &'a [u8],
+    pub truncate_below: Lsn,
+    pub primary_synced: Lsn,
+}
+
+pub struct Mirror<R> {
+    node: NodeId,
+    /// The newest configuration heard of (from a primary or the manager): a primary of an
+    /// older one is refused.
+    config_epoch: u64,
+    /// Named primary: refuses every primary from now on.
+    promoted: bool,
+    space: Space,
+    /// Every record below is appended to the log here.
+    next_lsn: Lsn,
+    /// Every record below is durable here.
+    synced_next: Lsn,
+    /// Appended, not yet durable: applied to the image once they are.
+    unsynced: VecDeque<(Lsn, LogRecord)>,
+    /// Multi-participant tids whose outcome is not in the log yet: their Prepare's lsn and
+    /// writes.
+    prepared: FxHashMap<Tid, (Lsn, Writes)>,
+    /// `Replicated` replies waiting until every record below their lsn is durable.
+    acks: VecDeque<(Lsn, R, u64)>,
+    /// The records the primary may not have on its own disk (above the last point it said
+    /// it synced), encoded, for a restarting primary to adopt (`ReplicaTail`).
+    tail: VecDeque<(Lsn, Vec<u8>)>,
+    /// The primary's truncation point: every record below it is dead.
+    primary_truncated: Lsn,
+    /// When the latest acknowledgement left (the driver's clock).
+    last_ack_ms: Option<u64>,
+}
+
+impl<R> Mirror<R> {
+    /// A mirror over `space` (its image) whose log holds every record below `next_lsn`,
+    /// `records` being those read back from it at start (applied to the image here as
+    /// stage 3 would: the image may lack what was not flushed before a crash).
+    pub fn new(
+        node: NodeId,
+        mut space: Space,
+        next_lsn: Lsn,
+        records: Vec<(Lsn, LogRecord)>,
+    ) -> Self {
+        let mut prepared = FxHashMap::default();
+        for (lsn, record) in records {
+            apply(node, &mut space, &mut prepared, lsn, record);
+        }
+        Mirror {
+            node,
+            config_epoch: 0,
+            promoted: false,
+            space,
+            next_lsn,
+            synced_next: next_lsn,
+            unsynced: VecDeque::new(),
+            prepared,
+            acks: VecDeque::new(),
+            tail: VecDeque::new(),
+            primary_truncated: 0,
+            last_ack_ms: None,
+        }
+    }
+
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    /// Every record below is durable here.
+    pub fn synced_next(&self) -> Lsn {
+        self.synced_next
+    }
+
+    pub fn config_epoch(&self) -> u64 {
+        self.config_epoch
+    }
+
+    /// A configuration the manager committed: a primary of an older one is refused.
+    pub fn set_config_epoch(&mut self, config_epoch: u64) {
+        self.config_epoch = self.config_epoch.max(config_epoch);
+    }
+
+    /// The manager named this mirror primary under `config_epoch`: no primary gets an
+    /// acknowledgement from now on. It may serve once `may_take_over` holds.
+    pub fn promote(&mut self, config_epoch: u64) {
+        self.set_config_epoch(config_epoch);
+        self.promoted = true;
+    }
+
+    /// Whether the lease of every acknowledgement sent has run out, so that the replaced
+    /// primary no longer answers anyone.
+    pub fn may_take_over(&self, now_ms: u64) -> bool {
+        self.last_ack_ms
+            .is_none_or(|t| now_ms >= t + PRIMARY_LEASE_MS + TAKE_OVER_MARGIN_MS)
+    }
+
+    /// Where the log may be truncated once the image is flushed: below both the primary's
+    /// truncation point and what the image holds.
+    pub fn truncation_point(&self) -> Lsn {
+        self.primary_truncated.min(self.synced_next)
+    }
+
+    fn refuse(&self, reply_to: R, id: u64) -> MirrorActions<R> {
+        let message = if self.promoted {
+            format!("node {}'s mirror was promoted to primary", self.node)
+        } else {
+            format!(
+                "node {}'s mirror is at configuration epoch {}",
+                self.node, self.config_epoch
+            )
+        };
+        MirrorActions {
+            append: None,
+            replies: vec![(
+                reply_to,
+                id,
+                Response::Error {
+                    code: ErrorCode::StaleConfig,
+                    message,
+                },
+            )],
+        }
+    }
+
+    /// `Request::Replicate`.
+    pub fn on_replicate(
+        &mut self,
+        now_ms: u64,
+        reply_to: R,
+        id: u64,
+        msg: Replicate<'_>,
+    ) -> MirrorActions<R> {
+        let Replicate {
+            config_epoch,
+            first_lsn,
+            records,
+            truncate_below,
+            primary_synced,
+        } = msg;
+        if self.promoted || config_epoch < self.config_epoch {
+            return self.refuse(reply_to, id);
+        }
+        self.config_epoch = config_epoch;
+        if first_lsn > self.next_lsn {
+            let gap = Response::ReplicaGap {
+                next_lsn: self.next_lsn,
+            };
+            return MirrorActions {
+                append: None,
+                replies: vec![(reply_to, id, gap)],
+            };
+        }
+        self.primary_truncated = self.primary_truncated.max(truncate_below);
+        self.forget_tail_below(primary_synced);
+        let mut acts = MirrorActions::default();
+        let (mut at, mut new_from, mut count) = (0, None, 0);
+        while at < records.len() {
+            let Some((lsn, record, used)) = decode_record(&records[at..]) else {
+                let bad = Response::Error {
+                    code: ErrorCode::BadRequest,
+                    message: "Replicate: records do not decode".into(),
+                };
+                acts.replies.push((reply_to, id, bad));
+                return acts;
+            };
+            if lsn >= self.next_lsn {
+                if lsn != self.next_lsn {
+                    let bad = Response::Error {
+                        code: ErrorCode::BadRequest,
+                        message: format!("Replicate: lsn {lsn} where {} was next", self.next_lsn),
+                    };
+                    acts.replies.push((reply_to, id, bad));
+                    return acts;
+                }
+                new_from.get_or_insert(at);
+                self.tail.push_back((lsn, records[at..at + used].to_vec()));
+                self.unsynced.push_back((lsn, record));
+                self.next_lsn += 1;
+                count += 1;
+            }
+            at += used;
+        }
+        if let Some(from) = new_from {
+            let first = self.next_lsn - count;
+            acts.append = Some((first, count, records[from..].to_vec()));
+        }
+        // Every record of the message is below `next_lsn` now: acknowledged once durable.
+        if self.synced_next >= self.next_lsn {
+            self.last_ack_ms = Some(now_ms);
+            let ack = Response::Replicated {
+                next_lsn: self.synced_next,
+            };
+            acts.replies.push((reply_to, id, ack));
+        } else {
+            self.acks.push_back((self.next_lsn, reply_to, id));
+        }
+        acts
+    }
+
+    /// The primary holds every record below `primary_synced` on its own disk: a restarting
+    /// primary needs none of them from here.
+    fn forget_tail_below(&mut self, primary_synced: Lsn) {
+        while self
+            .tail
+            .front()
+            .is_some_and(|(lsn, _)| *lsn < primary_synced)
+        {
+            self.tail.pop_front();
+        }
+    }
+
+    /// Every record below `next` is durable: applies them, acknowledges what waited.
+    pub fn on_synced(&mut self, now_ms: u64, next: Lsn) -> Vec<(R, u64, Response)> {
+        self.synced_next = self.synced_next.max(next);
+        while self
+            .unsynced
+            .front()
+            .is_some_and(|(lsn, _)| *lsn < self.synced_next)
+        {
+            let (lsn, record) = self.unsynced.pop_front().expect("front");
+            apply(self.node, &mut self.space, &mut self.prepared, lsn, record);
+        }
+        let mut replies = Vec::new();
+        while self
+            .acks
+            .front()
+            .is_some_and(|(upto, _, _)| *upto <= self.synced_next)
+        {
+            let (_, to, id) = self.acks.pop_front().expect("front");
+            if !self.promoted {
+                self.last_ack_ms = Some(now_ms);
+                let ack = Response::Replicated {
+                    next_lsn: self.synced_next,
+                };
+                replies.push((to, id, ack));
+            }
+        }
+        replies
+    }
+
+    /// `Request::ReplicaTail`: the durable records from `from` on, for a restarting primary
+    /// of the current configuration. A mirror that holds less answers from where its log
+    /// ends (`first_lsn` below `from`, no records): the primary sends it the rest.
+    pub fn tail_from(&self, config_epoch: u64, from: Lsn) -> Response {
+        if self.promoted || config_epoch < self.config_epoch {
+            return Response::Error {
+                code: ErrorCode::StaleConfig,
+                message: format!("node {}'s mirror is past that configuration", self.node),
+            };
+        }
+        let first_lsn = from.min(self.synced_next);
+        let mut records = Vec::new();
+        let mut count = 0;
+        for (lsn, bytes) in &self.tail {
+            if *lsn >= first_lsn && *lsn < self.synced_next {
+                records.extend_from_slice(bytes);
+                count += 1;
+            }
+        }
+        if count != self.synced_next - first_lsn {
+            return Response::Error {
+                code: ErrorCode::NotFound,
+                message: format!(
+                    "node {}'s mirror no longer keeps records from {from}: the primary said \
+                     it had synced them",
+                    self.node
+                ),
+            };
+        }
+        Response::ReplicaTail {
+            first_lsn,
+            count,
+            records,
+        }
+    }
+
+    /// Drops what truncation made dead: outcomes never logged for tids below the
+    /// primary's truncation point (collected there, so decided and applied).
+    pub fn truncated(&mut self, below: Lsn) {
+        self.prepared.retain(|_, (lsn, _)| *lsn >= below);
+    }
+}
+
+/// Applies a durable record to the image: a one-participant Prepare commits with it (as in
+/// recovery), a multi-participant one waits for its Decided record.
+fn apply(
+    node: NodeId,
+    space: &mut Space,
+    prepared: &mut FxHashMap<Tid, (Lsn, Writes)>,
+    lsn: Lsn,
+    record: LogRecord,
+) {
+    match record {
+        LogRecord::Prepare {
+            tid,
+            participants,
+            writes,
+        } => {
+            if participants == [node] {
+                for (addr, bytes) in &writes {
+                    space.write(*addr, bytes);
+                }
+            } else {
+                prepared.insert(tid, (lsn, writes));
+            }
+        }
+        LogRecord::Decided { tid, commit } => {
+            if let Some((_, writes)) = prepared.remove(&tid) {
+                if commit {
+                    for (addr, bytes) in &writes {
+                        space.write(*addr, bytes);
+                    }
+                }
+            }
+        }
+        LogRecord::ForcedAbort { .. } | LogRecord::Epoch { .. } => {}
+    }
+}
+
+/// Encodes `records` as a `Replicate` or `ReplicaTail` carries them.
+pub fn encode_records(records: &[(Lsn, LogRecord)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (lsn, record) in records {
+        encode_record(*lsn, record, &mut out);
+    }
+    out
+}

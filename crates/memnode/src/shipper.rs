@@ -1,0 +1,432 @@
+//! The primary's side of `log-repl` (docs/replication.md): the records its mirror does not
+//! hold yet, what to send again after a gap or a reconnection, how far the participant may
+//! count its records durable (on both disks), and the primary's lease. No I/O: `node`
+//! drives it.
+
+use crate::log_record::Lsn;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tutti_wire::{ErrorCode, NodeId, Placement, Request, Response, PRIMARY_LEASE_MS};
+
+/// Records appended to the primary's log in one round of its writer, encoded.
+struct Batch {
+    first: Lsn,
+    count: u64,
+    bytes: Arc<Vec<u8>>,
+    /// When it was handed over (the driver's clock).
+    pushed_ms: u64,
+}
+
+/// What a mirror's reply means for the primary.
+#[derive(Debug)]
+pub enum Shipped {
+    /// The mirror holds more (or the lease was renewed): the participant may count records
+    /// below `durable_next` durable.
+    Acknowledged { durable_next: Lsn },
+    /// The mirror lacks records it must get first: send these again.
+    Resend(Vec<Request>),
+    /// The mirror lacks records this primary no longer has: it cannot catch up by
+    /// shipping (the manager drops it from the placement once told).
+    MirrorBehind { mirror_next: Lsn },
+    /// The mirror knows a newer configuration: this primary was replaced.
+    Replaced(String),
+    /// Nothing to act on (a transient error: the connection is retried).
+    Nothing,
+}
+
+pub struct Shipper {
+    node: NodeId,
+    placement: Placement,
+    /// In lsn order, sent or not, until the mirror acknowledges them.
+    unacked: VecDeque<Batch>,
+    /// How many of `unacked` were sent on the current connection.
+    sent: usize,
+    /// The mirror holds every record below.
+    mirror_next: Lsn,
+    /// Every record below is on this primary's disk.
+    local_next: Lsn,
+    truncate_below: Lsn,
+    /// The gap the last resend answered: the messages in flight behind the one that found
+    /// it report it too.
+    resent_from: Option<Lsn>,
+    /// Since when the mirror has lacked records this primary no longer holds.
+    behind_since_ms: Option<u64>,
+    /// Replies may leave until then (the driver's clock); none before the first
+    /// acknowledgement.
+    lease_until_ms: u64,
+}
+
+impl Shipper {
+    /// The shipper of a primary whose log holds every record below `next_lsn`, all on its
+    /// disk; the mirror is taken to hold as much (a restarting primary first adopts the
+    /// mirror's tail, `Request::ReplicaTail`; a gap is found by the first message).
+    pub fn new(node: NodeId, placement: Placement, next_lsn: Lsn) -> Shipper {
+        Shipper {
+            node,
+            placement,
+            unacked: VecDeque::new(),
+            sent: 0,
+            mirror_next: next_lsn,
+            local_next: next_lsn,
+            truncate_below: 0,
+            resent_from: None,
+            behind_since_ms: None,
+            lease_until_ms: 0,
+        }
+    }
+
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The mirror to ship to, if the placement has one.
+    pub fn mirror(&self) -> Option<&str> {
+        self.placement.mirror.as_deref()
+    }
+
+    /// A placement the manager committed. Without a mirror the primary relies on its own
+    /// disk alone; a placement naming another primary means this one was replaced.
+    pub fn set_placement(&mut self, placement: Placement) -> Result<(), String> {
+        if placement.config_epoch < self.placement.config_epoch {
+            return Ok(());
+        }
+        if placement.primary != self.placement.primary {
+            return Err(format!(
+                "node {} is served by {} since configuration epoch {}",
+                self.node, placement.primary, placement.config_epoch
+            ));
+        }
+        if placement.mirror != self.placement.mirror {
+            self.unacked.clear();
+            self.sent = 0;
+            self.behind_since_ms = None;
+            self.mirror_next = self.local_next;
+        }
+        self.placement = placement;
+        Ok(())
+    }
+
+    /// The mirror lacks records this primary no longer holds (found at its start).
+    pub fn mark_behind(&mut self, now_ms: u64) {
+        self.behind_since_ms.get_or_insert(now_ms);
+    }
+
+    /// Records `first .. first + count` were handed to the log writer at `now_ms`.
+    pub fn push(&mut self, now_ms: u64, first: Lsn, count: u64, bytes: Vec<u8>) {
+        if self.placement.mirror.is_some() && count > 0 {
+            let bytes = Arc::new(bytes);
+            self.unacked.push_back(Batch {
+                first,
+                count,
+                bytes,
+                pushed_ms: now_ms,
+            });
+        }
+    }
+
+    /// How long the oldest record the mirror has not acknowledged has waited (0: none
+    /// waits): the manager drops a mirror behind for its fail-over timeout.
+    pub fn behind_ms(&self, now_ms: u64) -> u64 {
+        let oldest = self.unacked.front().map(|b| b.pushed_ms);
+        oldest
+            .into_iter()
+            .chain(self.behind_since_ms)
+            .min()
+            .map_or(0, |t| now_ms.saturating_sub(t))
+    }
+
+    /// Every record below `next` is on this primary's disk.
+    pub fn on_local_synced(&mut self, next: Lsn) -> Lsn {
+        self.local_next = self.local_next.max(next);
+        self.durable_next()
+    }
+
+    /// The log writer deleted segments below `lsn`: the mirror may too.
+    pub fn truncated(&mut self, lsn: Lsn) {
+        self.truncate_below = self.truncate_below.max(lsn);
+    }
+
+    /// Records below are on every copy's disk: the participant counts them durable.
+    pub fn durable_next(&self) -> Lsn {
+        if self.placement.mirror.is_some() {
+            self.local_next.min(self.mirror_next)
+        } else {
+            self.local_next
+        }
+    }
+
+    /// Whether replies may leave at `now_ms`: a mirror acknowledged a message sent less
+    /// than `PRIMARY_LEASE_MS` ago, or there is no mirror to take over.
+    pub fn lease_valid(&self, now_ms: u64) -> bool {
+        self.placement.mirror.is_none() || now_ms < self.lease_until_ms
+    }
+
+    /// A new connection to the mirror: everything unacknowledged goes again.
+    pub fn reconnected(&mut self) {
+        self.sent = 0;
+        self.resent_from = None;
+    }
+
+    fn request(&self, batch: Option<&Batch>) -> Request {
+        let (first_lsn, count, records) = match batch {
+            Some(b) => (b.first, b.count, b.bytes.as_ref().clone()),
+            None => (self.mirror_next.max(self.local_next), 0, Vec::new()),
+        };
+        Request::Replicate {
+            node: self.node,
+            config_epoch: self.placement.config_epoch,
+            first_lsn,
+            count,
+            records,
+            truncate_below: self.truncate_below,
+            primary_synced: self.local_next,
+        }
+    }
+
+    /// The messages not sent on this connection yet; with none, an empty one when
+    /// `heartbeat` (it renews the lease and carries the truncation point).
+    pub fn to_send(&mut self, heartbeat: bool) -> Vec<Request> {
+        let out: Vec<Request> = (self.unacked.iter().skip(self.sent))
+            .map(|b| self.request(Some(b)))
+            .collect();
+        self.sent = self.unacked.len();
+        if out.is_empty() && heartbeat && self.placement.mirror.is_some() {
+            return vec![self.request(None)];
+        }
+        out
+    }
+
+    /// The mirror's reply to a `Replicate` sent at `sent_ms`.
+    pub fn on_reply(
+        &mut self,
+        sent_ms: u64,
+        reply: Result<Response, (ErrorCode, String)>,
+    ) -> Shipped {
+        match reply {
+            Ok(Response::Replicated { next_lsn }) => {
+                self.mirror_next = self.mirror_next.max(next_lsn);
+                let before = self.unacked.len();
+                while (self.unacked.front()).is_some_and(|b| b.first + b.count <= self.mirror_next)
+                {
+                    self.unacked.pop_front();
+                }
+                self.sent = self.sent.saturating_sub(before - self.unacked.len());
+                self.lease_until_ms = self.lease_until_ms.max(sent_ms + PRIMARY_LEASE_MS);
+                Shipped::Acknowledged {
+                    durable_next: self.durable_next(),
+                }
+            }
+            Ok(Response::ReplicaGap { next_lsn }) => {
+                let held_from = self.unacked.front().map_or(self.local_next, |b| b.first);
+                if next_lsn < held_from.min(self.mirror_next) {
+                    self.behind_since_ms.get_or_insert(sent_ms);
+                    return Shipped::MirrorBehind {
+                        mirror_next: next_lsn,
+                    };
+                }
+                // Everything from the gap on goes again, in order; what was in flight
+                // behind it is refused as a gap too, and ignored as such.
+                if self.resent_from == Some(next_lsn) {
+                    return Shipped::Nothing;
+                }
+                self.resent_from = Some(next_lsn);
+                self.sent = 0;
+                Shipped::Resend(self.to_send(false))
+            }
+            Err((ErrorCode::StaleConfig, message)) => Shipped::Replaced(message),
+            Ok(_) | Err(_) => Shipped::Nothing,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log_record::LogRecord;
+    use crate::mirror::{encode_records, Mirror, Replicate};
+    use crate::space::Space;
+
+    fn placement(mirror: Option<&str>) -> Placement {
+        Placement {
+            config_epoch: 1,
+            primary: "p".into(),
+            mirror: mirror.map(str::to_string),
+        }
+    }
+
+    fn prepare(seq: u64, participants: Vec<NodeId>, addr: u64, byte: u8) -> LogRecord {
+        LogRecord::Prepare {
+            tid: tutti_wire::Tid {
+                epoch: 1,
+                coordinator: 9,
+                seq,
+            },
+            participants,
+            writes: vec![(addr, vec![byte; 4])],
+        }
+    }
+
+    /// Delivers `req` to `m` and syncs at once; returns the reply.
+    fn deliver(m: &mut Mirror<u32>, now: u64, req: &Request) -> Response {
+        let Request::Replicate {
+            config_epoch,
+            first_lsn,
+            records,
+            truncate_below,
+            primary_synced,
+            ..
+        } = req
+        else {
+            panic!("{req:?}")
+        };
+        let msg = Replicate {
+            config_epoch: *config_epoch,
+            first_lsn: *first_lsn,
+            records,
+            truncate_below: *truncate_below,
+            primary_synced: *primary_synced,
+        };
+        let acts = m.on_replicate(now, 0, 1, msg);
+        let mut replies = acts.replies;
+        if let Some((first, count, _)) = acts.append {
+            replies.extend(m.on_synced(now, first + count));
+        }
+        replies.pop().expect("a reply").2
+    }
+
+    #[test]
+    fn records_count_durable_only_once_on_both_disks_and_reach_the_mirrors_image() {
+        let mut s = Shipper::new(1, placement(Some("m")), 1);
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![]);
+        let records = vec![
+            (1, prepare(1, vec![1], 0, 7)),
+            (2, prepare(2, vec![1, 2], 8, 9)),
+        ];
+        s.push(0, 1, 2, encode_records(&records));
+        assert_eq!(s.on_local_synced(3), 1, "not on the mirror yet");
+        assert!(!s.lease_valid(0), "no lease before an acknowledgement");
+        let sent = s.to_send(true);
+        assert_eq!(sent.len(), 1);
+        let reply = deliver(&mut m, 5, &sent[0]);
+        assert!(matches!(
+            s.on_reply(5, Ok(reply)),
+            Shipped::Acknowledged { durable_next: 3 }
+        ));
+        assert!(s.lease_valid(5 + PRIMARY_LEASE_MS - 1));
+        assert!(!s.lease_valid(5 + PRIMARY_LEASE_MS));
+        assert_eq!(m.space().read(0, 4), &[7; 4], "one participant: committed");
+        assert_eq!(m.space().read(8, 4), &[0; 4], "two: waits for its outcome");
+        let decided = LogRecord::Decided {
+            tid: tutti_wire::Tid {
+                epoch: 1,
+                coordinator: 9,
+                seq: 2,
+            },
+            commit: true,
+        };
+        s.push(0, 3, 1, encode_records(&[(3, decided)]));
+        let sent = s.to_send(true);
+        let _ = deliver(&mut m, 6, &sent[0]);
+        assert_eq!(m.space().read(8, 4), &[9; 4]);
+    }
+
+    #[test]
+    fn a_gap_is_filled_by_sending_again_and_a_replaced_primary_learns_it() {
+        let mut s = Shipper::new(1, placement(Some("m")), 1);
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![]);
+        s.push(0, 1, 1, encode_records(&[(1, prepare(1, vec![1], 0, 1))]));
+        s.push(0, 2, 1, encode_records(&[(2, prepare(2, vec![1], 0, 2))]));
+        let sent = s.to_send(false);
+        // The first message is lost: the second finds a gap.
+        let gap = deliver(&mut m, 1, &sent[1]);
+        assert!(matches!(gap, Response::ReplicaGap { next_lsn: 1 }));
+        let Shipped::Resend(again) = s.on_reply(1, Ok(gap)) else {
+            panic!("resend")
+        };
+        assert_eq!(again.len(), 2);
+        for req in &again {
+            let reply = deliver(&mut m, 2, req);
+            s.on_reply(2, Ok(reply));
+        }
+        s.on_local_synced(3);
+        assert_eq!(s.durable_next(), 3);
+        assert_eq!(m.space().read(0, 4), &[2; 4], "applied in lsn order");
+        m.promote(2);
+        let refused = deliver(&mut m, 3, &s.to_send(true)[0]);
+        let Response::Error { code, message } = refused else {
+            panic!("{refused:?}")
+        };
+        assert!(matches!(
+            s.on_reply(3, Err((code, message))),
+            Shipped::Replaced(_)
+        ));
+        assert!(
+            !m.may_take_over(2 + PRIMARY_LEASE_MS),
+            "the last acknowledgement's lease still runs"
+        );
+        assert!(m.may_take_over(2 + PRIMARY_LEASE_MS + crate::mirror::TAKE_OVER_MARGIN_MS));
+    }
+
+    #[test]
+    fn a_restarting_primary_adopts_the_records_only_its_mirror_holds() {
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![]);
+        m.set_config_epoch(1);
+        let records = vec![
+            (1, prepare(1, vec![1], 0, 1)),
+            (2, prepare(2, vec![1], 4, 2)),
+        ];
+        let req = Request::Replicate {
+            node: 1,
+            config_epoch: 1,
+            first_lsn: 1,
+            count: 2,
+            records: encode_records(&records),
+            truncate_below: 0,
+            primary_synced: 2,
+        };
+        let _ = deliver(&mut m, 1, &req);
+        let Response::ReplicaTail {
+            first_lsn,
+            count,
+            records: tail,
+        } = m.tail_from(1, 2)
+        else {
+            panic!("a tail")
+        };
+        assert_eq!(
+            (first_lsn, count),
+            (2, 1),
+            "the primary said it synced lsn 1"
+        );
+        assert_eq!(tail, encode_records(&records[1..]));
+        assert!(matches!(
+            m.tail_from(0, 2),
+            Response::Error {
+                code: ErrorCode::StaleConfig,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn without_a_mirror_the_primary_relies_on_its_disk_alone() {
+        let mut s = Shipper::new(1, placement(Some("m")), 1);
+        s.push(0, 1, 1, vec![0; 8]);
+        assert_eq!(s.on_local_synced(2), 1);
+        s.set_placement(Placement {
+            config_epoch: 2,
+            primary: "p".into(),
+            mirror: None,
+        })
+        .unwrap();
+        assert_eq!(s.durable_next(), 2);
+        assert!(s.lease_valid(0));
+        assert!(s.to_send(true).is_empty());
+        let replaced = s.set_placement(Placement {
+            config_epoch: 3,
+            primary: "m".into(),
+            mirror: None,
+        });
+        assert!(replaced.is_err());
+    }
+}

@@ -17,6 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use tutti_client::Cluster;
 use tutti_log::{Log, LogError, LogOptions, LogShape};
+use tutti_wire::NodeId;
 use tutti_workload::Bank;
 
 /// Memory node flags for fault runs: recovery within a second, small segments and frequent
@@ -424,6 +425,9 @@ pub struct ChaosConfig {
     pub manager: Terminator,
     /// Managers: 1, or a Raft group of 3 or 5 (`tutti up --managers`).
     pub managers: usize,
+    /// `log`, or `log-repl`: each node a primary and a mirror, and a node kill strikes the
+    /// process serving the node (or, one time in three, the other one).
+    pub mode: String,
     /// Kills of the logs' sequencer (log workload only).
     pub sequencer: Terminator,
     /// Consistent backups taken while the bank runs, each restored at the end and checked
@@ -450,6 +454,12 @@ pub fn default_checker() -> PathBuf {
 #[derive(Debug, Default)]
 pub struct ChaosReport {
     pub node_kills: u64,
+    /// `log-repl`: kills of the process serving a node, and of the other one.
+    pub primary_kills: u64,
+    pub mirror_kills: u64,
+    /// `log-repl`: from each kill of a node's serving process to the first write committed
+    /// on the node again, sorted.
+    pub unavailability: Vec<Duration>,
     pub client_kills: u64,
     pub manager_kills: u64,
     pub sequencer_kills: u64,
@@ -498,11 +508,19 @@ impl ChaosReport {
                 c.calls, c.ok, c.mismatch, c.aborted, c.unknown
             )
         };
+        let node_kills = if cfg.mode == crate::local::REPLICATED_MODE {
+            format!(
+                "{} ({} of the serving copy, {} of the other)",
+                self.node_kills, self.primary_kills, self.mirror_kills
+            )
+        } else {
+            self.node_kills.to_string()
+        };
         let mut rows = vec![
             (
                 "kill -9 a memory node, restart it".to_string(),
                 interval(&cfg.nodes),
-                self.node_kills.to_string(),
+                node_kills,
             ),
             (
                 "kill -9 a client process, restart it".into(),
@@ -533,6 +551,21 @@ impl ChaosReport {
                 format!(
                     "{} ({} completed and {} of them checked, {} failed)",
                     b.started, b.completed, b.checked, b.failed
+                ),
+            ));
+        }
+        if !self.unavailability.is_empty() {
+            let u = &self.unavailability;
+            let at = |q: f64| u[((u.len() as f64 * q).ceil() as usize).clamp(1, u.len()) - 1];
+            rows.push((
+                "node unavailable after a kill of its serving copy".into(),
+                "until a write commits on it".into(),
+                format!(
+                    "p50 {:.2} s, p99 {:.2} s, max {:.2} s ({} kills)",
+                    at(0.5).as_secs_f64(),
+                    at(0.99).as_secs_f64(),
+                    u[u.len() - 1].as_secs_f64(),
+                    u.len()
                 ),
             ));
         }
@@ -869,7 +902,7 @@ pub fn run(
         host: crate::local::LOOPBACK,
         nodes: 4,
         managers: cfg.managers,
-        mode: "log".into(),
+        mode: cfg.mode.clone(),
         size_bytes: 64 << 20,
         node_flags: NODE_FLAGS.iter().map(|s| s.to_string()).collect(),
         manager_flags: vec![],
@@ -975,6 +1008,11 @@ pub fn run(
     };
     let mut report = ChaosReport::default();
     let mut faults = Faults::new(cfg);
+    if cfg.mode == crate::local::REPLICATED_MODE {
+        faults.probe_addrs = rt
+            .block_on(create_probe_region(&cluster))
+            .map_err(LocalError::Config)?;
+    }
     let mut backups = match (&cfg.backups, cfg.workload) {
         (Some(every), ChaosWorkload::Bank) => Some(crate::chaos_backups::Backups::new(
             exe,
@@ -995,7 +1033,12 @@ pub fn run(
     while start.elapsed() < cfg.duration {
         std::thread::sleep(Duration::from_millis(50));
         let now = start.elapsed();
-        faults.inject(now, &mut local, &mut workload, proxy.as_ref(), &mut report)?;
+        let at = Strike {
+            now,
+            rt: &rt,
+            cluster: &cluster,
+        };
+        faults.inject(at, &mut local, &mut workload, proxy.as_ref(), &mut report)?;
         if let (Some(b), Workload::Bank(clients)) = (&mut backups, &workload) {
             b.poll();
             if now >= next_backup {
@@ -1041,6 +1084,7 @@ pub fn run(
     if let Some(proxy) = &proxy {
         proxy.heal_all();
     }
+    report.unavailability = rt.block_on(faults.probed());
     if let Some(b) = &mut backups {
         b.finish();
     }
@@ -1210,13 +1254,11 @@ async fn start_proxy(
     let managers = local.file.manager_entries();
     let servers: Vec<(Process, String)> = (managers.into_iter())
         .map(|m| (local.file.manager_process(m.id), m.addr))
-        .chain(
-            local
-                .file
-                .nodes
-                .iter()
-                .map(|n| (format!("node-{}", n.id), n.addr.clone())),
-        )
+        .chain(local.file.nodes.iter().flat_map(|n| {
+            let mirror =
+                (n.mirror.as_ref()).map(|m| (format!("node-{}-mirror", n.id), m.addr.clone()));
+            std::iter::once((format!("node-{}", n.id), n.addr.clone())).chain(mirror)
+        }))
         .chain(sequencer.then(|| ("sequencer".into(), local.file.sequencer.clone())))
         .collect();
     let sources: Vec<Process> = servers
@@ -1246,6 +1288,61 @@ struct Faults<'a> {
     next_sequencer: Duration,
     next_partition: Duration,
     cut: Vec<((Process, Process), Duration)>,
+    /// `log-repl`: a probe per kill of a node's serving process, timing its unavailability,
+    /// and where on each node probes write.
+    probes: Vec<tokio::task::JoinHandle<Option<Duration>>>,
+    probe_addrs: Vec<(NodeId, u64)>,
+}
+
+/// When a fault strikes, and how to ask the cluster where a node is served.
+struct Strike<'r> {
+    now: Duration,
+    rt: &'r tokio::runtime::Runtime,
+    cluster: &'r Cluster,
+}
+
+/// The region a probe writes in, on every node (created when the run starts).
+const PROBE_REGION: &str = "chaos-probe";
+
+async fn create_probe_region(cluster: &Cluster) -> Result<Vec<(NodeId, u64)>, String> {
+    let create = tutti_wire::Request::CreateRegion {
+        name: PROBE_REGION.into(),
+        kind: "probe".into(),
+        nodes: (1..=4).collect(),
+        bytes_per_node: 4096,
+        params: vec![],
+    };
+    match cluster.ask_manager(&create).await {
+        Ok(tutti_wire::Response::Region(r)) => Ok(r.nodes),
+        other => Err(format!("create the probes' region: {other:?}")),
+    }
+}
+
+/// Writes to `node` at `addr` until a write commits; the time since `killed`, or none
+/// after 60 s.
+async fn probe(cluster: Cluster, node: NodeId, addr: u64, killed: Instant) -> Option<Duration> {
+    while killed.elapsed() < Duration::from_secs(60) {
+        let tx = tutti_client::Minitx::new().write(node, addr, vec![1; 8]);
+        if cluster
+            .exec_and_commit(&tx)
+            .await
+            .is_ok_and(|o| o.committed)
+        {
+            return Some(killed.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// Where `node` is served, by the manager's directory.
+async fn serving(cluster: &Cluster, node: NodeId) -> Option<String> {
+    match cluster.ask_manager(&tutti_wire::Request::Directory).await {
+        Ok(tutti_wire::Response::Directory(d)) => {
+            d.nodes.into_iter().find(|n| n.id == node).map(|n| n.addr)
+        }
+        _ => None,
+    }
 }
 
 impl<'a> Faults<'a> {
@@ -1263,21 +1360,79 @@ impl<'a> Faults<'a> {
                 .partitions
                 .map_or(Duration::MAX, |(every, _)| draw(&mut rng, &every)),
             cut: Vec::new(),
+            probes: Vec::new(),
+            probe_addrs: Vec::new(),
             cfg,
             rng,
         }
+    }
+
+    /// The probes' timings, sorted; a probe that never saw a commit counts as 60 s.
+    async fn probed(&mut self) -> Vec<Duration> {
+        let mut timings = Vec::new();
+        for p in self.probes.drain(..) {
+            timings.push(p.await.ok().flatten().unwrap_or(Duration::from_secs(60)));
+        }
+        timings.sort();
+        timings
+    }
+
+    /// Kills a `log-repl` node's serving process (two times in three) or its other one,
+    /// restarting it 0–2 s later: long enough, often, for its mirror to take over.
+    fn kill_replicated(
+        &mut self,
+        at: &Strike<'_>,
+        local: &mut LocalCluster,
+        report: &mut ChaosReport,
+    ) -> Result<(), LocalError> {
+        let rng = &mut self.rng;
+        let node = rng.gen_range(1..=4);
+        let addr = at.rt.block_on(serving(at.cluster, node));
+        let Some(serving) = addr.and_then(|a| local.process_at(node, &a)) else {
+            return Ok(());
+        };
+        let other = match serving.strip_suffix("-mirror") {
+            Some(primary) => primary.to_string(),
+            None => format!("{serving}-mirror"),
+        };
+        let name = if rng.gen_range(0..3) < 2 {
+            report.primary_kills += 1;
+            let killed = Instant::now();
+            local.kill(&serving);
+            let addr = (self.probe_addrs.iter())
+                .find(|(n, _)| *n == node)
+                .map(|(_, a)| *a);
+            if let Some(addr) = addr {
+                let _in = at.rt.enter();
+                let probe = probe(at.cluster.clone(), node, addr, killed);
+                self.probes.push(tokio::spawn(probe));
+            }
+            serving
+        } else {
+            report.mirror_kills += 1;
+            local.kill(&other);
+            other
+        };
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
+        local.restart(&name)
     }
 
     /// Strikes with every terminator whose time has come at `now` (since the start), and
     /// heals or cuts partitions; counts each fault in `report`.
     fn inject(
         &mut self,
-        now: Duration,
+        at: Strike<'_>,
         local: &mut LocalCluster,
         workload: &mut Workload,
         proxy: Option<&Proxy>,
         report: &mut ChaosReport,
     ) -> Result<(), LocalError> {
+        let now = at.now;
+        if now >= self.next_node && self.cfg.mode == crate::local::REPLICATED_MODE {
+            self.kill_replicated(&at, local, report)?;
+            report.node_kills += 1;
+            self.next_node = now + draw(&mut self.rng, &self.cfg.nodes);
+        }
         let (cfg, rng) = (self.cfg, &mut self.rng);
         if now >= self.next_node {
             let node = rng.gen_range(1..=4);

@@ -1,6 +1,6 @@
 //! `tutti chaos`: failure injection against real processes, then verification and a report.
 
-use super::args::{parse_duration_s, parse_range};
+use super::args::{parse_duration_s, parse_range, ModeArg};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,6 +40,12 @@ pub(crate) struct ChaosArgs {
     /// from each other and from the nodes like every other process.
     #[arg(long, default_value_t = 1)]
     managers: usize,
+    /// `log`, or `log-repl`: each memory node a primary and a mirror in two processes
+    /// (docs/replication.md); a node kill then strikes the process serving the node, or
+    /// one time in three its other one, and each kill of a serving process is timed until
+    /// the node commits again (the report's unavailability).
+    #[arg(long, value_enum, default_value = "log")]
+    mode: ModeArg,
     /// Seconds between sequencer kills (log workload), as MIN-MAX.
     #[arg(long, default_value = "2-6", value_parser = parse_range)]
     sequencer_kill_every_s: (f64, f64),
@@ -87,6 +93,9 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
     let every = |(lo, hi): (f64, f64)| Terminator {
         every: (Duration::from_secs_f64(lo), Duration::from_secs_f64(hi)),
     };
+    if matches!(a.mode, ModeArg::Ram) {
+        return Err("--mode ram loses what a killed node held: chaos runs log or log-repl".into());
+    }
     let cfg = ChaosConfig {
         duration: Duration::from_secs_f64(a.duration_s),
         workload: match a.workload {
@@ -107,6 +116,7 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
         clients_killer: every(a.client_kill_every_s),
         manager: every(a.manager_kill_every_s),
         managers: a.managers,
+        mode: a.mode.name().into(),
         backups: a.backup_every_s.map(every),
         sequencer: every(a.sequencer_kill_every_s),
         partitions: (!a.no_partitions)

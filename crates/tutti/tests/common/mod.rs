@@ -176,6 +176,7 @@ pub fn log_chaos_config(
         nodes: secs(1.0, 3.0),
         clients_killer: secs(1.0, 3.0),
         manager: secs(6.0, 10.0),
+        mode: "log".into(),
         managers: 1,
         backups: None,
         sequencer: secs(1.5, 4.0),

@@ -5,7 +5,7 @@
 //! over this data directory (stages 1–3 of Fig. 8). No I/O: `node` drives it.
 
 use crate::log_record::{decode_record, encode_record, LogRecord, Lsn};
-use crate::participant::Writes;
+use crate::participant::{planted, Bug, Writes};
 use crate::space::Space;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -33,6 +33,7 @@ impl<R> Default for MirrorActions<R> {
 
 /// What a `Request::Replicate` carries, but the node.
 pub struct Replicate<'a> {
+    pub session: u64,
     pub config_epoch: u64,
     pub first_lsn: Lsn,
     pub records: &'a [u8],
@@ -62,24 +63,41 @@ pub struct Mirror<R> {
     /// The records the primary may not have on its own disk (above the last point it said
     /// it synced), encoded, for a restarting primary to adopt (`ReplicaTail`).
     tail: VecDeque<(Lsn, Vec<u8>)>,
+    /// `ReplicaTail` asks waiting until every record appended here is durable: a restarting
+    /// primary adopts all of them, or a record still on its way to this disk would later
+    /// sit at an lsn where the primary wrote another.
+    tail_asks: Vec<(R, u64, Lsn)>,
+    /// The primary process this mirror follows (0: none yet). Sessions grow with each
+    /// primary process (its start time): a restarting primary's `ReplicaTail` names its
+    /// own, and what an earlier process still had in flight is refused from then on.
+    session: u64,
     /// The primary's truncation point: every record below it is dead.
     primary_truncated: Lsn,
-    /// When the latest acknowledgement left (the driver's clock).
-    last_ack_ms: Option<u64>,
+    /// When the latest acknowledgement left (the driver's clock), or the mirror started.
+    last_ack_ms: u64,
 }
 
 impl<R> Mirror<R> {
     /// A mirror over `space` (its image) whose log holds every record below `next_lsn`,
     /// `records` being those read back from it at start (applied to the image here as
-    /// stage 3 would: the image may lack what was not flushed before a crash).
+    /// stage 3 would: the image may lack what was not flushed before a crash), starting at
+    /// `now_ms`. What it acknowledged before this start is not known, so it takes over no
+    /// earlier than a lease after `now_ms`.
     pub fn new(
         node: NodeId,
         mut space: Space,
         next_lsn: Lsn,
         records: Vec<(Lsn, LogRecord)>,
+        now_ms: u64,
     ) -> Self {
         let mut prepared = FxHashMap::default();
+        // The primary may lack any of them (it said what it synced to the mirror's last
+        // incarnation, not to this one): all are kept for a restarting primary.
+        let mut tail = VecDeque::new();
         for (lsn, record) in records {
+            let mut bytes = Vec::new();
+            encode_record(lsn, &record, &mut bytes);
+            tail.push_back((lsn, bytes));
             apply(node, &mut space, &mut prepared, lsn, record);
         }
         Mirror {
@@ -92,9 +110,11 @@ impl<R> Mirror<R> {
             unsynced: VecDeque::new(),
             prepared,
             acks: VecDeque::new(),
-            tail: VecDeque::new(),
+            tail,
+            tail_asks: Vec::new(),
+            session: 0,
             primary_truncated: 0,
-            last_ack_ms: None,
+            last_ack_ms: now_ms,
         }
     }
 
@@ -126,14 +146,28 @@ impl<R> Mirror<R> {
     /// Whether the lease of every acknowledgement sent has run out, so that the replaced
     /// primary no longer answers anyone.
     pub fn may_take_over(&self, now_ms: u64) -> bool {
-        self.last_ack_ms
-            .is_none_or(|t| now_ms >= t + PRIMARY_LEASE_MS + TAKE_OVER_MARGIN_MS)
+        planted(Bug::TakeOverWithinLease)
+            || now_ms >= self.last_ack_ms + PRIMARY_LEASE_MS + TAKE_OVER_MARGIN_MS
     }
 
-    /// Where the log may be truncated once the image is flushed: below both the primary's
-    /// truncation point and what the image holds.
+    /// Where the log may be truncated once the image is flushed: below the primary's
+    /// truncation point, what the image holds, and every Prepare whose outcome has not
+    /// reached this log yet. The primary may have collected such a tid (its `Decided`
+    /// record, written lazily, is past the truncation point): its writes are only in
+    /// memory here until that record is durable, and its Prepare must stay on disk.
     pub fn truncation_point(&self) -> Lsn {
-        self.primary_truncated.min(self.synced_next)
+        let undecided = self.prepared.values().map(|(lsn, _)| *lsn).min();
+        (self.primary_truncated.min(self.synced_next)).min(undecided.unwrap_or(Lsn::MAX))
+    }
+
+    fn later_session(&self) -> Response {
+        Response::Error {
+            code: ErrorCode::NotReady,
+            message: format!(
+                "node {}'s mirror follows a later primary process",
+                self.node
+            ),
+        }
     }
 
     fn refuse(&self, reply_to: R, id: u64) -> MirrorActions<R> {
@@ -167,16 +201,24 @@ impl<R> Mirror<R> {
         msg: Replicate<'_>,
     ) -> MirrorActions<R> {
         let Replicate {
+            session,
             config_epoch,
             first_lsn,
             records,
             truncate_below,
             primary_synced,
         } = msg;
+        if session < self.session {
+            return MirrorActions {
+                append: None,
+                replies: vec![(reply_to, id, self.later_session())],
+            };
+        }
+        self.session = session;
         if self.promoted || config_epoch < self.config_epoch {
             return self.refuse(reply_to, id);
         }
-        self.config_epoch = config_epoch;
+        self.config_epoch = self.config_epoch.max(config_epoch);
         if first_lsn > self.next_lsn {
             let gap = Response::ReplicaGap {
                 next_lsn: self.next_lsn,
@@ -222,7 +264,7 @@ impl<R> Mirror<R> {
         }
         // Every record of the message is below `next_lsn` now: acknowledged once durable.
         if self.synced_next >= self.next_lsn {
-            self.last_ack_ms = Some(now_ms);
+            self.last_ack_ms = now_ms;
             let ack = Response::Replicated {
                 next_lsn: self.synced_next,
             };
@@ -257,6 +299,12 @@ impl<R> Mirror<R> {
             apply(self.node, &mut self.space, &mut self.prepared, lsn, record);
         }
         let mut replies = Vec::new();
+        if self.synced_next >= self.next_lsn {
+            for (to, id, from) in std::mem::take(&mut self.tail_asks) {
+                let tail = self.tail_from(from);
+                replies.push((to, id, tail));
+            }
+        }
         while self
             .acks
             .front()
@@ -264,7 +312,7 @@ impl<R> Mirror<R> {
         {
             let (_, to, id) = self.acks.pop_front().expect("front");
             if !self.promoted {
-                self.last_ack_ms = Some(now_ms);
+                self.last_ack_ms = now_ms;
                 let ack = Response::Replicated {
                     next_lsn: self.synced_next,
                 };
@@ -274,16 +322,38 @@ impl<R> Mirror<R> {
         replies
     }
 
-    /// `Request::ReplicaTail`: the durable records from `from` on, for a restarting primary
-    /// of the current configuration. A mirror that holds less answers from where its log
-    /// ends (`first_lsn` below `from`, no records): the primary sends it the rest.
-    pub fn tail_from(&self, config_epoch: u64, from: Lsn) -> Response {
+    /// `Request::ReplicaTail` from the primary process `session`: the records from `from`
+    /// on, once every record appended here is durable; a restarting primary of the current
+    /// configuration adopts them. A mirror that holds less answers from where its log ends
+    /// (`first_lsn` below `from`, no records): the primary sends it the rest. From now on
+    /// only `session` is followed.
+    pub fn on_tail(
+        &mut self,
+        reply_to: R,
+        id: u64,
+        session: u64,
+        config_epoch: u64,
+        from: Lsn,
+    ) -> Vec<(R, u64, Response)> {
         if self.promoted || config_epoch < self.config_epoch {
-            return Response::Error {
+            let stale = Response::Error {
                 code: ErrorCode::StaleConfig,
                 message: format!("node {}'s mirror is past that configuration", self.node),
             };
+            return vec![(reply_to, id, stale)];
         }
+        if session < self.session {
+            return vec![(reply_to, id, self.later_session())];
+        }
+        self.session = session;
+        if self.synced_next < self.next_lsn {
+            self.tail_asks.push((reply_to, id, from));
+            return Vec::new();
+        }
+        vec![(reply_to, id, self.tail_from(from))]
+    }
+
+    fn tail_from(&self, from: Lsn) -> Response {
         let first_lsn = from.min(self.synced_next);
         let mut records = Vec::new();
         let mut count = 0;
@@ -308,12 +378,6 @@ impl<R> Mirror<R> {
             count,
             records,
         }
-    }
-
-    /// Drops what truncation made dead: outcomes never logged for tids below the
-    /// primary's truncation point (collected there, so decided and applied).
-    pub fn truncated(&mut self, below: Lsn) {
-        self.prepared.retain(|_, (lsn, _)| *lsn >= below);
     }
 }
 

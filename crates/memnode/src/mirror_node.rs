@@ -49,6 +49,7 @@ impl MirrorNode {
         let resp = match req {
             Request::Replicate {
                 node,
+                session,
                 config_epoch,
                 first_lsn,
                 records,
@@ -57,6 +58,7 @@ impl MirrorNode {
                 ..
             } if node == self.cfg.id => {
                 let msg = Replicate {
+                    session,
                     config_epoch,
                     first_lsn,
                     records: &records,
@@ -79,13 +81,22 @@ impl MirrorNode {
             }
             Request::ReplicaTail {
                 node,
+                session,
                 config_epoch,
                 from,
-            } if node == self.cfg.id => self
-                .mirror
-                .lock()
-                .expect("mirror poisoned")
-                .tail_from(config_epoch, from),
+            } if node == self.cfg.id => {
+                let replies = self.mirror.lock().expect("mirror poisoned").on_tail(
+                    reply_to,
+                    id,
+                    session,
+                    config_epoch,
+                    from,
+                );
+                for (to, id, resp) in replies {
+                    let _ = to.send((id, resp));
+                }
+                return;
+            }
             _ => Response::Error {
                 code: ErrorCode::NotReady,
                 message: format!(
@@ -127,13 +138,14 @@ pub(crate) async fn run(
         next,
         "mirror: read the redo log"
     );
-    let mirror = Mirror::new(cfg.id, space, next, recovered.records);
+    let start = Instant::now();
+    let mirror = Mirror::new(cfg.id, space, next, recovered.records, 0);
     let (log_tx, log_rx) = std::sync::mpsc::channel();
     let node = Arc::new(MirrorNode {
         cfg: cfg.clone(),
         mirror: Mutex::new(mirror),
         log: log_tx,
-        start: Instant::now(),
+        start,
     });
     let writer = {
         let node = node.clone();
@@ -293,10 +305,6 @@ async fn checkpoint_loop(node: Arc<MirrorNode>, flusher: crate::space::Flusher) 
         }
         if below > 0 {
             let _ = node.log.send(MirrorCmd::Truncate(below));
-            node.mirror
-                .lock()
-                .expect("mirror poisoned")
-                .truncated(below);
         }
     }
 }

@@ -169,12 +169,9 @@ pub(crate) struct Node {
     /// The manager, or its group (`NodeConfig::manager` lists them).
     managers: Managers,
     /// A replicated primary's shipping to its mirror (`log-repl`); none otherwise.
-    shipper: Option<Mutex<Shipper>>,
+    shipper: Option<Mutex<Shipper<Replies>>>,
     /// Wakes the shipping task: records to ship, or a new placement.
     pub(crate) ship_wakeup: tokio::sync::Notify,
-    /// Replies made while a replicated primary's lease had run out, in order: they leave
-    /// once a mirror's acknowledgement renews it.
-    held: Mutex<Vec<(Replies, u64, Response)>>,
 }
 
 impl Node {
@@ -183,7 +180,7 @@ impl Node {
     }
 
     /// Runs `f` on the shipper; only a replicated primary ships.
-    pub(crate) fn with_shipper<T>(&self, f: impl FnOnce(&mut Shipper) -> T) -> T {
+    pub(crate) fn with_shipper<T>(&self, f: impl FnOnce(&mut Shipper<Replies>) -> T) -> T {
         let shipper = self.shipper.as_ref().expect("a replicated primary");
         f(&mut shipper.lock().expect("shipper poisoned"))
     }
@@ -204,22 +201,20 @@ impl Node {
     /// Sends `replies`, unless this is a replicated primary whose lease ran out: those wait
     /// (in order) for the next acknowledgement, since the mirror may be taking over.
     fn send(&self, replies: Vec<(Replies, u64, Response)>) {
-        if let Some(shipper) = &self.shipper {
-            let valid = (shipper.lock().expect("shipper poisoned")).lease_valid(self.now_ms());
-            let mut held = self.held.lock().expect("held poisoned");
-            if !valid || !held.is_empty() {
-                held.extend(replies);
-                return;
+        match &self.shipper {
+            Some(shipper) => {
+                let mut s = shipper.lock().expect("shipper poisoned");
+                // Under the lock: replies leave in the order they were made.
+                send_replies(s.replies(self.now_ms(), replies));
             }
+            None => send_replies(replies),
         }
-        send_replies(replies);
     }
 
     fn release_held(&self) {
-        let Some(shipper) = &self.shipper else { return };
-        if (shipper.lock().expect("shipper poisoned")).lease_valid(self.now_ms()) {
-            let mut held = self.held.lock().expect("held poisoned");
-            send_replies(std::mem::take(&mut *held));
+        if let Some(shipper) = &self.shipper {
+            let mut s = shipper.lock().expect("shipper poisoned");
+            send_replies(s.release(self.now_ms()));
         }
     }
 
@@ -396,8 +391,14 @@ pub async fn run(
             if replicated {
                 let req = register_request(&cfg, &listen_addr, rebooted);
                 let first = crate::primary::register(&managers, &req).await?;
+                // This process, as the mirror tells it from an earlier one: later processes
+                // start later.
+                let session = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_micros() as u64);
                 let (reg, behind) = crate::primary::adopt_mirror_tail(
                     cfg.id,
+                    session,
                     &managers,
                     &req,
                     first,
@@ -407,7 +408,7 @@ pub async fn run(
                     &mut records,
                 )
                 .await?;
-                let mut s = Shipper::new(cfg.id, reg.placement, log.next_lsn());
+                let mut s = Shipper::new(cfg.id, session, reg.placement, log.next_lsn());
                 if behind {
                     s.mark_behind(0);
                 }
@@ -436,7 +437,6 @@ pub async fn run(
         managers,
         shipper,
         ship_wakeup: tokio::sync::Notify::new(),
-        held: Mutex::default(),
     });
     let writer = log.map(|log| {
         let node = node.clone();

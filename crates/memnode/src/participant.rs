@@ -1009,6 +1009,13 @@ impl<R> Participant<R> {
     /// head. `Some(actions)` once the checkpoint is complete. Other requests may be handled
     /// between steps: each stage only ever concludes what stays true when they are.
     pub fn checkpoint_step(&mut self, cp: &mut Checkpoint) -> Option<Actions<R>> {
+        // Every outcome it marks must be durable first: a replicated primary hears its
+        // records synced only once its mirror holds them too (`log-repl`), and a tid
+        // reported applied here is collected by its peers, so a mirror taking over without
+        // its `Decided` record would ask them in vain and abort it.
+        if self.synced_lsn < cp.upto {
+            return None;
+        }
         let mut budget = self.cfg.checkpoint_step_tids.max(1);
         loop {
             match cp.work {
@@ -1340,6 +1347,11 @@ pub enum Bug {
     /// hold locks (Sinfonia §4.8's phase 1 skipped): a tid may then be in one node's cut
     /// and not in another's.
     CutWithLocksHeld,
+    /// A replicated primary counts a record durable once on its own disk, without waiting
+    /// for its mirror's acknowledgement (`Shipper`).
+    VoteBeforeMirrorAck,
+    /// A promoted mirror serves before the old primary's lease has run out (`Mirror`).
+    TakeOverWithinLease,
 }
 
 tutti_wire::planted_bugs!(Bug);
@@ -1467,7 +1479,9 @@ mod tests {
     }
 
     /// Runs the steps of checkpoint `cp` to its end.
+    /// Runs `cp` to its end after the sync its driver makes first.
     fn checkpoint_done(p: &mut P, mut cp: Checkpoint) -> Actions<u32> {
+        p.on_synced(0, cp.upto);
         loop {
             if let Some(acts) = p.checkpoint_step(&mut cp) {
                 return acts;
@@ -2008,6 +2022,7 @@ mod tests {
             }
             let before = p.heartbeat(0).applied_below;
             let mut cp = p.checkpoint_begin();
+            p.on_synced(0, cp.upto);
             let mut steps = 0;
             let acts = loop {
                 steps += 1;

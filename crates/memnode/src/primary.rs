@@ -72,6 +72,7 @@ pub(crate) async fn register(managers: &Managers, req: &Request) -> Result<Regis
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn adopt_mirror_tail(
     node_id: NodeId,
+    session: u64,
     managers: &Managers,
     register_req: &Request,
     mut registered: Registered,
@@ -88,6 +89,7 @@ pub(crate) async fn adopt_mirror_tail(
         let from = log.next_lsn();
         let ask = Request::ReplicaTail {
             node: node_id,
+            session,
             config_epoch: registered.placement.config_epoch,
             from,
         };
@@ -137,6 +139,7 @@ pub(crate) async fn adopt_mirror_tail(
                 }
                 let send = Request::Replicate {
                     node: node_id,
+                    session,
                     config_epoch: registered.placement.config_epoch,
                     first_lsn,
                     count: lacking.len() as u64,

@@ -1,9 +1,11 @@
 //! The primary's side of `log-repl` (docs/replication.md): the records its mirror does not
 //! hold yet, what to send again after a gap or a reconnection, how far the participant may
-//! count its records durable (on both disks), and the primary's lease. No I/O: `node`
-//! drives it.
+//! count its records durable (on both disks), and the primary's lease, which holds back
+//! the participant's replies while it has run out. No I/O: `node` drives it, and so does
+//! the simulator.
 
 use crate::log_record::Lsn;
+use crate::participant::{planted, Bug};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tutti_wire::{ErrorCode, NodeId, Placement, Request, Response, PRIMARY_LEASE_MS};
@@ -34,8 +36,13 @@ pub enum Shipped {
     Nothing,
 }
 
-pub struct Shipper {
+/// A reply the participant made: to whom, the request's id, the reply.
+pub type Reply<R> = (R, u64, Response);
+
+pub struct Shipper<R> {
     node: NodeId,
+    /// This primary process, as its mirror knows it (`Request::Replicate`).
+    session: u64,
     placement: Placement,
     /// In lsn order, sent or not, until the mirror acknowledges them.
     unacked: VecDeque<Batch>,
@@ -54,15 +61,18 @@ pub struct Shipper {
     /// Replies may leave until then (the driver's clock); none before the first
     /// acknowledgement.
     lease_until_ms: u64,
+    /// Replies made while the lease had run out, in order.
+    held: Vec<Reply<R>>,
 }
 
-impl Shipper {
+impl<R> Shipper<R> {
     /// The shipper of a primary whose log holds every record below `next_lsn`, all on its
     /// disk; the mirror is taken to hold as much (a restarting primary first adopts the
     /// mirror's tail, `Request::ReplicaTail`; a gap is found by the first message).
-    pub fn new(node: NodeId, placement: Placement, next_lsn: Lsn) -> Shipper {
+    pub fn new(node: NodeId, session: u64, placement: Placement, next_lsn: Lsn) -> Shipper<R> {
         Shipper {
             node,
+            session,
             placement,
             unacked: VecDeque::new(),
             sent: 0,
@@ -72,11 +82,37 @@ impl Shipper {
             resent_from: None,
             behind_since_ms: None,
             lease_until_ms: 0,
+            held: Vec::new(),
+        }
+    }
+
+    /// The participant made `replies` at `now_ms`: those that may leave now, in order after
+    /// any held before. While the lease has run out they wait: the mirror may be taking
+    /// over, and this copy must not answer anyone meanwhile.
+    pub fn replies(&mut self, now_ms: u64, replies: Vec<Reply<R>>) -> Vec<Reply<R>> {
+        if self.held.is_empty() && self.lease_valid(now_ms) {
+            return replies;
+        }
+        self.held.extend(replies);
+        self.release(now_ms)
+    }
+
+    /// The held replies, if the lease is valid again at `now_ms`.
+    pub fn release(&mut self, now_ms: u64) -> Vec<Reply<R>> {
+        if self.lease_valid(now_ms) {
+            std::mem::take(&mut self.held)
+        } else {
+            Vec::new()
         }
     }
 
     pub fn placement(&self) -> &Placement {
         &self.placement
+    }
+
+    /// The mirror holds every record handed over (or there is no mirror).
+    pub fn caught_up(&self) -> bool {
+        self.unacked.is_empty()
     }
 
     /// The mirror to ship to, if the placement has one.
@@ -148,7 +184,7 @@ impl Shipper {
 
     /// Records below are on every copy's disk: the participant counts them durable.
     pub fn durable_next(&self) -> Lsn {
-        if self.placement.mirror.is_some() {
+        if self.placement.mirror.is_some() && !planted(Bug::VoteBeforeMirrorAck) {
             self.local_next.min(self.mirror_next)
         } else {
             self.local_next
@@ -174,6 +210,7 @@ impl Shipper {
         };
         Request::Replicate {
             node: self.node,
+            session: self.session,
             config_epoch: self.placement.config_epoch,
             first_lsn,
             count,
@@ -269,6 +306,7 @@ mod tests {
     /// Delivers `req` to `m` and syncs at once; returns the reply.
     fn deliver(m: &mut Mirror<u32>, now: u64, req: &Request) -> Response {
         let Request::Replicate {
+            session,
             config_epoch,
             first_lsn,
             records,
@@ -280,6 +318,7 @@ mod tests {
             panic!("{req:?}")
         };
         let msg = Replicate {
+            session: *session,
             config_epoch: *config_epoch,
             first_lsn: *first_lsn,
             records,
@@ -296,8 +335,8 @@ mod tests {
 
     #[test]
     fn records_count_durable_only_once_on_both_disks_and_reach_the_mirrors_image() {
-        let mut s = Shipper::new(1, placement(Some("m")), 1);
-        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![]);
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1);
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0);
         let records = vec![
             (1, prepare(1, vec![1], 0, 7)),
             (2, prepare(2, vec![1, 2], 8, 9)),
@@ -332,8 +371,8 @@ mod tests {
 
     #[test]
     fn a_gap_is_filled_by_sending_again_and_a_replaced_primary_learns_it() {
-        let mut s = Shipper::new(1, placement(Some("m")), 1);
-        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![]);
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1);
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0);
         s.push(0, 1, 1, encode_records(&[(1, prepare(1, vec![1], 0, 1))]));
         s.push(0, 2, 1, encode_records(&[(2, prepare(2, vec![1], 0, 2))]));
         let sent = s.to_send(false);
@@ -369,7 +408,7 @@ mod tests {
 
     #[test]
     fn a_restarting_primary_adopts_the_records_only_its_mirror_holds() {
-        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![]);
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0);
         m.set_config_epoch(1);
         let records = vec![
             (1, prepare(1, vec![1], 0, 1)),
@@ -377,6 +416,7 @@ mod tests {
         ];
         let req = Request::Replicate {
             node: 1,
+            session: 5,
             config_epoch: 1,
             first_lsn: 1,
             count: 2,
@@ -385,11 +425,15 @@ mod tests {
             primary_synced: 2,
         };
         let _ = deliver(&mut m, 1, &req);
-        let Response::ReplicaTail {
-            first_lsn,
-            count,
-            records: tail,
-        } = m.tail_from(1, 2)
+        let Some((
+            _,
+            _,
+            Response::ReplicaTail {
+                first_lsn,
+                count,
+                records: tail,
+            },
+        )) = m.on_tail(0, 1, 6, 1, 2).pop()
         else {
             panic!("a tail")
         };
@@ -400,17 +444,76 @@ mod tests {
         );
         assert_eq!(tail, encode_records(&records[1..]));
         assert!(matches!(
-            m.tail_from(0, 2),
-            Response::Error {
-                code: ErrorCode::StaleConfig,
+            m.on_tail(0, 2, 6, 0, 2).pop(),
+            Some((
+                _,
+                _,
+                Response::Error {
+                    code: ErrorCode::StaleConfig,
+                    ..
+                }
+            ))
+        ));
+        let stale = deliver(&mut m, 2, &req);
+        assert!(
+            matches!(
+                stale,
+                Response::Error {
+                    code: ErrorCode::NotReady,
+                    ..
+                }
+            ),
+            "the earlier primary process is refused once a new one asked: {stale:?}"
+        );
+    }
+
+    #[test]
+    fn a_tail_is_answered_only_once_every_record_appended_is_durable() {
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0);
+        let records = vec![(1, prepare(1, vec![1], 0, 1))];
+        let msg = Replicate {
+            session: 5,
+            config_epoch: 1,
+            first_lsn: 1,
+            records: &encode_records(&records),
+            truncate_below: 0,
+            primary_synced: 1,
+        };
+        let acts = m.on_replicate(0, 0, 1, msg);
+        assert!(acts.append.is_some() && acts.replies.is_empty());
+        // The primary restarts without lsn 1: the record on its way to the mirror's disk
+        // must be in the tail it adopts, or it would write another at lsn 1.
+        assert!(m.on_tail(0, 2, 6, 1, 1).is_empty(), "waits for the sync");
+        let replies = m.on_synced(1, 2);
+        let tail = replies.iter().find(|r| r.1 == 2).expect("the tail");
+        assert!(matches!(
+            tail.2,
+            Response::ReplicaTail {
+                first_lsn: 1,
+                count: 1,
                 ..
             }
         ));
     }
 
     #[test]
+    fn replies_wait_while_the_lease_has_run_out_and_leave_in_order() {
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1);
+        let reply = |id| (7, id, Response::Released { held: true });
+        assert!(s.replies(0, vec![reply(1)]).is_empty(), "no lease yet");
+        let _ = s.on_reply(10, Ok(Response::Replicated { next_lsn: 1 }));
+        let out = s.replies(20, vec![reply(2)]);
+        assert_eq!(out.iter().map(|r| r.1).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(s.replies(30, vec![reply(3)]).len(), 1);
+        assert!(s.replies(10 + PRIMARY_LEASE_MS, vec![reply(4)]).is_empty());
+        assert!(s.release(10 + PRIMARY_LEASE_MS).is_empty());
+        let _ = s.on_reply(600, Ok(Response::Replicated { next_lsn: 1 }));
+        assert_eq!(s.release(601).len(), 1);
+    }
+
+    #[test]
     fn without_a_mirror_the_primary_relies_on_its_disk_alone() {
-        let mut s = Shipper::new(1, placement(Some("m")), 1);
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1);
         s.push(0, 1, 1, vec![0; 8]);
         assert_eq!(s.on_local_synced(2), 1);
         s.set_placement(Placement {

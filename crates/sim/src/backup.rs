@@ -71,7 +71,7 @@ impl<W: Clone + 'static> SimBackup<W> {
         cuts: Rc<RefCell<Vec<Cut<W>>>>,
     ) -> SimBackup<W> {
         SimBackup {
-            nodes: dir.nodes.len() as NodeId,
+            nodes: dir.nodes_len() as NodeId,
             dir,
             workload,
             space_bytes,

@@ -41,15 +41,12 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
     let images = crate::initial_images(&fs, cfg.nodes, BYTES_PER_NODE);
     let fs = Rc::new(RefCell::new(fs));
     let client_cfg = base.client_config(cfg.ops_per_client);
-    let dir = crate::spawn_cluster(
-        &mut world,
-        images,
-        3,
-        &fs,
-        cfg.clients,
-        &client_cfg,
-        base.epoch_interval_us,
-    );
+    let servers = crate::Servers {
+        managers: 3,
+        epoch_interval_us: base.epoch_interval_us,
+        replicated: false,
+    };
+    let dir = crate::spawn_cluster(&mut world, images, &servers, &fs, cfg.clients, &client_cfg);
     let mut violations = crate::run_to_the_end(&mut world, &cfg.faults);
     let fs = fs.borrow();
     if world.settled() {
@@ -80,6 +77,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         incremental_images: 0,
         manager_elections: world.counter("manager_elections"),
         commits_with_lsns: world.counter("commits_with_lsns"),
+        fail_overs: 0,
         violations,
     }
 }

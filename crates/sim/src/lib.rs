@@ -63,6 +63,9 @@ pub struct SimConfig {
     pub backups: usize,
     /// Managers: a Raft group that crashes like the nodes if more than one.
     pub managers: u32,
+    /// `log-repl`: each node a primary and a mirror, two processes that crash, are cut
+    /// off and fail over (docs/replication.md).
+    pub replicated: bool,
 }
 
 impl Default for SimConfig {
@@ -88,6 +91,7 @@ impl Default for SimConfig {
             epoch_interval_us: 400_000,
             backups: 2,
             managers: 3,
+            replicated: false,
         }
     }
 }
@@ -127,6 +131,8 @@ pub struct Report {
     pub incremental_images: u64,
     /// Times a manager came to lead its group (the first election included).
     pub manager_elections: u64,
+    /// `log-repl`: nodes whose mirror served them at the end.
+    pub fail_overs: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -145,14 +151,18 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
     let images = initial_images(&bank, cfg.nodes, SPACE_BYTES);
     let bank = Rc::new(RefCell::new(bank));
     let client_cfg = cfg.client_config(cfg.ops_per_coordinator);
+    let servers = Servers {
+        managers: cfg.managers,
+        epoch_interval_us: cfg.epoch_interval_us,
+        replicated: cfg.replicated,
+    };
     let dir = spawn_cluster(
         &mut world,
         images,
-        cfg.managers,
+        &servers,
         &bank,
         cfg.coordinators,
         &client_cfg,
-        cfg.epoch_interval_us,
     );
     let cuts = Rc::new(RefCell::new(Vec::new()));
     let backup = SimBackup::new(
@@ -169,6 +179,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
     if world.settled() {
         violations.extend(bank.check(&snapshot(&world, &dir, &bank)));
         violations.extend(check_managers(&world, &dir));
+        violations.extend(check_mirrors(&world, &dir));
     }
     for (i, cut) in cuts.borrow().iter().enumerate() {
         let reads = read_items(&bank.snapshot(), |node, addr, len| {
@@ -195,27 +206,94 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         incremental_images: world.counter("incremental_images"),
         manager_elections: world.counter("manager_elections"),
         commits_with_lsns: world.counter("commits_with_lsns"),
+        fail_overs: fail_overs(&dir),
         violations,
     }
 }
 
-/// Spawns memory nodes holding `images` (node i + 1 the i-th), `managers` managers (a
-/// Raft group, crashing like the nodes if more than one), and `clients` clients running
-/// `workload`; returns the cluster's directory.
+/// Nodes served by another process than their first primary at the end.
+fn fail_overs(dir: &Directory) -> u64 {
+    (1..=dir.nodes_len() as NodeId)
+        .filter(|&id| dir.node(id) != Addr(u32::from(id) - 1))
+        .count() as u64
+}
+
+/// Once quiet, a replicated primary whose mirror holds every record it shipped has the
+/// same image as the mirror.
+pub(crate) fn check_mirrors(world: &World, dir: &Directory) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for id in 1..=dir.nodes_len() as NodeId {
+        let primary = world.process::<SimNode>(dir.node(id));
+        let Some(mirror) = primary.mirrored().and_then(crate::msg::addr_named) else {
+            continue;
+        };
+        let (Some(p), Some(m)) = (
+            primary.space(),
+            world.process::<SimNode>(mirror).mirror_space(),
+        ) else {
+            continue;
+        };
+        let bytes = p.size_bytes();
+        let (p, m) = (p.read(0, bytes), m.read(0, bytes));
+        if let Some(at) = (0..p.len()).find(|&i| p[i] != m[i]) {
+            let detail = format!(
+                "node {id}: the mirror's image differs from the primary's at byte {at} ({} vs {})",
+                m[at], p[at]
+            );
+            violations.push(Violation::new("mirror diverged", detail));
+        }
+    }
+    violations
+}
+
+/// The server side of a simulated cluster, besides its memory nodes.
+pub(crate) struct Servers {
+    /// Managers: a Raft group, crashing like the nodes if more than one.
+    pub(crate) managers: u32,
+    pub(crate) epoch_interval_us: u64,
+    /// `log-repl`: each node a primary and a mirror.
+    pub(crate) replicated: bool,
+}
+
+/// Spawns memory nodes holding `images` (node i + 1 the i-th), the `servers`, and
+/// `clients` clients running `workload`; returns the cluster's directory.
 pub(crate) fn spawn_cluster<W: Workload + 'static>(
     world: &mut World,
     images: Vec<Vec<u8>>,
-    managers: u32,
+    servers: &Servers,
     workload: &Rc<RefCell<W>>,
     clients: usize,
     client_cfg: &ClientConfig,
-    epoch_interval_us: u64,
 ) -> Rc<Directory> {
+    let Servers {
+        managers,
+        epoch_interval_us,
+        replicated,
+    } = *servers;
     let nodes = images.len() as u32;
-    let dir = Rc::new(Directory {
-        nodes: (0..nodes).map(Addr).collect(),
-        managers: (nodes..nodes + managers).map(Addr).collect(),
-    });
+    let dir = Rc::new(Directory::new(
+        (0..nodes).map(Addr).collect(),
+        (nodes..nodes + managers).map(Addr).collect(),
+    ));
+    // Mirrors come after the managers; the group starts with every node's placement, as
+    // the primaries' first registrations make it.
+    let mirror_of = |id: NodeId| Addr(nodes + managers + u32::from(id) - 1);
+    let mut initial = tutti_manager::ManagerState::new(tutti_manager::Persisted::fresh(), 0);
+    if replicated {
+        for id in 1..=nodes as NodeId {
+            let _ = initial.register(
+                0,
+                id,
+                crate::msg::name_of(dir.node(id)),
+                images[0].len() as u64,
+                true,
+                false,
+                Some(crate::msg::name_of(mirror_of(id))),
+            );
+        }
+    }
+    let initial = initial.persisted().clone();
+    let mirror_images = images.clone();
     let check = {
         let workload = workload.clone();
         Rc::new(move |node: NodeId, read: &dyn Fn(u64, u32) -> Vec<u8>| {
@@ -223,17 +301,28 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
         })
     };
     for (id, image) in (1..).zip(images) {
-        let node = SimNode::new(id, image, dir.clone(), check.clone());
+        let node = match replicated {
+            true => SimNode::primary(
+                id,
+                dir.node(id),
+                mirror_of(id),
+                image,
+                dir.clone(),
+                check.clone(),
+            ),
+            false => SimNode::new(id, image, dir.clone(), check.clone()),
+        };
         assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
     }
     for (id, &addr) in (1..).zip(&dir.managers) {
-        let manager = SimManager::new(
-            id,
-            dir.clone(),
-            epoch_interval_us,
-            tutti_manager::Persisted::fresh(),
-        );
+        let manager = SimManager::new(id, dir.clone(), epoch_interval_us, initial.clone());
         assert_eq!(world.spawn(Box::new(manager), managers > 1), addr);
+    }
+    if replicated {
+        for (id, image) in (1..).zip(mirror_images) {
+            let mirror = SimNode::mirror(id, image, dir.clone(), check.clone());
+            assert_eq!(world.spawn(Box::new(mirror), true), mirror_of(id));
+        }
     }
     for c in 0..clients {
         let client = SimClient::new(c as u64, client_cfg.clone(), workload.clone(), dir.clone());
@@ -257,7 +346,8 @@ pub(crate) fn check_managers(world: &World, dir: &Directory) -> Vec<Violation> {
         return vec![Violation::new("managers", detail)];
     };
     let mut violations = Vec::new();
-    for (id, &addr) in (1..).zip(&dir.nodes) {
+    for id in 1..=dir.nodes_len() as NodeId {
+        let addr = dir.node(id);
         let epoch = world.process::<SimNode>(addr).epoch().unwrap_or(0);
         if epoch > group.epoch() {
             let detail = format!(

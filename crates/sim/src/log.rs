@@ -77,12 +77,12 @@ pub(crate) fn spawn_log_cluster(
     sequencers: u64,
     managers: u32,
 ) -> (Rc<Directory>, LogLayout, Vec<Addr>) {
-    let dir = Rc::new(Directory {
-        nodes: (0..u32::from(shape.nodes)).map(Addr).collect(),
-        managers: (0..managers)
+    let dir = Rc::new(Directory::new(
+        (0..u32::from(shape.nodes)).map(Addr).collect(),
+        (0..managers)
             .map(|i| Addr(u32::from(shape.nodes) + i))
             .collect(),
-    });
+    ));
     let (state, layout, images) = allocate(shape);
     let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
     for (id, image) in (1..=shape.nodes).zip(images) {
@@ -243,6 +243,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         incremental_images: 0,
         manager_elections: world.counter("manager_elections"),
         commits_with_lsns: world.counter("commits_with_lsns"),
+        fail_overs: 0,
         violations,
     }
 }

@@ -12,6 +12,11 @@ use std::rc::Rc;
 use tutti_manager::{Actions, Persisted, Recovery, RecoveryBatch, Replica, ReplicaConfig};
 use tutti_wire::{NodeId, Request, Response};
 
+/// A replicated node's primary or mirror silent this long is replaced or dropped: shorter
+/// than the real 1 s, so that a fair share of the simulated crashes (down 5–200 ms) and
+/// partitions end in a fail-over.
+const FAILOVER_TIMEOUT_MS: u64 = 100;
+
 /// The Raft clock's tick in the simulation: shorter than the real 50 ms, so that elections
 /// fit many times into a run's faults.
 const TICK_US: u64 = 10_000;
@@ -194,7 +199,7 @@ impl Process for SimManager {
                 .map(manager_name)
                 .collect(),
             failure_timeout_ms: 3_000,
-            failover_timeout_ms: 1_000,
+            failover_timeout_ms: FAILOVER_TIMEOUT_MS,
             election_ticks,
             heartbeat_ticks: 2,
             fixed_election: true,

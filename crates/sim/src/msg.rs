@@ -52,8 +52,10 @@ pub(crate) fn send_one_way(ctx: &mut Ctx<'_>, to: Addr, req: Request) {
 /// Where the memory nodes and the managers are.
 #[derive(Debug)]
 pub(crate) struct Directory {
-    /// Node `i + 1` is at `nodes[i]`.
-    pub(crate) nodes: Vec<Addr>,
+    /// Node `i + 1` is served at `nodes[i]`: its first primary, or (`log-repl`) the mirror
+    /// that took over, from when it starts its recovery as the node: clients then find it
+    /// as real ones find it in the manager's directory.
+    pub(crate) nodes: std::cell::RefCell<Vec<Addr>>,
     /// Manager `i + 1` of the group is at `managers[i]`.
     pub(crate) managers: Vec<Addr>,
 }
@@ -98,7 +100,33 @@ impl ManagerRoute {
 }
 
 impl Directory {
-    pub(crate) fn node(&self, id: NodeId) -> Addr {
-        self.nodes[usize::from(id) - 1]
+    pub(crate) fn new(nodes: Vec<Addr>, managers: Vec<Addr>) -> Directory {
+        Directory {
+            nodes: std::cell::RefCell::new(nodes),
+            managers,
+        }
     }
+
+    pub(crate) fn node(&self, id: NodeId) -> Addr {
+        self.nodes.borrow()[usize::from(id) - 1]
+    }
+
+    pub(crate) fn nodes_len(&self) -> usize {
+        self.nodes.borrow().len()
+    }
+
+    /// Node `id` is served at `addr` from now on.
+    pub(crate) fn serve_at(&self, id: NodeId, addr: Addr) {
+        self.nodes.borrow_mut()[usize::from(id) - 1] = addr;
+    }
+}
+
+/// A simulated process's address as placements name it.
+pub(crate) fn name_of(addr: Addr) -> String {
+    format!("sim-{}", addr.0)
+}
+
+/// The process a placement names.
+pub(crate) fn addr_named(name: &str) -> Option<Addr> {
+    name.strip_prefix("sim-")?.parse().ok().map(Addr)
 }

@@ -3,26 +3,47 @@
 //! was written but not synced and returns the image to its last flush; a process kill keeps
 //! both (they were in the page cache), as on Linux.
 
-use crate::msg::{self, Directory, ManagerRoute, Msg};
+use crate::msg::{self, addr_named, name_of, Directory, ManagerRoute, Msg};
 use crate::world::{Addr, Ctx, Message, Process, Timer};
 use rand::Rng;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use tutti_memnode::log_record::decode_record;
+use tutti_memnode::mirror::{encode_records, Mirror, Replicate};
 use tutti_memnode::participant::{Actions, Checkpoint, Config, Participant, Stage};
 use tutti_memnode::recovery::Stage2;
 use tutti_memnode::redo_log::{LogRecord, Lsn};
+use tutti_memnode::shipper::{Shipped, Shipper};
 use tutti_memnode::space::Space;
 use tutti_memnode::Mode;
-use tutti_wire::{Limits, NodeId, Request, Response};
+use tutti_wire::{ErrorCode, Limits, NodeId, Placement, Request, Response};
 use tutti_workload::Violation;
 
 /// Checks a node's space right after it recovered, through `read(addr, len)`.
 pub(crate) type RecoveryCheck = dyn Fn(NodeId, &dyn Fn(u64, u32) -> Vec<u8>) -> Vec<Violation>;
 
 enum Pending {
-    Heartbeat { sent_ms: u64 },
-    Stage2 { index: usize },
+    Heartbeat {
+        sent_ms: u64,
+    },
+    Stage2 {
+        index: usize,
+    },
+    /// `log-repl`: records (or a lease renewal) sent to the mirror.
+    Replicate {
+        sent_ms: u64,
+    },
+    MirrorHeartbeat,
+    /// A joining primary's registration, its ask for the mirror's tail, and the records it
+    /// sent the mirror because it lacked them (up to `upto`).
+    Register,
+    Tail {
+        from: Lsn,
+    },
+    Lacking {
+        upto: Lsn,
+    },
 }
 
 #[derive(Debug)]
@@ -32,6 +53,36 @@ enum NodeTimer {
     CheckpointStep,
     Heartbeat,
     Stage2Retry,
+    /// `log-repl`: a primary renews its lease; a joining one asks again.
+    Renew,
+    Join,
+    /// A promoted mirror looks whether the old primary's lease has run out.
+    TakeOver,
+}
+
+/// `log-repl` (docs/replication.md): what this process is for its node, driving the real
+/// `Shipper` and `Mirror` as `memnode::primary` and `memnode::mirror_node` do.
+struct Repl {
+    state: ReplState,
+    /// This incarnation as a primary, as its mirror knows it.
+    session: u64,
+}
+
+enum ReplState {
+    /// Serving (the participant runs), shipping to the placement's mirror.
+    Primary(Shipper<Addr>),
+    /// Down, or before its recovery: a primary learns its placement and makes both logs
+    /// equal first.
+    Joining {
+        placement: Option<Placement>,
+    },
+    Mirror(Mirror<Addr>),
+    /// Named primary, waiting out the old primary's lease.
+    Promoted(Mirror<Addr>),
+    /// A mirror that is down.
+    MirrorDown,
+    /// Replaced, or dropped from the placement: answers nobody, for good.
+    Retired,
 }
 
 struct Recovering {
@@ -61,6 +112,11 @@ pub(crate) struct SimNode {
     pending: BTreeMap<u64, Pending>,
     /// A checkpoint between two of its steps.
     checkpoint: Option<Checkpoint>,
+    /// `log-repl` only.
+    repl: Option<Repl>,
+    /// A promoted mirror's image as its page cache held it (not yet flushed): the node's
+    /// recovery starts from it, a power loss drops it.
+    page_cache: Option<Vec<u8>>,
 }
 
 /// Tids per checkpoint step: few, so that a checkpoint here spans several events and
@@ -84,6 +140,14 @@ fn space_from(image: &[u8]) -> Space {
     let mut space = Space::anonymous(image.len() as u64).expect("map a small anonymous space");
     space.write(0, image);
     space
+}
+
+fn send_replies(ctx: &mut Ctx<'_>, replies: Vec<(Addr, u64, Response)>) {
+    for (to, reply_id, resp) in replies {
+        if reply_id != tutti_wire::ONE_WAY {
+            ctx.send(to, Msg::Resp { id: reply_id, resp });
+        }
+    }
 }
 
 fn now_ms(ctx: &Ctx<'_>) -> u64 {
@@ -115,6 +179,78 @@ impl SimNode {
             recovering: None,
             pending: BTreeMap::new(),
             checkpoint: None,
+            repl: None,
+            page_cache: None,
+        }
+    }
+
+    /// Node `id`'s first primary at `me`, shipping to its mirror at `mirror` (`log-repl`).
+    pub(crate) fn primary(
+        id: NodeId,
+        me: Addr,
+        mirror: Addr,
+        image: Vec<u8>,
+        dir: Rc<Directory>,
+        check: Rc<RecoveryCheck>,
+    ) -> SimNode {
+        let mut node = SimNode::new(id, image, dir, check);
+        let placement = Placement {
+            config_epoch: 1,
+            primary: name_of(me),
+            mirror: Some(name_of(mirror)),
+        };
+        node.repl = Some(Repl {
+            state: ReplState::Primary(Shipper::new(id, 1, placement, 1)),
+            session: 1,
+        });
+        node
+    }
+
+    /// Node `id`'s first mirror.
+    pub(crate) fn mirror(
+        id: NodeId,
+        image: Vec<u8>,
+        dir: Rc<Directory>,
+        check: Rc<RecoveryCheck>,
+    ) -> SimNode {
+        let mut node = SimNode::new(id, image, dir, check);
+        node.participant = None;
+        let mut mirror = Mirror::new(id, space_from(&node.image), 1, vec![], 0);
+        mirror.set_config_epoch(1);
+        node.repl = Some(Repl {
+            state: ReplState::Mirror(mirror),
+            session: 0,
+        });
+        node
+    }
+
+    /// A mirror's image, while it is up as one.
+    pub(crate) fn mirror_space(&self) -> Option<&Space> {
+        match &self.repl.as_ref()?.state {
+            ReplState::Mirror(m) | ReplState::Promoted(m) => Some(m.space()),
+            _ => None,
+        }
+    }
+
+    /// Whether a primary holds its mirror in step: every record handed over acknowledged.
+    pub(crate) fn mirrored(&self) -> Option<&str> {
+        match &self.repl.as_ref()?.state {
+            ReplState::Primary(s) if s.caught_up() => s.mirror(),
+            _ => None,
+        }
+    }
+
+    fn shipper(&mut self) -> Option<&mut Shipper<Addr>> {
+        match &mut self.repl.as_mut()?.state {
+            ReplState::Primary(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn mirror_mut(&mut self) -> Option<&mut Mirror<Addr>> {
+        match &mut self.repl.as_mut()?.state {
+            ReplState::Mirror(m) | ReplState::Promoted(m) => Some(m),
+            _ => None,
         }
     }
 
@@ -141,11 +277,20 @@ impl SimNode {
     fn truncate(&mut self, below: Lsn) {
         self.synced.retain(|(lsn, _)| *lsn >= below);
         self.floor = self.floor.max(below);
+        if let Some(s) = self.shipper() {
+            s.truncated(below);
+        }
     }
 
     /// Carries out a participant's actions: append, reply, truncate after the next sync.
     fn apply(&mut self, ctx: &mut Ctx<'_>, acts: Actions<Addr>) {
         let mut needs_sync = false;
+        let now = now_ms(ctx);
+        if let (Some(s), Some((first, _))) = (self.shipper(), acts.append.first()) {
+            // Shipped as the log writer writes them, in parallel with this copy's sync.
+            let (first, count) = (*first, acts.append.len() as u64);
+            s.push(now, first, count, encode_records(&acts.append));
+        }
         for (lsn, record) in acts.append {
             needs_sync |= record.needs_sync();
             self.next_lsn = lsn + 1;
@@ -159,21 +304,44 @@ impl SimNode {
                 self.truncate(below);
             }
         }
-        for (to, reply_id, resp) in acts.replies {
-            if reply_id != tutti_wire::ONE_WAY {
-                ctx.send(to, Msg::Resp { id: reply_id, resp });
-            }
-        }
+        let replies = match self.shipper() {
+            Some(s) => s.replies(now, acts.replies),
+            None => acts.replies,
+        };
+        self.check_sole_primary(ctx, &replies);
+        send_replies(ctx, replies);
+        self.ship(ctx, false);
         self.maybe_sync(ctx);
+    }
+
+    /// Sends the shipper's messages not sent yet (with `renew`, an empty one if none, to
+    /// renew the lease).
+    fn ship(&mut self, ctx: &mut Ctx<'_>, renew: bool) {
+        let Some(repl) = &mut self.repl else { return };
+        let ReplState::Primary(s) = &mut repl.state else {
+            return;
+        };
+        let Some(to) = s.mirror().and_then(addr_named) else {
+            return;
+        };
+        for req in s.to_send(renew) {
+            let id = ctx.new_id();
+            let sent_ms = now_ms(ctx);
+            self.pending.insert(id, Pending::Replicate { sent_ms });
+            ctx.send(to, Msg::Req { id, req });
+        }
     }
 
     /// Group commit: one sync covers everything written when it starts.
     fn maybe_sync(&mut self, ctx: &mut Ctx<'_>) {
-        if self.participant.is_none() || self.sync_in_flight.is_some() {
+        let mirror = self.mirror_space().is_some();
+        if (self.participant.is_none() && !mirror) || self.sync_in_flight.is_some() {
             return;
         }
+        // A mirror's writer syncs every round, lazy records too.
+        let needs = |r: &LogRecord| mirror || r.needs_sync();
         if let Some((upto, _)) =
-            (self.written.last()).filter(|_| self.written.iter().any(|(_, r)| r.needs_sync()))
+            (self.written.last()).filter(|_| self.written.iter().any(|(_, r)| needs(r)))
         {
             self.sync_in_flight = Some(*upto);
             let took = ctx.rng().gen_range(100..1_500);
@@ -197,8 +365,29 @@ impl SimNode {
             return;
         };
         self.make_durable(upto);
-        let acts = self.up().on_synced(now_ms(ctx), upto);
+        let now = now_ms(ctx);
+        if let Some(m) = self.mirror_mut() {
+            let replies = m.on_synced(now, upto + 1);
+            send_replies(ctx, replies);
+            // What arrived during this sync goes in the next one.
+            self.maybe_sync(ctx);
+            return;
+        }
+        if self.participant.is_none() {
+            return;
+        }
+        let durable = self.durable_upto(upto);
+        let acts = self.up().on_synced(now, durable);
         self.apply(ctx, acts);
+    }
+
+    /// This copy synced every record up to `upto`: how far the participant may count them
+    /// durable (a replicated primary's, once on the mirror too).
+    fn durable_upto(&mut self, upto: Lsn) -> Lsn {
+        match self.shipper() {
+            Some(s) => s.on_local_synced(upto + 1) - 1,
+            None => upto,
+        }
     }
 
     /// Flush the image, sync the log, then let the participant collect its log head, a
@@ -213,7 +402,8 @@ impl SimNode {
         self.image = self.up().space().read(0, bytes).to_vec();
         let upto = self.next_lsn - 1;
         self.make_durable(upto);
-        let acts = self.up().on_synced(now, upto);
+        let durable = self.durable_upto(upto);
+        let acts = self.up().on_synced(now, durable);
         self.apply(ctx, acts);
         self.checkpoint = Some(cp);
         self.checkpoint_step(ctx);
@@ -251,12 +441,13 @@ impl SimNode {
             }
         }
         let report = self.up().heartbeat(now);
+        let mirror_behind_ms = self.shipper().map_or(0, |s| s.behind_ms(now));
         let req = Request::Heartbeat {
             node: self.id,
             uncertain: report.uncertain,
             applied: report.applied,
             applied_below: report.applied_below,
-            mirror_behind_ms: 0,
+            mirror_behind_ms,
         };
         let msg_id = ctx.new_id();
         self.pending
@@ -277,14 +468,18 @@ impl SimNode {
         ctx.set_timer(20_000 + jitter, NodeTimer::Heartbeat);
         let jitter = ctx.rng().gen_range(0..50_000);
         ctx.set_timer(50_000 + jitter, NodeTimer::Checkpoint);
+        if self.repl.is_some() {
+            ctx.set_timer(50_000, NodeTimer::Renew);
+        }
     }
 
     /// Stage 1 from the simulated disk, then stage 2 through the network.
     fn recover(&mut self, ctx: &mut Ctx<'_>) {
-        self.next_lsn = self.synced.last().map_or(self.floor, |(lsn, _)| lsn + 1);
+        self.next_lsn = self.log_next();
+        let image = self.page_cache.take().unwrap_or_else(|| self.image.clone());
         let p = Participant::recover(
             config(self.id),
-            space_from(&self.image),
+            space_from(&image),
             self.next_lsn,
             self.synced.clone(),
         );
@@ -372,13 +567,374 @@ impl SimNode {
     }
 }
 
+/// `log-repl`: the mirror's side, a primary's joining, fail-over.
+impl SimNode {
+    /// Where the log on disk ends.
+    fn log_next(&self) -> Lsn {
+        self.synced.last().map_or(self.floor, |(lsn, _)| lsn + 1)
+    }
+
+    fn request(&mut self, ctx: &mut Ctx<'_>, to: Addr, pending: Pending, req: Request) {
+        let id = ctx.new_id();
+        self.pending.insert(id, pending);
+        ctx.send(to, Msg::Req { id, req });
+    }
+
+    fn mirror_heartbeat(&mut self, ctx: &mut Ctx<'_>) {
+        let Some(next_lsn) = self.mirror_mut().map(|m| m.synced_next()) else {
+            return;
+        };
+        let req = Request::MirrorHeartbeat {
+            node: self.id,
+            addr: name_of(ctx.me()),
+            next_lsn,
+        };
+        let to = self.manager.addr();
+        self.request(ctx, to, Pending::MirrorHeartbeat, req);
+    }
+
+    /// A mirror learns the placement: promoted, still the mirror, or dropped.
+    fn mirror_placement(&mut self, ctx: &mut Ctx<'_>, placement: Option<Placement>) {
+        let (Some(p), Some(repl)) = (placement, self.repl.as_mut()) else {
+            return;
+        };
+        let me = name_of(ctx.me());
+        let ReplState::Mirror(m) = &mut repl.state else {
+            return;
+        };
+        if p.primary == me {
+            m.promote(p.config_epoch);
+            let ReplState::Mirror(m) = std::mem::replace(&mut repl.state, ReplState::Retired)
+            else {
+                unreachable!("matched above")
+            };
+            repl.state = ReplState::Promoted(m);
+            ctx.set_timer(10_000, NodeTimer::TakeOver);
+        } else if p.mirror.as_deref() == Some(me.as_str()) {
+            m.set_config_epoch(p.config_epoch);
+        } else {
+            self.retire();
+        }
+    }
+
+    /// Replaced or dropped: answers nobody from now on.
+    fn retire(&mut self) {
+        self.participant = None;
+        self.recovering = None;
+        self.checkpoint = None;
+        self.sync_in_flight = None;
+        if let Some(repl) = &mut self.repl {
+            repl.state = ReplState::Retired;
+        }
+    }
+
+    /// A promoted mirror, once the old primary's lease ran out: its writer syncs what it
+    /// had and stops; it joins as the node's primary over its own log and image.
+    fn take_over(&mut self, ctx: &mut Ctx<'_>) {
+        let now = now_ms(ctx);
+        let Some(repl) = &mut self.repl else { return };
+        let ReplState::Promoted(m) = &repl.state else {
+            return;
+        };
+        if !m.may_take_over(now) {
+            ctx.set_timer(10_000, NodeTimer::TakeOver);
+            return;
+        }
+        self.page_cache = Some(m.space().read(0, self.space_bytes).to_vec());
+        repl.state = ReplState::Joining { placement: None };
+        repl.session = ctx.now_us();
+        let upto = self.next_lsn - 1;
+        self.make_durable(upto);
+        self.sync_in_flight = None;
+        self.dir.serve_at(self.id, ctx.me());
+        self.join(ctx);
+    }
+
+    /// A primary before its recovery registers to learn its placement (asked again on a
+    /// timer until it has made both logs equal).
+    fn join(&mut self, ctx: &mut Ctx<'_>) {
+        self.pending.retain(|_, p| {
+            !matches!(
+                p,
+                Pending::Register | Pending::Tail { .. } | Pending::Lacking { .. }
+            )
+        });
+        let req = Request::Register {
+            node: self.id,
+            addr: name_of(ctx.me()),
+            size_bytes: self.space_bytes,
+            durable: true,
+            rebooted: true,
+            mirror: None,
+        };
+        let to = self.manager.addr();
+        self.request(ctx, to, Pending::Register, req);
+        ctx.set_timer(30_000, NodeTimer::Join);
+    }
+
+    /// The answers of a joining primary's steps (`memnode::primary::adopt_mirror_tail`).
+    fn join_answer(&mut self, ctx: &mut Ctx<'_>, pending: Pending, resp: Response) {
+        let Some(Repl {
+            state: ReplState::Joining { placement },
+            ..
+        }) = &mut self.repl
+        else {
+            return;
+        };
+        if let Response::Error {
+            code: ErrorCode::StaleConfig,
+            ..
+        } = resp
+        {
+            self.retire();
+            return;
+        }
+        match (pending, resp) {
+            (
+                Pending::Register,
+                Response::Registered {
+                    placement: Some(p), ..
+                },
+            ) => {
+                *placement = Some(p.clone());
+                match p.mirror.as_deref().and_then(addr_named) {
+                    None => self.joined(ctx, p, false),
+                    Some(mirror) => {
+                        let from = self.log_next();
+                        let ask = Request::ReplicaTail {
+                            node: self.id,
+                            session: self.repl.as_ref().map_or(0, |r| r.session),
+                            config_epoch: p.config_epoch,
+                            from,
+                        };
+                        self.request(ctx, mirror, Pending::Tail { from }, ask);
+                    }
+                }
+            }
+            (Pending::Register, resp) => {
+                // Asked again on the join timer.
+                self.manager.not_leader(&resp);
+            }
+            (
+                Pending::Tail { from },
+                Response::ReplicaTail {
+                    first_lsn, records, ..
+                },
+            ) => {
+                let p = placement.clone().expect("asked under a placement");
+                if first_lsn == from {
+                    let mut at = 0;
+                    while let Some((lsn, record, used)) = decode_record(&records[at..]) {
+                        self.synced.push((lsn, record));
+                        at += used;
+                    }
+                    self.joined(ctx, p, false);
+                    return;
+                }
+                let lacking: Vec<_> = (self.synced.iter())
+                    .filter(|(lsn, _)| *lsn >= first_lsn)
+                    .cloned()
+                    .collect();
+                if lacking.first().is_none_or(|(lsn, _)| *lsn != first_lsn) {
+                    self.joined(ctx, p, true);
+                    return;
+                }
+                let mirror = p.mirror.as_deref().and_then(addr_named).expect("a mirror");
+                let send = Request::Replicate {
+                    node: self.id,
+                    session: self.repl.as_ref().map_or(0, |r| r.session),
+                    config_epoch: p.config_epoch,
+                    first_lsn,
+                    count: lacking.len() as u64,
+                    records: encode_records(&lacking),
+                    truncate_below: 0,
+                    primary_synced: from,
+                };
+                self.request(ctx, mirror, Pending::Lacking { upto: from }, send);
+            }
+            (Pending::Lacking { upto }, Response::Replicated { next_lsn }) if next_lsn >= upto => {
+                let p = placement.clone().expect("sent under a placement");
+                self.joined(ctx, p, false);
+            }
+            _ => {}
+        }
+    }
+
+    /// Both logs are equal (or the mirror is behind for good): recover as the primary.
+    fn joined(&mut self, ctx: &mut Ctx<'_>, placement: Placement, behind: bool) {
+        let session = self.repl.as_ref().map_or(0, |r| r.session);
+        let mut shipper = Shipper::new(self.id, session, placement, self.log_next());
+        if behind {
+            shipper.mark_behind(now_ms(ctx));
+        }
+        self.repl.as_mut().expect("replicated").state = ReplState::Primary(shipper);
+        self.pending.retain(|_, p| {
+            !matches!(
+                p,
+                Pending::Register | Pending::Tail { .. } | Pending::Lacking { .. }
+            )
+        });
+        self.recover(ctx);
+    }
+
+    /// The mirror's answer to a `Replicate` sent at `sent_ms`.
+    fn replicated(&mut self, ctx: &mut Ctx<'_>, sent_ms: u64, resp: Response) {
+        let now = now_ms(ctx);
+        let reply = match resp {
+            Response::Error { code, message } => Err((code, message)),
+            other => Ok(other),
+        };
+        let Some(s) = self.shipper() else { return };
+        match s.on_reply(sent_ms, reply) {
+            Shipped::Acknowledged { durable_next } => {
+                let released = s.release(now);
+                self.check_sole_primary(ctx, &released);
+                send_replies(ctx, released);
+                if self.participant.is_some() {
+                    let acts = self.up().on_synced(now, durable_next - 1);
+                    self.apply(ctx, acts);
+                }
+            }
+            Shipped::Resend(requests) => {
+                let Some(to) = s.mirror().and_then(addr_named) else {
+                    return;
+                };
+                for req in requests {
+                    self.request(ctx, to, Pending::Replicate { sent_ms: now }, req);
+                }
+            }
+            Shipped::Replaced(_) => self.retire(),
+            Shipped::MirrorBehind { .. } | Shipped::Nothing => {}
+        }
+    }
+
+    /// A replicated node's participant answers only from the process serving the node: a
+    /// mirror takes over once the old primary's lease has run out, so the old primary has
+    /// stopped answering by then (two processes answering for one node could each commit
+    /// or read what the other does not see).
+    fn check_sole_primary(&self, ctx: &mut Ctx<'_>, replies: &[(Addr, u64, Response)]) {
+        let answering = replies.iter().any(|(_, id, _)| *id != tutti_wire::ONE_WAY);
+        if self.repl.is_some() && answering && self.dir.node(self.id) != ctx.me() {
+            let detail = format!(
+                "at {} µs process {} answered for node {}, which process {} serves",
+                ctx.now_us(),
+                ctx.me().0,
+                self.id,
+                self.dir.node(self.id).0
+            );
+            ctx.report(Violation::new("two primaries", detail));
+        }
+    }
+
+    /// A `Replicate` unanswered for long: the real driver's call times out and it connects
+    /// again, sending everything unacknowledged anew (a lost message is a broken
+    /// connection: TCP loses none on one that stays up).
+    fn reconnect_if_silent(&mut self, ctx: &mut Ctx<'_>) {
+        const SILENT_MS: u64 = 200;
+        let now = now_ms(ctx);
+        let before = self.pending.len();
+        self.pending.retain(|_, p| {
+            !matches!(p, Pending::Replicate { sent_ms } if now.saturating_sub(*sent_ms) >= SILENT_MS)
+        });
+        if self.pending.len() != before {
+            if let Some(s) = self.shipper() {
+                s.reconnected();
+            }
+        }
+    }
+
+    /// A request to a mirror (a promoted one refuses records).
+    fn mirror_request(&mut self, ctx: &mut Ctx<'_>, from: Addr, id: u64, req: Request) {
+        let now = now_ms(ctx);
+        let me = self.id;
+        let Some(m) = self.mirror_mut() else { return };
+        match req {
+            Request::Replicate {
+                node,
+                session,
+                config_epoch,
+                first_lsn,
+                records,
+                truncate_below,
+                primary_synced,
+                ..
+            } if node == me => {
+                let msg = Replicate {
+                    session,
+                    config_epoch,
+                    first_lsn,
+                    records: &records,
+                    truncate_below,
+                    primary_synced,
+                };
+                let acts = m.on_replicate(now, from, id, msg);
+                if let Some((first, count, bytes)) = acts.append {
+                    let mut at = 0;
+                    while let Some((lsn, record, used)) = decode_record(&bytes[at..]) {
+                        self.written.push((lsn, record));
+                        at += used;
+                    }
+                    self.next_lsn = first + count;
+                }
+                send_replies(ctx, acts.replies);
+                self.maybe_sync(ctx);
+            }
+            Request::ReplicaTail {
+                node,
+                session,
+                config_epoch,
+                from: tail_from,
+            } if node == me => {
+                let replies = m.on_tail(from, id, session, config_epoch, tail_from);
+                send_replies(ctx, replies);
+            }
+            _ if id != tutti_wire::ONE_WAY => {
+                let resp = Response::Error {
+                    code: ErrorCode::NotReady,
+                    message: "a mirror serves its primary only".into(),
+                };
+                ctx.send(from, Msg::Resp { id, resp });
+            }
+            _ => {}
+        }
+    }
+
+    /// A mirror's checkpoint: the image flushed, the log truncated below what both it and
+    /// the primary's truncation allow.
+    fn mirror_checkpoint(&mut self) {
+        let bytes = self.space_bytes;
+        let Some(m) = self.mirror_mut() else { return };
+        let below = m.truncation_point();
+        let image = m.space().read(0, bytes).to_vec();
+        self.image = image;
+        if below > 0 {
+            self.truncate(below);
+        }
+    }
+}
+
 impl Process for SimNode {
     fn on_message(&mut self, ctx: &mut Ctx<'_>, from: Addr, msg: Box<dyn Message>) {
         let now = now_ms(ctx);
-        let Some(p) = self.participant.as_mut() else {
+        let msg = msg::open(msg);
+        if self.participant.is_none() {
+            match msg {
+                Msg::Req { id, req } => self.mirror_request(ctx, from, id, req),
+                Msg::Resp { id, resp } => match self.pending.remove(&id) {
+                    Some(Pending::MirrorHeartbeat) if !self.manager.not_leader(&resp) => {
+                        if let Response::Placement(p) = resp {
+                            self.mirror_placement(ctx, p);
+                        }
+                    }
+                    Some(Pending::MirrorHeartbeat) => {}
+                    Some(pending) => self.join_answer(ctx, pending, resp),
+                    None => {}
+                },
+            }
             return;
-        };
-        match msg::open(msg) {
+        }
+        let p = self.participant.as_mut().expect("up");
+        match msg {
             Msg::Req { id, req } => {
                 let acts = p.on_request(now, from, id, req);
                 self.apply(ctx, acts);
@@ -394,16 +950,29 @@ impl Process for SimNode {
                         incarnation,
                         gc,
                         applied_below,
-                        ..
+                        placement,
                     } = resp
                     {
                         let acts =
                             p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc, &applied_below);
                         self.apply(ctx, acts);
+                        if let (Some(placement), Some(s)) = (placement, self.shipper()) {
+                            if s.set_placement(placement).is_err() {
+                                self.retire();
+                                return;
+                            }
+                            // Without a mirror now, what waited for it is durable.
+                            let durable_next = s.durable_next();
+                            let released = s.release(now);
+                            send_replies(ctx, released);
+                            let acts = self.up().on_synced(now, durable_next - 1);
+                            self.apply(ctx, acts);
+                        }
                     }
                 }
                 Some(Pending::Stage2 { index }) => self.stage2_answer(ctx, index, resp),
-                None => {}
+                Some(Pending::Replicate { sent_ms }) => self.replicated(ctx, sent_ms, resp),
+                Some(_) | None => {}
             },
         }
     }
@@ -415,27 +984,68 @@ impl Process for SimNode {
             NodeTimer::Checkpoint => {
                 if self.periodic(ctx, 50_000, NodeTimer::Checkpoint) {
                     self.checkpoint(ctx);
+                } else {
+                    self.mirror_checkpoint();
                 }
             }
             NodeTimer::CheckpointStep => self.checkpoint_step(ctx),
             NodeTimer::Heartbeat => {
                 if self.periodic(ctx, 20_000, NodeTimer::Heartbeat) {
                     self.heartbeat(ctx);
+                } else if matches!(
+                    self.repl.as_ref().map(|r| &r.state),
+                    Some(ReplState::Mirror(_))
+                ) {
+                    self.mirror_heartbeat(ctx);
                 }
             }
             NodeTimer::Stage2Retry => self.stage2_retry(ctx),
+            NodeTimer::Renew => {
+                if self.shipper().is_some() && self.participant.is_some() {
+                    self.reconnect_if_silent(ctx);
+                    self.ship(ctx, true);
+                }
+                ctx.set_timer(50_000, NodeTimer::Renew);
+            }
+            NodeTimer::Join => {
+                if matches!(
+                    self.repl.as_ref().map(|r| &r.state),
+                    Some(ReplState::Joining { .. })
+                ) {
+                    self.join(ctx);
+                }
+            }
+            NodeTimer::TakeOver => self.take_over(ctx),
         }
     }
 
     fn on_crash(&mut self, _ctx: &mut Ctx<'_>, power_loss: bool) {
-        let Some(p) = self.participant.take() else {
-            return;
+        // What the process held in the page cache: the participant's space, a mirror's.
+        let cache = match (&self.participant, self.mirror_space()) {
+            (Some(p), _) => Some(p.space().read(0, self.space_bytes).to_vec()),
+            (None, Some(space)) => Some(space.read(0, self.space_bytes).to_vec()),
+            (None, None) => self.page_cache.take(),
         };
+        self.participant = None;
         if power_loss {
             self.written.clear();
+            self.page_cache = None;
         } else {
             self.synced.append(&mut self.written);
-            self.image = p.space().read(0, self.space_bytes).to_vec();
+            if let Some(image) = cache {
+                self.image = image;
+            }
+        }
+        if let Some(repl) = &mut self.repl {
+            repl.state = match std::mem::replace(&mut repl.state, ReplState::Retired) {
+                ReplState::Primary(_) | ReplState::Joining { .. } => {
+                    ReplState::Joining { placement: None }
+                }
+                ReplState::Mirror(_) | ReplState::Promoted(_) | ReplState::MirrorDown => {
+                    ReplState::MirrorDown
+                }
+                ReplState::Retired => ReplState::Retired,
+            };
         }
         self.sync_in_flight = None;
         self.pending_truncate = None;
@@ -445,24 +1055,68 @@ impl Process for SimNode {
     }
 
     fn on_restart(&mut self, ctx: &mut Ctx<'_>) {
+        if let Some(repl) = &mut self.repl {
+            match &repl.state {
+                ReplState::Retired => return,
+                ReplState::MirrorDown => {
+                    let next = self.synced.last().map_or(self.floor, |(lsn, _)| lsn + 1);
+                    self.next_lsn = next;
+                    let space = space_from(&self.image);
+                    let (records, now) = (self.synced.clone(), now_ms(ctx));
+                    repl.state = ReplState::Mirror(Mirror::new(self.id, space, next, records, now));
+                    self.schedule_timers(ctx);
+                    return;
+                }
+                ReplState::Mirror(_) | ReplState::Promoted(_) => {
+                    self.schedule_timers(ctx);
+                    return;
+                }
+                ReplState::Joining { .. } => {
+                    // A new primary process: later than any before it.
+                    repl.session = ctx.now_us();
+                    self.schedule_timers(ctx);
+                    self.join(ctx);
+                    return;
+                }
+                ReplState::Primary(_) => {}
+            }
+        }
         self.schedule_timers(ctx);
         if self.participant.is_none() {
             self.recover(ctx);
         }
     }
 
-    /// Up, serving, nothing uncertain and no lock held.
+    /// Up, serving, nothing uncertain and no lock held; a replicated primary's mirror
+    /// holds every record; a mirror has nothing unsynced; a retired copy is done.
     fn settled(&self) -> bool {
-        self.participant.as_ref().is_some_and(|p| p.idle())
+        let idle = self.participant.as_ref().is_some_and(|p| p.idle());
+        match self.repl.as_ref().map(|r| &r.state) {
+            None => idle,
+            Some(ReplState::Primary(s)) => idle && s.caught_up(),
+            Some(ReplState::Mirror(_)) => self.written.is_empty(),
+            Some(ReplState::Retired) => true,
+            Some(_) => false,
+        }
     }
 
     fn describe(&self) -> String {
+        let role = match self.repl.as_ref().map(|r| &r.state) {
+            None => "",
+            Some(ReplState::Primary(s)) if !s.caught_up() => " (primary, mirror behind)",
+            Some(ReplState::Primary(_)) => " (primary)",
+            Some(ReplState::Joining { .. }) => " (joining as primary)",
+            Some(ReplState::Mirror(_)) => " (mirror)",
+            Some(ReplState::Promoted(_)) => " (promoted, waiting out the lease)",
+            Some(ReplState::MirrorDown) => " (mirror, down)",
+            Some(ReplState::Retired) => " (retired)",
+        };
         match &self.participant {
-            None => format!("node {} down", self.id),
+            None => format!("node {}{role} down", self.id),
             Some(p) => {
                 let s = p.stats(0);
                 format!(
-                    "node {} {:?}, {} uncertain, {} locks held",
+                    "node {}{role} {:?}, {} uncertain, {} locks held",
                     self.id,
                     p.stage(),
                     s.uncertain,

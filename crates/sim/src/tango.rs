@@ -125,6 +125,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
         incremental_images: 0,
         manager_elections: world.counter("manager_elections"),
         commits_with_lsns: 0,
+        fail_overs: 0,
         violations,
     }
 }

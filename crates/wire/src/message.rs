@@ -516,12 +516,15 @@ pub enum Request {
     /// records `first_lsn .. first_lsn + count`, encoded as in a segment (docs/storage.md),
     /// the primary's truncation point (every record below it is dead; 0 for none) and
     /// `primary_synced` (every record below it is on the primary's own disk). Sent in lsn
-    /// order, empty ones to renew the primary's lease. Replies `Replicated`
+    /// order, empty ones to renew the primary's lease. `session` names the primary process
+    /// (drawn at its start): once a restarting primary asked for the tail, the mirror
+    /// refuses what an earlier process still had in flight. Replies `Replicated`
     /// once the mirror holds every record of it durably, `ReplicaGap` when records before
     /// `first_lsn` are missing there, `Error { StaleConfig }` to a primary of an older
     /// configuration than the mirror knows (or to any primary, once promoted).
     Replicate {
         node: NodeId,
+        session: u64,
         config_epoch: u64,
         first_lsn: u64,
         count: u64,
@@ -531,9 +534,11 @@ pub enum Request {
     },
     /// A restarting primary → its mirror, before its own recovery: the records the mirror
     /// holds from `from` on (logged there, never acknowledged: the primary adopts them, as
-    /// if it had synced them itself). Replies `ReplicaTail`.
+    /// if it had synced them itself), answered once every record the mirror appended is
+    /// durable there. Replies `ReplicaTail`.
     ReplicaTail {
         node: NodeId,
+        session: u64,
         config_epoch: u64,
         from: u64,
     },

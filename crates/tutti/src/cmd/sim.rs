@@ -11,6 +11,8 @@ pub(crate) struct SimArgs {
     #[arg(long, default_value_t = 0)]
     from: u64,
     /// What to simulate: `bank` (minitransactions: transfers and audits under recovery),
+    /// `bank-repl` (the same over `log-repl` nodes: each a primary and a mirror that crash,
+    /// are cut off and fail over),
     /// `log` (the shared log: appenders and stream readers, the sequencer crashing) or
     /// `tango` (objects over the log: transactions across layered partitions, decision
     /// records, checkpoints, forget and trim) or `fs` (tutti-fs: creates, unlinks, renames,
@@ -22,6 +24,7 @@ pub(crate) struct SimArgs {
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq, Debug)]
 pub(crate) enum SimWorkload {
     Bank,
+    BankRepl,
     Log,
     Tango,
     Fs,
@@ -31,6 +34,13 @@ impl SimWorkload {
     fn run(self, seed: u64) -> tutti_sim::Report {
         match self {
             SimWorkload::Bank => tutti_sim::run(seed, &tutti_sim::SimConfig::default()),
+            SimWorkload::BankRepl => {
+                let cfg = tutti_sim::SimConfig {
+                    replicated: true,
+                    ..tutti_sim::SimConfig::default()
+                };
+                tutti_sim::run(seed, &cfg)
+            }
             SimWorkload::Log => tutti_sim::log::run(seed, &tutti_sim::log::LogSimConfig::default()),
             SimWorkload::Tango => {
                 tutti_sim::tango::run(seed, &tutti_sim::tango::TangoSimConfig::default())
@@ -42,6 +52,7 @@ impl SimWorkload {
     fn name(self) -> &'static str {
         match self {
             SimWorkload::Bank => "bank",
+            SimWorkload::BankRepl => "bank-repl",
             SimWorkload::Log => "log",
             SimWorkload::Tango => "tango",
             SimWorkload::Fs => "fs",
@@ -120,7 +131,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
         started.elapsed().as_secs_f64(),
         failures.len(),
         match a.workload {
-            SimWorkload::Bank => "minitransactions",
+            SimWorkload::Bank | SimWorkload::BankRepl => "minitransactions",
             SimWorkload::Log => "appends",
             SimWorkload::Tango => "transfers",
             SimWorkload::Fs => "file-system operations",

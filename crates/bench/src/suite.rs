@@ -409,6 +409,82 @@ async fn contention(
     Ok(points)
 }
 
+/// What `replication` compares, at `HEADLINE_OUTSTANDING`.
+#[derive(serde::Serialize, Debug)]
+pub struct ReplicationSummary {
+    /// `log-repl` over `log` (1 node, one phase; 4 nodes, two phases): target ≥ 0.7.
+    pub log_repl_vs_log_1pc: f64,
+    pub log_repl_vs_log_2pc: f64,
+    /// `log-repl` (1 node) over etcd with one member: target ≥ 10.
+    pub log_repl_vs_etcd: f64,
+    pub targets_met: bool,
+}
+
+/// Fig. 16 (3 compare-and-swaps per minitransaction) in `log` and `log-repl` mode, on one
+/// node and on four with each minitransaction over two, then on etcd (one member), in one
+/// run; with the ratios at `HEADLINE_OUTSTANDING` against issue 18's targets.
+pub async fn replication(
+    cfg: &SuiteConfig,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<(Vec<Point>, ReplicationSummary), String> {
+    let mut points = Vec::new();
+    for mode in ["log", "log-repl"] {
+        for (nodes, spread) in [(1u16, 1usize), (4, 2)] {
+            let dir = cfg.scratch.join(format!("tutti-{mode}-{nodes}"));
+            let c = ScratchCluster::start(&cfg.exe, dir, nodes as usize, mode).await?;
+            let b = MinitxBench {
+                nodes: (1..=nodes).collect(),
+                spread,
+                items_per_node: u64::from(cfg.items),
+                ops_per_minitx: 3,
+                kind: MinitxKind::Increment,
+                access: Access::Combined,
+                outstanding: cfg.fig16_sweep(),
+                duration: cfg.duration(),
+                mode: mode.into(),
+                experiment: "fig16".into(),
+            };
+            points.extend(run_minitx(&c.cluster, &b, &mut *progress).await?);
+        }
+    }
+    {
+        let (_daemon, session) = peers::etcd(&cfg.scratch, cfg.items).await?;
+        let open = || {
+            let s = session.clone();
+            async move { Ok(s) }
+        };
+        points.extend(peer_fig16(cfg, "etcd", "fsync", open, progress).await?);
+    }
+    let points = keep_median_runs(points);
+    let at = |system: &str, mode: &str, nodes: usize| {
+        find(&points, system, mode, nodes, HEADLINE_OUTSTANDING).map_or(0.0, |p| p.throughput_per_s)
+    };
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            (a / b * 100.0).round() / 100.0
+        } else {
+            0.0
+        }
+    };
+    let repl_1pc = at("tutti", "log-repl", 1);
+    let summary = ReplicationSummary {
+        log_repl_vs_log_1pc: ratio(repl_1pc, at("tutti", "log", 1)),
+        log_repl_vs_log_2pc: ratio(at("tutti", "log-repl", 4), at("tutti", "log", 4)),
+        log_repl_vs_etcd: ratio(repl_1pc, at("etcd", "fsync", 1)),
+        targets_met: false,
+    };
+    let targets_met = summary.log_repl_vs_log_1pc >= 0.7
+        && summary.log_repl_vs_log_2pc >= 0.7
+        && summary.log_repl_vs_etcd >= 10.0;
+    Ok((
+        points,
+        ReplicationSummary {
+            targets_met,
+            ..summary
+        },
+    ))
+}
+
 /// Fig. 16 on the peers, one system and mode at a time.
 async fn run_peers(
     cfg: &SuiteConfig,

@@ -52,6 +52,12 @@ pub(crate) enum BenchCommand {
     /// preallocated file, and four preallocated streams at once), with p99.9 and max. Run it
     /// next to `minitx` to tell the disk's own stalls from tutti's.
     Limits(BenchLimitsArgs),
+    /// Replicated memory nodes (docs/replication.md): Sinfonia Fig. 16 (3 compare-and-swaps
+    /// per minitransaction over 50,000 items, outstanding swept) in `log` and `log-repl`
+    /// mode, on one node and on four with each minitransaction over two, then on etcd (one
+    /// member, started here), in one run. Prints the points as JSON, then the ratios at 64
+    /// outstanding against the targets (`log-repl` ≥ 0.7 × `log`, ≥ 10 × etcd).
+    Repl(BenchReplArgs),
 }
 
 #[derive(Args)]
@@ -74,6 +80,22 @@ pub(crate) struct BenchBackupArgs {
     /// unlimited): `tutti backup create`'s default and no limit.
     #[arg(long, value_delimiter = ',', default_value = "32M,0", value_parser = super::args::parse_rate)]
     max_rate: Vec<u64>,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchReplArgs {
+    /// A short pass: outstanding 1,16,64 for 1 s each.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    outstanding: Vec<usize>,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Runs at 64 outstanding per system and layout (the median is kept: the machine is
+    /// shared and noisy).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
 }
 
 #[derive(Args)]
@@ -275,6 +297,7 @@ pub(crate) async fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Fs(a) => measure::fs(a).await,
         BenchCommand::ObjectsClient(a) => measure::objects_client(a).await,
         BenchCommand::Limits(a) => measure::limits(a).await,
+        BenchCommand::Repl(a) => measure::repl(a).await,
         BenchCommand::Backup(a) => measure::backup(a).await,
     }
 }
@@ -292,7 +315,7 @@ pub(crate) async fn run(_which: BenchCommand) -> Result<(), String> {
 mod measure {
     use super::{
         BenchAllArgs, BenchBackupArgs, BenchFsArgs, BenchLimitsArgs, BenchLogArgs, BenchMinitxArgs,
-        BenchObjectsArgs, BenchObjectsClientArgs, Layout2, ObjectsClientRole,
+        BenchObjectsArgs, BenchObjectsClientArgs, BenchReplArgs, Layout2, ObjectsClientRole,
     };
     use crate::cmd::args::with_cluster_credentials;
     use std::path::Path;
@@ -546,6 +569,57 @@ mod measure {
         println!(
             "{}",
             serde_json::to_string(&results).map_err(|e| e.to_string())?
+        );
+        Ok(())
+    }
+
+    pub(super) async fn repl(a: BenchReplArgs) -> Result<(), String> {
+        let scratch = scratch_dir("tutti-bench-repl-", None)?;
+        let (outstanding, seconds, runs) = if a.quick {
+            (vec![1, 16, 64], 1.0, 1)
+        } else {
+            (a.outstanding, a.seconds, a.runs)
+        };
+        let cfg = tutti_bench::suite::SuiteConfig {
+            exe: std::env::current_exe().map_err(|e| e.to_string())?,
+            out: scratch.path().to_path_buf(),
+            scratch: scratch.path().to_path_buf(),
+            outstanding,
+            headline_runs: runs.max(1),
+            seconds_per_point: seconds,
+            items: 50_000,
+            no_peers: false,
+        };
+        let mut print = |p: &Point| {
+            eprintln!(
+                "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
+                p.system,
+                p.mode,
+                p.nodes,
+                p.spread,
+                p.outstanding,
+                p.throughput_per_s,
+                p.p50_us,
+                p.p99_us
+            )
+        };
+        let (points, summary) = tutti_bench::suite::replication(&cfg, &mut print).await?;
+        let out = serde_json::json!({ "points": points, "summary": summary });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("serialisable")
+        );
+        eprintln!(
+            "bench: log-repl / log at 64 outstanding: {} (1 node), {} (4 nodes, spread 2); \
+             log-repl / etcd: {}; targets (0.7, 0.7, 10) {}",
+            summary.log_repl_vs_log_1pc,
+            summary.log_repl_vs_log_2pc,
+            summary.log_repl_vs_etcd,
+            if summary.targets_met {
+                "met"
+            } else {
+                "NOT met"
+            }
         );
         Ok(())
     }

@@ -160,7 +160,26 @@ pub async fn run(
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
     let mut points = physical_limits(&cfg.scratch, cfg.duration(), progress).await?;
-    for mode in ["ram", "log"] {
+    points.extend(fig16_on_tutti(cfg, &["ram", "log"], progress).await?);
+    points.extend(memory_use(cfg, progress).await?);
+    points.extend(breakdown(cfg, progress).await?);
+    points.extend(scalability(cfg, progress).await?);
+    points.extend(contention(cfg, progress).await?);
+    if !cfg.no_peers {
+        points.extend(run_peers(cfg, progress).await?);
+    }
+    Ok(keep_median_runs(points))
+}
+
+/// Fig. 16 on scratch tutti clusters in each of `modes`: 1 node (one phase), then 4 nodes
+/// with each minitransaction over two.
+async fn fig16_on_tutti(
+    cfg: &SuiteConfig,
+    modes: &[&str],
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
+    let mut points = Vec::new();
+    for &mode in modes {
         for (nodes, spread) in [(1u16, 1usize), (4, 2)] {
             let dir = cfg.scratch.join(format!("tutti-{mode}-{nodes}"));
             let c = ScratchCluster::start(&cfg.exe, dir, nodes as usize, mode).await?;
@@ -179,14 +198,7 @@ pub async fn run(
             points.extend(run_minitx(&c.cluster, &b, &mut *progress).await?);
         }
     }
-    points.extend(memory_use(cfg, progress).await?);
-    points.extend(breakdown(cfg, progress).await?);
-    points.extend(scalability(cfg, progress).await?);
-    points.extend(contention(cfg, progress).await?);
-    if !cfg.no_peers {
-        points.extend(run_peers(cfg, progress).await?);
-    }
-    Ok(keep_median_runs(points))
+    Ok(points)
 }
 
 /// The loopback round trip (1 and 16 connections) and the fdatasync limits, measured in
@@ -427,26 +439,7 @@ pub async fn replication(
     cfg: &SuiteConfig,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<(Vec<Point>, ReplicationSummary), String> {
-    let mut points = Vec::new();
-    for mode in ["log", "log-repl"] {
-        for (nodes, spread) in [(1u16, 1usize), (4, 2)] {
-            let dir = cfg.scratch.join(format!("tutti-{mode}-{nodes}"));
-            let c = ScratchCluster::start(&cfg.exe, dir, nodes as usize, mode).await?;
-            let b = MinitxBench {
-                nodes: (1..=nodes).collect(),
-                spread,
-                items_per_node: u64::from(cfg.items),
-                ops_per_minitx: 3,
-                kind: MinitxKind::Increment,
-                access: Access::Combined,
-                outstanding: cfg.fig16_sweep(),
-                duration: cfg.duration(),
-                mode: mode.into(),
-                experiment: "fig16".into(),
-            };
-            points.extend(run_minitx(&c.cluster, &b, &mut *progress).await?);
-        }
-    }
+    let mut points = fig16_on_tutti(cfg, &["log", "log-repl"], progress).await?;
     {
         let (_daemon, session) = peers::etcd(&cfg.scratch, cfg.items).await?;
         let open = || {

@@ -9,7 +9,7 @@ use crate::participant::{planted, Bug, Writes};
 use crate::space::Space;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use tutti_wire::{ErrorCode, NodeId, Response, Tid, PRIMARY_LEASE_MS};
+use tutti_wire::{ErrorCode, NodeId, Request, Response, Tid, PRIMARY_LEASE_MS};
 
 /// Past the lease, how much longer a mirror waits before it takes over: the two clocks
 /// may run at slightly different rates.
@@ -39,6 +39,34 @@ pub struct Replicate<'a> {
     pub records: &'a [u8],
     pub truncate_below: Lsn,
     pub primary_synced: Lsn,
+}
+
+impl Replicate<'_> {
+    /// What `req` carries, if it is a `Replicate`: the node it names, and the rest.
+    pub fn of(req: &Request) -> Option<(NodeId, Replicate<'_>)> {
+        let Request::Replicate {
+            node,
+            session,
+            config_epoch,
+            first_lsn,
+            records,
+            truncate_below,
+            primary_synced,
+            ..
+        } = req
+        else {
+            return None;
+        };
+        let msg = Replicate {
+            session: *session,
+            config_epoch: *config_epoch,
+            first_lsn: *first_lsn,
+            records,
+            truncate_below: *truncate_below,
+            primary_synced: *primary_synced,
+        };
+        Some((*node, msg))
+    }
 }
 
 pub struct Mirror<R> {

@@ -46,39 +46,22 @@ impl MirrorNode {
     }
 
     fn on_request(&self, id: u64, req: Request, reply_to: Replies) {
-        let resp = match req {
-            Request::Replicate {
-                node,
-                session,
-                config_epoch,
-                first_lsn,
-                records,
-                truncate_below,
-                primary_synced,
-                ..
-            } if node == self.cfg.id => {
-                let msg = Replicate {
-                    session,
-                    config_epoch,
-                    first_lsn,
-                    records: &records,
-                    truncate_below,
-                    primary_synced,
-                };
-                let replies = {
-                    let mut m = self.mirror.lock().expect("mirror poisoned");
-                    let acts = m.on_replicate(self.now_ms(), reply_to, id, msg);
-                    if let Some((first, count, bytes)) = acts.append {
-                        // Under the lock: records reach the writer in lsn order.
-                        let _ = self.log.send(MirrorCmd::Append(first, count, bytes));
-                    }
-                    acts.replies
-                };
-                for (to, id, resp) in replies {
-                    let _ = to.send((id, resp));
+        if let Some((_, msg)) = Replicate::of(&req).filter(|(node, _)| *node == self.cfg.id) {
+            let replies = {
+                let mut m = self.mirror.lock().expect("mirror poisoned");
+                let acts = m.on_replicate(self.now_ms(), reply_to, id, msg);
+                if let Some((first, count, bytes)) = acts.append {
+                    // Under the lock: records reach the writer in lsn order.
+                    let _ = self.log.send(MirrorCmd::Append(first, count, bytes));
                 }
-                return;
+                acts.replies
+            };
+            for (to, id, resp) in replies {
+                let _ = to.send((id, resp));
             }
+            return;
+        }
+        let resp = match req {
             Request::ReplicaTail {
                 node,
                 session,

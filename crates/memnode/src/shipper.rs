@@ -305,26 +305,7 @@ mod tests {
 
     /// Delivers `req` to `m` and syncs at once; returns the reply.
     fn deliver(m: &mut Mirror<u32>, now: u64, req: &Request) -> Response {
-        let Request::Replicate {
-            session,
-            config_epoch,
-            first_lsn,
-            records,
-            truncate_below,
-            primary_synced,
-            ..
-        } = req
-        else {
-            panic!("{req:?}")
-        };
-        let msg = Replicate {
-            session: *session,
-            config_epoch: *config_epoch,
-            first_lsn: *first_lsn,
-            records,
-            truncate_below: *truncate_below,
-            primary_synced: *primary_synced,
-        };
+        let (_, msg) = Replicate::of(req).expect("a Replicate");
         let acts = m.on_replicate(now, 0, 1, msg);
         let mut replies = acts.replies;
         if let Some((first, count, _)) = acts.append {

@@ -848,37 +848,21 @@ impl SimNode {
         let now = now_ms(ctx);
         let me = self.id;
         let Some(m) = self.mirror_mut() else { return };
-        match req {
-            Request::Replicate {
-                node,
-                session,
-                config_epoch,
-                first_lsn,
-                records,
-                truncate_below,
-                primary_synced,
-                ..
-            } if node == me => {
-                let msg = Replicate {
-                    session,
-                    config_epoch,
-                    first_lsn,
-                    records: &records,
-                    truncate_below,
-                    primary_synced,
-                };
-                let acts = m.on_replicate(now, from, id, msg);
-                if let Some((first, count, bytes)) = acts.append {
-                    let mut at = 0;
-                    while let Some((lsn, record, used)) = decode_record(&bytes[at..]) {
-                        self.written.push((lsn, record));
-                        at += used;
-                    }
-                    self.next_lsn = first + count;
+        if let Some((_, msg)) = Replicate::of(&req).filter(|(node, _)| *node == me) {
+            let acts = m.on_replicate(now, from, id, msg);
+            if let Some((first, count, bytes)) = acts.append {
+                let mut at = 0;
+                while let Some((lsn, record, used)) = decode_record(&bytes[at..]) {
+                    self.written.push((lsn, record));
+                    at += used;
                 }
-                send_replies(ctx, acts.replies);
-                self.maybe_sync(ctx);
+                self.next_lsn = first + count;
             }
+            send_replies(ctx, acts.replies);
+            self.maybe_sync(ctx);
+            return;
+        }
+        match req {
             Request::ReplicaTail {
                 node,
                 session,

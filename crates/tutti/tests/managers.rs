@@ -9,30 +9,9 @@ mod common;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 use tutti_harness::chaos::{self, Clients};
-use tutti_wire::{Connection, Dialer, Request, Response};
+use tutti_wire::{Request, Response};
 
 const CLIENTS: u64 = 6;
-
-/// The id of the manager that says it leads, if any.
-async fn leader(addrs: &[(u64, String)]) -> Option<u64> {
-    for (id, addr) in addrs {
-        let Ok(Ok(conn)) = tokio::time::timeout(
-            Duration::from_millis(300),
-            Connection::connect(addr, 1 << 20, &Dialer::default()),
-        )
-        .await
-        else {
-            continue;
-        };
-        let answer = conn
-            .call_within(&Request::ManagerStatus, Duration::from_millis(500))
-            .await;
-        if matches!(answer, Ok(Response::ManagerStatus(s)) if s.role == "leader") {
-            return Some(*id);
-        }
-    }
-    None
-}
 
 fn create(name: &str) -> Request {
     Request::CreateRegion {
@@ -66,7 +45,7 @@ fn the_manager_group_survives_kills_of_its_leader_under_load() {
     let mut failovers = Vec::new();
     for round in 0..4 {
         std::thread::sleep(Duration::from_millis(rng.gen_range(500..1500)));
-        let old = rt.block_on(leader(&addrs)).expect("a leader");
+        let old = rt.block_on(common::leader(&addrs)).expect("a leader");
         let before = clients.progress();
         c.local.kill_manager_id(old);
         // Every other round a memory node dies with it: its restart registers with the new
@@ -82,7 +61,7 @@ fn the_manager_group_survives_kills_of_its_leader_under_load() {
             assert!(matches!(resp, Ok(Response::Region(_))), "{resp:?}");
         });
         failovers.push(killed.elapsed());
-        let new = rt.block_on(leader(&addrs)).expect("a new leader");
+        let new = rt.block_on(common::leader(&addrs)).expect("a new leader");
         assert_ne!(new, old, "round {round}: the killed manager cannot lead");
         if let Some(node) = node {
             c.local.start_node(node).unwrap();

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 use tutti_harness::chaos::{self, Clients};
-use tutti_wire::{Connection, Dialer, Request, Response};
+use tutti_wire::{Request, Response};
 
 const CLIENTS: u64 = 6;
 
@@ -19,27 +19,6 @@ async fn serving(cluster: &tutti_client::Cluster, id: u16) -> String {
         panic!("directory");
     };
     d.nodes.into_iter().find(|n| n.id == id).expect("node").addr
-}
-
-/// The id of the manager that says it leads, if any.
-async fn leader(addrs: &[(u64, String)]) -> Option<u64> {
-    for (id, addr) in addrs {
-        let Ok(Ok(conn)) = tokio::time::timeout(
-            Duration::from_millis(300),
-            Connection::connect(addr, 1 << 20, &Dialer::default()),
-        )
-        .await
-        else {
-            continue;
-        };
-        let answer = conn
-            .call_within(&Request::ManagerStatus, Duration::from_millis(500))
-            .await;
-        if matches!(answer, Ok(Response::ManagerStatus(s)) if s.role == "leader") {
-            return Some(*id);
-        }
-    }
-    None
 }
 
 /// Writes to node `id` until a write commits; how long that took.
@@ -89,7 +68,7 @@ fn a_node_serves_through_the_loss_of_its_primary_or_its_mirror() {
         let before = clients.progress();
         c.local.kill(&name);
         if round == 1 {
-            let old = rt.block_on(leader(&managers)).expect("a leader");
+            let old = rt.block_on(common::leader(&managers)).expect("a leader");
             c.local.kill_manager_id(old);
             std::thread::sleep(Duration::from_millis(300));
             c.local.start_manager_id(old).unwrap();

@@ -573,6 +573,21 @@ mod measure {
         Ok(())
     }
 
+    /// A Fig. 16 point as it is measured, on stderr.
+    fn print_fig16_point(p: &Point) {
+        eprintln!(
+            "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
+            p.system,
+            p.mode,
+            p.nodes,
+            p.spread,
+            p.outstanding,
+            p.throughput_per_s,
+            p.p50_us,
+            p.p99_us
+        )
+    }
+
     pub(super) async fn repl(a: BenchReplArgs) -> Result<(), String> {
         let scratch = scratch_dir("tutti-bench-repl-", None)?;
         let (outstanding, seconds, runs) = if a.quick {
@@ -590,19 +605,7 @@ mod measure {
             items: 50_000,
             no_peers: false,
         };
-        let mut print = |p: &Point| {
-            eprintln!(
-                "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
-                p.system,
-                p.mode,
-                p.nodes,
-                p.spread,
-                p.outstanding,
-                p.throughput_per_s,
-                p.p50_us,
-                p.p99_us
-            )
-        };
+        let mut print = print_fig16_point;
         let (points, summary) = tutti_bench::suite::replication(&cfg, &mut print).await?;
         let out = serde_json::json!({ "points": points, "summary": summary });
         println!(
@@ -650,19 +653,7 @@ mod measure {
         };
         let mut points: Vec<Point> = Vec::new();
         let scratch = scratch_dir("tutti-bench-", None)?;
-        let print = |p: &Point| {
-            eprintln!(
-                "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
-                p.system,
-                p.mode,
-                p.nodes,
-                p.spread,
-                p.outstanding,
-                p.throughput_per_s,
-                p.p50_us,
-                p.p99_us
-            )
-        };
+        let print = print_fig16_point;
         for &mode in &a.mode {
             for &layout in &a.layout {
                 let (nodes, spread) = match layout {

@@ -198,3 +198,27 @@ pub fn token(dir: &Path) -> tutti_wire::CredentialFiles {
         tls: None,
     }
 }
+
+/// The id of the manager that says it leads, if any.
+pub async fn leader(addrs: &[(u64, String)]) -> Option<u64> {
+    for (id, addr) in addrs {
+        let Ok(Ok(conn)) = tokio::time::timeout(
+            Duration::from_millis(300),
+            tutti_wire::Connection::connect(addr, 1 << 20, &tutti_wire::Dialer::default()),
+        )
+        .await
+        else {
+            continue;
+        };
+        let answer = conn
+            .call_within(
+                &tutti_wire::Request::ManagerStatus,
+                Duration::from_millis(500),
+            )
+            .await;
+        if matches!(answer, Ok(tutti_wire::Response::ManagerStatus(s)) if s.role == "leader") {
+            return Some(*id);
+        }
+    }
+    None
+}

@@ -457,6 +457,9 @@ pub struct ChaosReport {
     /// `log-repl`: kills of the process serving a node, and of the other one.
     pub primary_kills: u64,
     pub mirror_kills: u64,
+    /// `log-repl`: processes that stopped on learning they were replaced, and came back
+    /// as their node's new mirror.
+    pub rejoins: u64,
     /// `log-repl`: from each kill of a node's serving process to the first write committed
     /// on the node again, sorted.
     pub unavailability: Vec<Duration>,
@@ -510,8 +513,8 @@ impl ChaosReport {
         };
         let node_kills = if cfg.mode == crate::local::REPLICATED_MODE {
             format!(
-                "{} ({} of the serving copy, {} of the other)",
-                self.node_kills, self.primary_kills, self.mirror_kills
+                "{} ({} of the serving copy, {} of the other; {} replaced copies rejoined)",
+                self.node_kills, self.primary_kills, self.mirror_kills, self.rejoins
             )
         } else {
             self.node_kills.to_string()
@@ -1414,7 +1417,32 @@ impl<'a> Faults<'a> {
             other
         };
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
-        local.restart(&name)
+        // A process of the mirror role serves as what the placement makes it, and joins
+        // as the new mirror if it is neither primary nor mirror any more.
+        local.restart_as_mirror(&name)
+    }
+
+    /// `log-repl`: node processes that stopped by themselves (a primary that learnt it was
+    /// replaced) come back as their node's new mirror.
+    fn restart_replaced(
+        &mut self,
+        local: &mut LocalCluster,
+        report: &mut ChaosReport,
+    ) -> Result<(), LocalError> {
+        for (name, status) in local.reap() {
+            if !name.starts_with("node-") {
+                continue;
+            }
+            if status.code() == Some(tutti_wire::EXIT_REPLACED) {
+                report.rejoins += 1;
+            } else {
+                report
+                    .violations
+                    .push(format!("{name} exited by itself: {status}"));
+            }
+            local.restart_as_mirror(&name)?;
+        }
+        Ok(())
     }
 
     /// Strikes with every terminator whose time has come at `now` (since the start), and
@@ -1428,6 +1456,9 @@ impl<'a> Faults<'a> {
         report: &mut ChaosReport,
     ) -> Result<(), LocalError> {
         let now = at.now;
+        if self.cfg.mode == crate::local::REPLICATED_MODE {
+            self.restart_replaced(local, report)?;
+        }
         if now >= self.next_node && self.cfg.mode == crate::local::REPLICATED_MODE {
             self.kill_replicated(&at, local, report)?;
             report.node_kills += 1;

@@ -68,6 +68,26 @@ pub struct ClusterFile {
     /// given `--cluster DIR` read it from here.
     #[serde(flatten)]
     pub credentials: CredentialFiles,
+    /// Every process as `tutti up` last saw it: its role (from the manager's placements,
+    /// in `log-repl` mode), logical node, address and pid. Rewritten as they change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessEntry>,
+}
+
+/// One process of a local cluster (`cluster.json` `processes`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ProcessEntry {
+    /// `manager-N` (or `manager`), `sequencer`, `node-N`, `node-N-mirror`.
+    pub name: String,
+    /// `manager`, `sequencer`; for a memory node's process `primary` (it serves the
+    /// node), `mirror`, `joining` (neither yet: a replaced copy filling itself to become
+    /// the node's mirror) or `unknown` (the managers did not answer).
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeId>,
+    pub addr: String,
+    /// None while it is down.
+    pub pid: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -333,16 +353,44 @@ impl LocalCluster {
         let n = self.node_entry(id)?;
         let m = (n.mirror.clone())
             .ok_or_else(|| LocalError::Config(format!("node {id} has no mirror")))?;
+        self.spawn_mirror(&format!("node-{id}-mirror"), id, &m.addr, &m.data)
+    }
+
+    /// Starts `name` again as a process of the mirror role, on its own address and data
+    /// directory: `node-ID` once replaced by its mirror. Such a process serves as what the
+    /// manager's placement names it, primary or mirror, and otherwise joins the node's
+    /// primary as its new mirror.
+    pub fn restart_as_mirror(&mut self, name: &str) -> Result<(), LocalError> {
+        let id = (name.strip_prefix("node-"))
+            .map(|n| n.strip_suffix("-mirror").unwrap_or(n))
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| LocalError::Config(format!("{name} is not a memory node")))?;
+        let n = self.node_entry(id)?;
+        let (addr, data) = match &n.mirror {
+            Some(m) if name.ends_with("-mirror") => (m.addr.clone(), m.data.clone()),
+            Some(_) => (n.addr.clone(), n.data.clone()),
+            None => return Err(LocalError::Config(format!("node {id} has no mirror"))),
+        };
+        self.spawn_mirror(name, id, &addr, &data)
+    }
+
+    fn spawn_mirror(
+        &mut self,
+        name: &str,
+        id: NodeId,
+        addr: &str,
+        data: &std::path::Path,
+    ) -> Result<(), LocalError> {
         let mut args = vec![
             "memnode".into(),
             "--id".into(),
             id.to_string(),
             "--listen".into(),
-            m.addr.clone(),
+            addr.to_string(),
             "--manager".into(),
             self.file.manager.clone(),
             "--data".into(),
-            m.data.display().to_string(),
+            data.display().to_string(),
             "--mode".into(),
             self.file.mode.clone(),
             "--role".into(),
@@ -351,7 +399,7 @@ impl LocalCluster {
             self.file.size_bytes.to_string(),
         ];
         args.extend(self.layout.node_flags.iter().cloned());
-        self.spawn(&format!("node-{id}-mirror"), args)
+        self.spawn(name, args)
     }
 
     /// Starts node `id`'s primary process, `node-ID`.
@@ -486,6 +534,69 @@ impl LocalCluster {
         self.processes.kill("sequencer");
     }
 
+    /// Every process with its role (`placements`: each `log-repl` node's, where the
+    /// managers answered) and pid.
+    pub fn process_entries(
+        &self,
+        placements: &BTreeMap<NodeId, tutti_wire::Placement>,
+    ) -> Vec<ProcessEntry> {
+        let entry = |name: String, role: &str, node, addr: &str| ProcessEntry {
+            pid: self.processes.pid(&name),
+            name,
+            role: role.to_string(),
+            node,
+            addr: addr.to_string(),
+        };
+        let mut entries: Vec<ProcessEntry> = (self.file.manager_entries().iter())
+            .map(|m| entry(self.file.manager_process(m.id), "manager", None, &m.addr))
+            .collect();
+        entries.push(entry(
+            "sequencer".into(),
+            "sequencer",
+            None,
+            &self.file.sequencer,
+        ));
+        for n in &self.file.nodes {
+            let role = |addr: &str| match placements.get(&n.id) {
+                _ if n.mirror.is_none() => "primary",
+                Some(p) if p.primary == addr => "primary",
+                Some(p) if p.mirror.as_deref() == Some(addr) => "mirror",
+                Some(_) => "joining",
+                None => "unknown",
+            };
+            entries.push(entry(
+                format!("node-{}", n.id),
+                role(&n.addr),
+                Some(n.id),
+                &n.addr,
+            ));
+            if let Some(m) = &n.mirror {
+                let name = format!("node-{}-mirror", n.id);
+                entries.push(entry(name, role(&m.addr), Some(n.id), &m.addr));
+            }
+        }
+        entries
+    }
+
+    /// Records `entries` in cluster.json if they changed (under its lock, keeping the
+    /// nodes `tutti node add` recorded meanwhile).
+    pub fn record_processes(&mut self, entries: Vec<ProcessEntry>) -> Result<(), LocalError> {
+        if entries == self.file.processes {
+            return Ok(());
+        }
+        let _lock = lock_file(&self.dir)?;
+        let mut file = read_file(&self.dir)?;
+        file.processes = entries.clone();
+        write_file(&self.dir, &file)?;
+        self.file.processes = entries;
+        Ok(())
+    }
+
+    /// The children that exited by themselves since the last call: (name, exit status).
+    pub fn reap(&mut self) -> Vec<(String, ExitStatus)> {
+        self.processes.reap()
+    }
+
     /// Waits until a child exits by itself: (name, exit status).
     pub async fn exited(&mut self) -> (String, ExitStatus) {
         self.processes.exited().await
@@ -551,18 +662,24 @@ impl LocalCluster {
 /// Records a new memory node, id max+1 with free ports, in `dir/cluster.json` (under a lock,
 /// so that two adds never take one id); the cluster's `tutti up` starts it.
 pub fn record_node(dir: &Path) -> Result<NodeEntry, LocalError> {
-    use std::os::fd::AsRawFd;
-    let lock = File::create(dir.join("cluster.json.lock")).map_err(io("lock cluster.json"))?;
-    // SAFETY: flock(2) on a descriptor we own; released when `lock` closes.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io("lock cluster.json")(std::io::Error::last_os_error()));
-    }
+    let _lock = lock_file(dir)?;
     let mut file = read_file(dir)?;
     let id = file.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
     let node = node_entry(dir, file.host(), &file.mode, id)?;
     file.nodes.push(node.clone());
     write_file(dir, &file)?;
     Ok(node)
+}
+
+/// Holds `dir/cluster.json`'s lock (for writers that read it first) until dropped.
+fn lock_file(dir: &Path) -> Result<File, LocalError> {
+    use std::os::fd::AsRawFd;
+    let lock = File::create(dir.join("cluster.json.lock")).map_err(io("lock cluster.json"))?;
+    // SAFETY: flock(2) on a descriptor we own; released when `lock` closes.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io("lock cluster.json")(std::io::Error::last_os_error()));
+    }
+    Ok(lock)
 }
 
 /// Node `id` of a cluster in `dir` on `host`: free ports, data directory `dir/node-ID`
@@ -606,6 +723,7 @@ pub fn create_file(
         nodes,
         sequencer: new_addr(host)?,
         credentials: CredentialFiles::default(),
+        processes: Vec::new(),
     };
     write_file(dir, &file)?;
     Ok(file)

@@ -61,6 +61,11 @@ impl Supervisor {
         Ok(pid)
     }
 
+    /// The pid of the child `name`, while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.get(name)?.id()
+    }
+
     pub fn is_running(&self, name: &str) -> bool {
         self.children.contains_key(name)
     }

@@ -273,6 +273,18 @@ impl<R> Replica<R> {
                 rebooted,
                 mirror,
             } => state.register(now_ms, node, addr, size_bytes, durable, rebooted, mirror),
+            Request::AddMirror {
+                node,
+                config_epoch,
+                primary,
+                mirror,
+            } => state.add_mirror(now_ms, node, config_epoch, &primary, mirror),
+            Request::AbandonJoin {
+                node,
+                config_epoch,
+                mirror,
+            } => state.abandon_join(node, config_epoch, &mirror),
+            Request::Placement { node } => (Response::Placement(state.placement(node)), None),
             Request::MirrorHeartbeat { node, addr, .. } => {
                 (state.mirror_heartbeat(now_ms, node, &addr), None)
             }

@@ -325,6 +325,69 @@ impl ManagerState {
         Response::Placement(placement)
     }
 
+    /// `Request::AddMirror`: the primary of `node` under `config_epoch`, at `primary`, has
+    /// a mirror at `mirror` caught up. Names it the node's mirror under the next epoch (to
+    /// be committed: the snapshot returned) if the placement is still the one it joined;
+    /// replies the placement as it then stands. A repeated request gets the same placement.
+    pub fn add_mirror(
+        &mut self,
+        now_ms: u64,
+        node: NodeId,
+        config_epoch: u64,
+        primary: &str,
+        mirror: String,
+    ) -> (Response, Option<Persisted>) {
+        let stale = |message: String| Response::Error {
+            code: ErrorCode::StaleConfig,
+            message,
+        };
+        let Some(n) = self.persisted.nodes.get_mut(&node) else {
+            return (stale(format!("node {node} is not registered")), None);
+        };
+        if n.config_epoch == config_epoch + 1 && n.mirror.as_ref() == Some(&mirror) {
+            return (Response::Placement(n.placement()), None);
+        }
+        if n.config_epoch != config_epoch || n.addr != primary || n.mirror.is_some() {
+            let message = format!(
+                "node {node}'s placement moved on: configuration epoch {}, primary {}, mirror {:?}",
+                n.config_epoch, n.addr, n.mirror
+            );
+            return (stale(message), None);
+        }
+        tracing::info!(node, %mirror, "a mirror caught up with the primary: it joins");
+        n.mirror = Some(mirror);
+        n.config_epoch += 1;
+        let placement = n.placement();
+        // Silent from now on, it is dropped like any mirror.
+        self.mirror_seen_ms.insert(node, now_ms);
+        self.mirror_behind_ms.remove(&node);
+        (Response::Placement(placement), Some(self.persisted.clone()))
+    }
+
+    /// `Request::AbandonJoin`: the mirror at `mirror`, which joined `node` under
+    /// `config_epoch`, is about to empty its data directory. Raises the epoch (to be
+    /// committed: the snapshot returned) if the placement is still the one it joined, so
+    /// that no `AddMirror` of that join can name it later; replies the placement.
+    pub fn abandon_join(
+        &mut self,
+        node: NodeId,
+        config_epoch: u64,
+        mirror: &str,
+    ) -> (Response, Option<Persisted>) {
+        let Some(n) = self.persisted.nodes.get_mut(&node) else {
+            return (Response::Placement(None), None);
+        };
+        if n.config_epoch != config_epoch || n.mirror.is_some() {
+            return (Response::Placement(n.placement()), None);
+        }
+        tracing::info!(node, %mirror, "a joining mirror gives up its join");
+        n.config_epoch += 1;
+        (
+            Response::Placement(n.placement()),
+            Some(self.persisted.clone()),
+        )
+    }
+
     /// Changes the placement of every replicated node that lost a copy, as of `now_ms`:
     /// a primary silent for `timeout_ms` whose mirror is heard from is replaced by the
     /// mirror; a mirror silent that long, or that long behind by its primary's account,
@@ -662,6 +725,33 @@ mod tests {
     }
 
     #[test]
+    fn a_join_given_up_can_no_longer_be_named() {
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let _ = s.register(0, 1, "p:1".into(), 4096, true, false, Some("m:1".into()));
+        let _ = s.heartbeat(2_000, 1, vec![], vec![], 0, 0);
+        let _ = s
+            .fail_over(2_000, 1_000)
+            .expect("the silent mirror dropped");
+        let (given_up, written) = s.abandon_join(1, 2, "m:1");
+        assert!(
+            matches!(given_up, Response::Placement(Some(p)) if p.config_epoch == 3 && p.mirror.is_none())
+        );
+        assert!(written.is_some());
+        let (late, written) = s.add_mirror(2_100, 1, 2, "p:1", "m:1".into());
+        assert!(
+            matches!(
+                late,
+                Response::Error {
+                    code: ErrorCode::StaleConfig,
+                    ..
+                }
+            ),
+            "{late:?}"
+        );
+        assert!(written.is_none());
+    }
+
+    #[test]
     fn a_silent_primary_is_replaced_by_its_mirror_and_then_refused() {
         let mut s = ManagerState::new(Persisted::fresh(), 1);
         let mirror = Some("m:1".to_string());
@@ -721,6 +811,44 @@ mod tests {
             s.fail_over(5_000, 1_000).is_none(),
             "no mirror left to fail over to"
         );
+        // The old primary, started again as a mirror, caught up: it joins.
+        let (named, written) = s.add_mirror(5_000, 1, 2, "m:1", "p:1".into());
+        let expected = Placement {
+            config_epoch: 3,
+            primary: "m:1".into(),
+            mirror: Some("p:1".into()),
+        };
+        assert!(matches!(named, Response::Placement(Some(p)) if p == expected));
+        assert!(written.is_some());
+        let (again, written) = s.add_mirror(5_100, 1, 2, "m:1", "p:1".into());
+        assert!(matches!(again, Response::Placement(Some(p)) if p == expected));
+        assert!(written.is_none(), "a repeated request changes nothing");
+        let (moved_on, written) = s.add_mirror(5_100, 1, 2, "m:1", "x:1".into());
+        assert!(matches!(
+            moved_on,
+            Response::Error {
+                code: ErrorCode::StaleConfig,
+                ..
+            }
+        ));
+        assert!(written.is_none());
+        // A join given up raises the epoch: the request naming it is refused from then on.
+        let (at, written) = s.abandon_join(1, 3, "p:1");
+        assert!(
+            matches!(at, Response::Placement(Some(p)) if p.config_epoch == 3 && p.mirror.is_some())
+        );
+        assert!(written.is_none(), "named already: nothing to give up");
+        let _ = s.heartbeat(5_900, 1, vec![], vec![], 0, 0);
+        assert!(
+            s.fail_over(5_900, 1_000).is_none(),
+            "heard from at its naming"
+        );
+        let _ = s.heartbeat(6_000, 1, vec![], vec![], 0, 0);
+        assert!(
+            s.fail_over(6_000, 1_000).is_some(),
+            "then dropped once silent"
+        );
+        assert_eq!(s.placement(1).unwrap().mirror, None);
         let restarted = ManagerState::new(s.persisted().clone(), 2);
         assert_eq!(
             restarted.placement(1),

@@ -20,5 +20,5 @@ pub mod stats;
 
 pub use node::{run, NodeConfig, Role};
 pub use participant::{Config, Mode, Participant};
-pub use primary::EXIT_REPLACED;
 pub use tutti_wire::Limits;
+pub use tutti_wire::EXIT_REPLACED;

@@ -155,6 +155,12 @@ impl<R> Mirror<R> {
         self.synced_next
     }
 
+    /// When its latest acknowledgement left (or it started): a mirror still joining that no
+    /// primary has shipped to for `shipper::JOINER_PATIENCE_MS` was given up, and joins anew.
+    pub fn last_ack_ms(&self) -> u64 {
+        self.last_ack_ms
+    }
+
     pub fn config_epoch(&self) -> u64 {
         self.config_epoch
     }

@@ -1,18 +1,24 @@
-//! The mirror's tokio driver (`tutti memnode --mode log-repl --role mirror`): serves its
-//! primary's `Replicate` and `ReplicaTail`, writes and syncs the records (one sync per
-//! round, on a thread of its own), flushes its image and truncates its log behind the
-//! primary, heartbeats the manager, and once the manager names it primary, waits out the
-//! old primary's lease and hands over to the ordinary node driver on the same data
-//! directory. All decisions are the `Mirror`'s.
+//! The mirror's tokio driver (`tutti memnode --mode log-repl --role mirror`): joins a
+//! primary that runs without a mirror (wiping its data directory and filling it from the
+//! primary's seed), serves its primary's `Replicate` and `ReplicaTail`, writes and syncs
+//! the records (one sync per round, on a thread of its own), flushes its image and
+//! truncates its log behind the primary, heartbeats the manager, and once the manager
+//! names it primary, waits out the old primary's lease and hands over to the ordinary node
+//! driver on the same data directory. All decisions are the `Mirror`'s.
 
+use crate::log_record::{decode_record, LogRecord};
 use crate::mirror::{Mirror, Replicate};
-use crate::node::{io, open_data_dir, NodeConfig, NodeError, IMAGE_FILE};
+use crate::node::{io, open_data_dir, rebind, NodeConfig, NodeError, IMAGE_FILE};
 use crate::redo_log::{Lsn, RedoLog};
 use crate::space::Space;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tutti_wire::{ErrorCode, Managers, Replies, Request, Response};
+use tutti_wire::{
+    Backoff, Connection, ErrorCode, Managers, Placement, Replies, Request, Response, RpcError,
+    SEED_READ_BYTES_MAX,
+};
 
 /// How often a mirror tells the manager it is alive (the manager drops a mirror silent for
 /// its fail-over timeout, 1 s by default).
@@ -95,34 +101,371 @@ impl MirrorNode {
 }
 
 /// Runs node `cfg.id`'s mirror on `listener` until the manager promotes it or `shutdown`
-/// resolves.
+/// resolves. A process the placement names neither primary nor mirror joins the primary as
+/// a new mirror, if the node has none, and again whenever the placement drops it.
 pub(crate) async fn run(
     cfg: &NodeConfig,
     listener: TcpListener,
     managers: Managers,
-    shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Result<Ended, NodeError> {
-    let addr = listener
-        .local_addr()
-        .map_err(io("local address"))?
-        .to_string();
+    let listening = listener.local_addr().map_err(io("local address"))?;
+    let addr = listening.to_string();
     let data = cfg
         .data
         .clone()
         .ok_or_else(|| NodeError::Config("a mirror needs --data DIR".into()))?;
-    let lock = open_data_dir(&data, cfg)?;
-    let space =
-        Space::image(&data.join(IMAGE_FILE), cfg.size_bytes).map_err(io("open the image"))?;
+    let _lock = open_data_dir(&data, cfg)?;
+    let mut listener = Some(listener);
+    loop {
+        let placement = tokio::select! {
+            p = placement_of(cfg, &managers, &addr) => p?,
+            () = shutdown.as_mut() => return Ok(Ended::Stopped),
+        };
+        let named = placement.primary == addr || placement.mirror.as_deref() == Some(&addr);
+        // Seeded under this very placement before a restart: the primary may count this
+        // mirror already, and ask the manager to name it; its data stays.
+        let resumed = (read_join_marker(&data))
+            .filter(|m| !named && m.config_epoch == placement.config_epoch)
+            .filter(|m| m.primary == placement.primary && placement.mirror.is_none())
+            .map(|m| Start::Resumed(m.config_epoch));
+        let start = if named {
+            Start::Named
+        } else if let Some(resumed) = resumed {
+            resumed
+        } else if let Some(other) = &placement.mirror {
+            tracing::info!(node = cfg.id, %other, "the node has another mirror; waiting");
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                () = shutdown.as_mut() => return Ok(Ended::Stopped),
+            }
+        } else {
+            // Nobody connects while the seed is read: the primary ships once it is in.
+            drop(listener.take());
+            let seeded = tokio::select! {
+                seeded = seed(cfg, &data, &placement, &addr) => seeded,
+                () = shutdown.as_mut() => return Ok(Ended::Stopped),
+            };
+            match seeded {
+                Ok(seeded) => Start::Seeded(Box::new(seeded)),
+                Err(SeedError::Local(e)) => return Err(e),
+                Err(SeedError::Primary(why)) => {
+                    tracing::warn!(primary = %placement.primary, "joining: {why}; trying again");
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                        () = shutdown.as_mut() => return Ok(Ended::Stopped),
+                    }
+                }
+            }
+        };
+        let listener = match listener.take() {
+            Some(listener) => listener,
+            None => rebind(listening).await?,
+        };
+        match serve(
+            cfg,
+            &data,
+            listener,
+            &managers,
+            &addr,
+            start,
+            shutdown.as_mut(),
+        )
+        .await?
+        {
+            Some(ended) => return Ok(ended),
+            None => tracing::warn!(
+                node = cfg.id,
+                "the placement dropped this mirror: joining again"
+            ),
+        }
+    }
+}
+
+/// The node's placement, asked of the manager until it answers.
+async fn placement_of(
+    cfg: &NodeConfig,
+    managers: &Managers,
+    addr: &str,
+) -> Result<Placement, NodeError> {
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+    let req = Request::MirrorHeartbeat {
+        node: cfg.id,
+        addr: addr.to_string(),
+        next_lsn: 0,
+    };
+    loop {
+        match managers.call(&req, Duration::from_secs(2)).await {
+            Ok(Response::Placement(Some(p))) => return Ok(p),
+            // Its primary has not registered yet (or the node is unreplicated).
+            Ok(Response::Placement(None)) => tracing::debug!(node = cfg.id, "no placement yet"),
+            Ok(other) => tracing::warn!("manager answered a mirror heartbeat with {other:?}"),
+            Err(e) => tracing::debug!("asking the manager for the placement: {e}"),
+        }
+        backoff.pause().await;
+    }
+}
+
+/// How a mirror process starts serving as one.
+enum Start {
+    /// The placement names it mirror (or primary: it is promoted at once).
+    Named,
+    /// Just filled from its primary's seed, under that configuration epoch.
+    Seeded(Box<Seeded>),
+    /// Filled from a seed under that epoch before a restart; not named yet.
+    Resumed(u64),
+}
+
+/// What a joining mirror records in its data directory (`join.json`) once its seed is
+/// durable: the placement it joined. Removed first whenever the directory is emptied.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct JoinMarker {
+    config_epoch: u64,
+    primary: String,
+}
+
+const JOIN_MARKER: &str = "join.json";
+
+fn read_join_marker(data: &Path) -> Option<JoinMarker> {
+    serde_json::from_slice(&std::fs::read(data.join(JOIN_MARKER)).ok()?).ok()
+}
+
+fn write_join_marker(data: &Path, marker: &JoinMarker) -> Result<(), NodeError> {
+    let tmp = data.join("join.json.tmp");
+    let bytes = serde_json::to_vec(marker).map_err(|e| NodeError::Config(e.to_string()))?;
+    std::fs::write(&tmp, bytes).map_err(io("write join.json"))?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io("sync join.json"))?;
+    std::fs::rename(&tmp, data.join(JOIN_MARKER)).map_err(io("rename join.json"))?;
+    Ok(crate::redo_log::sync_dir(data)?)
+}
+
+/// A data directory filled from a primary's seed.
+struct Seeded {
+    space: Space,
+    log: RedoLog,
+    records: Vec<(Lsn, LogRecord)>,
+    next_lsn: Lsn,
+    config_epoch: u64,
+}
+
+enum SeedError {
+    /// The primary went away or refused: ask the placement again.
+    Primary(String),
+    /// This mirror's own disk failed.
+    Local(NodeError),
+}
+
+impl From<NodeError> for SeedError {
+    fn from(e: NodeError) -> Self {
+        SeedError::Local(e)
+    }
+}
+
+impl From<crate::redo_log::LogError> for SeedError {
+    fn from(e: crate::redo_log::LogError) -> Self {
+        SeedError::Local(e.into())
+    }
+}
+
+impl From<RpcError> for SeedError {
+    fn from(e: RpcError) -> Self {
+        SeedError::Primary(e.to_string())
+    }
+}
+
+/// How long one seed call to the primary may take.
+const SEED_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Empties `data` (what it holds is of no use to a mirror the placement does not name) and
+/// fills it from `primary`'s seed: the image, written and flushed, then a log holding the
+/// seed's records, synced. The primary ships the records from the seed's end on.
+async fn seed(
+    cfg: &NodeConfig,
+    data: &Path,
+    placement: &Placement,
+    addr: &str,
+) -> Result<Seeded, SeedError> {
+    let primary = placement.primary.as_str();
+    for stale in [
+        data.join(JOIN_MARKER),
+        data.join(IMAGE_FILE),
+        data.join("log"),
+    ] {
+        let removed = if stale.is_dir() {
+            std::fs::remove_dir_all(&stale)
+        } else {
+            std::fs::remove_file(&stale)
+        };
+        match removed {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io(format!("remove {}", stale.display()))(e).into())
+            }
+            _ => {}
+        }
+    }
+    let conn = tokio::time::timeout(
+        SEED_CALL_TIMEOUT,
+        Connection::connect(primary, cfg.frame_bytes_max, &cfg.dialer),
+    )
+    .await
+    .map_err(|_| SeedError::Primary(format!("connecting to {primary} timed out")))??;
+    let ask = Request::JoinMirror {
+        node: cfg.id,
+        addr: addr.to_string(),
+    };
+    let Response::JoinOffer {
+        join,
+        config_epoch,
+        session,
+        first_lsn,
+        next_lsn,
+        records_bytes,
+        image_bytes,
+    } = conn.call_within(&ask, SEED_CALL_TIMEOUT).await?
+    else {
+        return Err(SeedError::Primary(
+            "JoinMirror: an unexpected answer".into(),
+        ));
+    };
+    if config_epoch < placement.config_epoch {
+        return Err(SeedError::Primary(format!(
+            "the primary offers a join under configuration epoch {config_epoch} and the \
+             placement is at {}",
+            placement.config_epoch
+        )));
+    }
+    if image_bytes != cfg.size_bytes {
+        return Err(NodeError::Config(format!(
+            "the primary's image is {image_bytes} bytes and this mirror's {}",
+            cfg.size_bytes
+        ))
+        .into());
+    }
+    tracing::info!(join, session, first_lsn, next_lsn, records_bytes, image_bytes, %primary, "joining: reading the seed");
+    let started = Instant::now();
+    let mut space =
+        Space::image(&data.join(IMAGE_FILE), cfg.size_bytes).map_err(io("create the image"))?;
+    let mut records = Vec::with_capacity(records_bytes as usize);
+    let total = records_bytes + image_bytes;
+    let (mut offset, mut reported) = (0, 0);
+    while offset < total {
+        let len = SEED_READ_BYTES_MAX.min(total - offset);
+        let read = Request::ReadSeed {
+            node: cfg.id,
+            join,
+            offset,
+            len,
+        };
+        let Response::SeedBytes(bytes) = conn.call_within(&read, SEED_CALL_TIMEOUT).await? else {
+            return Err(SeedError::Primary("ReadSeed: an unexpected answer".into()));
+        };
+        if bytes.len() as u64 != len {
+            return Err(SeedError::Primary(format!(
+                "ReadSeed: {} bytes where {len} were asked for",
+                bytes.len()
+            )));
+        }
+        let split = (records_bytes.saturating_sub(offset) as usize).min(bytes.len());
+        records.extend_from_slice(&bytes[..split]);
+        let image_at = (offset + split as u64).saturating_sub(records_bytes);
+        // Pages of zeros stay holes: the image file is sparse, like the primary's.
+        for (i, page) in bytes[split..].chunks(4096).enumerate() {
+            if page.iter().any(|&b| b != 0) {
+                space.write(image_at + i as u64 * 4096, page);
+            }
+        }
+        offset += len;
+        if offset - reported >= 256 << 20 {
+            reported = offset;
+            tracing::info!(read = offset, of = total, "joining: reading the seed");
+        }
+    }
     let flusher = space.flusher();
-    let recovered = RedoLog::open(&data.join("log"), cfg.log_segment_bytes)?;
-    let next = recovered.log.next_lsn();
+    tokio::task::spawn_blocking(move || flusher.flush())
+        .await
+        .map_err(|e| NodeError::Config(e.to_string()))?
+        .map_err(io("flush the seeded image"))?;
+    let mut decoded = Vec::new();
+    let mut at = 0;
+    while let Some((lsn, record, used)) = decode_record(&records[at..]) {
+        decoded.push((lsn, record));
+        at += used;
+    }
+    let count = next_lsn - first_lsn;
+    if at != records.len() || decoded.len() as u64 != count {
+        return Err(SeedError::Primary(format!(
+            "the seed's records do not decode to lsns {first_lsn} .. {next_lsn}"
+        )));
+    }
+    let mut log = RedoLog::create_at(&data.join("log"), first_lsn, cfg.log_segment_bytes)?.log;
+    if count > 0 {
+        log.append(first_lsn, count, &records)?;
+        log.sync()?;
+    }
+    let marker = JoinMarker {
+        config_epoch,
+        primary: primary.to_string(),
+    };
+    write_join_marker(data, &marker)?;
     tracing::info!(
-        records = recovered.records.len(),
-        next,
-        "mirror: read the redo log"
+        ms = started.elapsed().as_millis() as u64,
+        bytes = total,
+        "joining: seeded; the primary ships from here on"
     );
+    Ok(Seeded {
+        space,
+        log,
+        records: decoded,
+        next_lsn,
+        config_epoch,
+    })
+}
+
+/// Serves as node `cfg.id`'s mirror over `data` (just seeded, or as left by an earlier
+/// start) until promoted (`Ended::Promoted`), stopped, or dropped from the placement
+/// (`None`).
+async fn serve(
+    cfg: &NodeConfig,
+    data: &Path,
+    listener: TcpListener,
+    managers: &Managers,
+    addr: &str,
+    how: Start,
+    shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<Option<Ended>, NodeError> {
     let start = Instant::now();
-    let mirror = Mirror::new(cfg.id, space, next, recovered.records, 0);
+    let (mirror, log, flusher, joined) = match how {
+        Start::Seeded(s) => {
+            let s = *s;
+            let flusher = s.space.flusher();
+            let mut mirror = Mirror::new(cfg.id, s.space, s.next_lsn, s.records, 0);
+            mirror.set_config_epoch(s.config_epoch);
+            (mirror, s.log, flusher, Some(s.config_epoch))
+        }
+        Start::Named | Start::Resumed(_) => {
+            let space = Space::image(&data.join(IMAGE_FILE), cfg.size_bytes)
+                .map_err(io("open the image"))?;
+            let flusher = space.flusher();
+            let recovered = RedoLog::open(&data.join("log"), cfg.log_segment_bytes)?;
+            let next = recovered.log.next_lsn();
+            tracing::info!(
+                records = recovered.records.len(),
+                next,
+                "mirror: read the redo log"
+            );
+            let mut mirror = Mirror::new(cfg.id, space, next, recovered.records, 0);
+            let joined = match how {
+                Start::Resumed(config_epoch) => {
+                    mirror.set_config_epoch(config_epoch);
+                    Some(config_epoch)
+                }
+                _ => None,
+            };
+            (mirror, recovered.log, flusher, joined)
+        }
+    };
     let (log_tx, log_rx) = std::sync::mpsc::channel();
     let node = Arc::new(MirrorNode {
         cfg: cfg.clone(),
@@ -132,7 +475,6 @@ pub(crate) async fn run(
     });
     let writer = {
         let node = node.clone();
-        let log = recovered.log;
         std::thread::Builder::new()
             .name(format!("mirror-log-{}", cfg.id))
             .spawn(move || mirror_writer(node, log, log_rx))
@@ -150,8 +492,8 @@ pub(crate) async fn run(
     let checkpoints = tokio::spawn(checkpoint_loop(node.clone(), flusher));
     tracing::info!(id = cfg.id, %addr, "mirror listening");
     let ended = tokio::select! {
-        promoted = heartbeat_until_promoted(&node, &managers, &addr) => promoted.map(|()| Ended::Promoted),
-        () = shutdown => Ok(Ended::Stopped),
+        ended = heartbeat_until_promoted(&node, managers, addr, joined) => ended,
+        () = shutdown => Ok(Some(Ended::Stopped)),
     };
     acceptor.abort();
     checkpoints.abort();
@@ -159,25 +501,39 @@ pub(crate) async fn run(
     // record from now on: nothing follows the stop.
     let _ = node.log.send(MirrorCmd::Stop);
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
-    drop(lock);
     ended
 }
 
 /// Heartbeats the manager until its placement names this mirror primary; then waits out
-/// the old primary's lease (no acknowledgement leaves from the promotion on).
+/// the old primary's lease (no acknowledgement leaves from the promotion on). `joined`: a
+/// mirror just seeded under that configuration epoch, which the placement does not name
+/// until its primary says it caught up. `None` once the placement has dropped it.
 async fn heartbeat_until_promoted(
     node: &MirrorNode,
     managers: &Managers,
     addr: &str,
-) -> Result<(), NodeError> {
+    mut joined: Option<u64>,
+) -> Result<Option<Ended>, NodeError> {
     loop {
         tokio::time::sleep(MIRROR_HEARTBEAT).await;
-        let next_lsn = node.mirror.lock().expect("mirror poisoned").synced_next();
-        let req = Request::MirrorHeartbeat {
+        let (next_lsn, last_ack_ms) = {
+            let m = node.mirror.lock().expect("mirror poisoned");
+            (m.synced_next(), m.last_ack_ms())
+        };
+        // Nothing shipped here for long: the primary gave this join up (or is gone). The
+        // epoch goes up before the data directory is emptied to join anew.
+        let given_up = (joined
+            .filter(|_| node.now_ms() >= last_ack_ms + crate::shipper::JOINER_PATIENCE_MS))
+        .map(|config_epoch| Request::AbandonJoin {
+            node: node.cfg.id,
+            config_epoch,
+            mirror: addr.to_string(),
+        });
+        let req = given_up.unwrap_or_else(|| Request::MirrorHeartbeat {
             node: node.cfg.id,
             addr: addr.to_string(),
             next_lsn,
-        };
+        });
         let placement = match managers.call(&req, Duration::from_secs(2)).await {
             Ok(Response::Placement(p)) => p,
             Ok(other) => {
@@ -190,6 +546,10 @@ async fn heartbeat_until_promoted(
             }
         };
         let Some(p) = placement else { continue };
+        if p.config_epoch < node.mirror.lock().expect("mirror poisoned").config_epoch() {
+            // From a manager that had not heard of the newer one yet.
+            continue;
+        }
         if p.primary == addr {
             node.mirror
                 .lock()
@@ -208,14 +568,21 @@ async fn heartbeat_until_promoted(
             {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            return Ok(());
+            return Ok(Some(Ended::Promoted));
         }
-        if p.mirror.as_deref() != Some(addr) {
-            return Err(NodeError::Config(format!(
-                "node {}'s placement (configuration epoch {}) no longer names this mirror: \
-                 its primary is {} and its mirror {:?}",
-                node.cfg.id, p.config_epoch, p.primary, p.mirror
-            )));
+        if p.mirror.as_deref() == Some(addr) {
+            if joined.take().is_some() {
+                tracing::info!(config_epoch = p.config_epoch, "named the node's mirror");
+            }
+        } else if joined.is_none_or(|epoch| p.config_epoch > epoch || p.mirror.is_some()) {
+            tracing::warn!(
+                node = node.cfg.id,
+                config_epoch = p.config_epoch,
+                primary = %p.primary,
+                mirror = ?p.mirror,
+                "the placement does not name this mirror"
+            );
+            return Ok(None);
         }
         node.mirror
             .lock()

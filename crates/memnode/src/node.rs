@@ -3,7 +3,6 @@
 //! recovery by asking peers. All protocol decisions are the `Participant`'s.
 
 use crate::participant::{Actions, Config, LogCounters, Mode, Participant, BATCH_TIDS_MAX};
-use crate::primary::EXIT_REPLACED;
 use crate::recovery::Stage2;
 use crate::redo_log::{encode_record, LogError, LogRecord, Lsn, RedoLog};
 use crate::shipper::Shipper;
@@ -15,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tutti_wire::EXIT_REPLACED;
 use tutti_wire::{
     Backoff, Connection, Connections, Dialer, Limits, Managers, NodeId, Replies, Request, Response,
     RpcError, Tid,
@@ -167,11 +167,13 @@ pub(crate) struct Node {
     peers: Connections,
     directory: Mutex<HashMap<NodeId, String>>,
     /// The manager, or its group (`NodeConfig::manager` lists them).
-    managers: Managers,
+    pub(crate) managers: Managers,
     /// A replicated primary's shipping to its mirror (`log-repl`); none otherwise.
     shipper: Option<Mutex<Shipper<Replies>>>,
     /// Wakes the shipping task: records to ship, or a new placement.
     pub(crate) ship_wakeup: tokio::sync::Notify,
+    /// What a mirror joining this primary reads (re-replication).
+    pub(crate) seed: Mutex<Option<crate::primary::Seed>>,
 }
 
 impl Node {
@@ -269,8 +271,14 @@ impl Node {
         }
     }
 
+    /// `len` bytes of the image from `addr`, as they are in memory now.
+    pub(crate) fn read_image(&self, addr: u64, len: u64) -> Vec<u8> {
+        let p = self.participant.lock().expect("participant poisoned");
+        p.space().read(addr, len).to_vec()
+    }
+
     /// Waits until every record appended so far is on disk.
-    async fn sync_log(&self) -> Result<(), ()> {
+    pub(crate) async fn sync_log(&self) -> Result<(), ()> {
         let Some(log) = &self.log else { return Ok(()) };
         let (tx, rx) = oneshot::channel();
         {
@@ -437,6 +445,7 @@ pub async fn run(
         managers,
         shipper,
         ship_wakeup: tokio::sync::Notify::new(),
+        seed: Mutex::default(),
     });
     let writer = log.map(|log| {
         let node = node.clone();
@@ -452,7 +461,16 @@ pub async fn run(
             listener,
             frame_bytes_max,
             cfg.dialer.credentials().clone(),
-            move |id, req, replies| node.step_request(|p, now| p.on_request(now, replies, id, req)),
+            move |id, req, replies| {
+                let req = match &node.shipper {
+                    Some(_) => match crate::primary::serve_join(&node, id, req, replies.clone()) {
+                        Ok(()) => return,
+                        Err(req) => req,
+                    },
+                    None => req,
+                };
+                node.step_request(|p, now| p.on_request(now, replies, id, req))
+            },
         ))
     };
     match registered_epoch {
@@ -695,7 +713,7 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
 
 /// Listens on `addr` again: a promoted mirror's, which it stopped listening on a moment
 /// ago (the port is released as the mirror's acceptor task ends).
-async fn rebind(addr: std::net::SocketAddr) -> Result<TcpListener, NodeError> {
+pub(crate) async fn rebind(addr: std::net::SocketAddr) -> Result<TcpListener, NodeError> {
     let mut tries = 0;
     loop {
         match TcpListener::bind(addr).await {
@@ -893,6 +911,9 @@ async fn heartbeat_loop(node: Arc<Node>) {
                 node.step(|p, _| {
                     p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc, &applied_below)
                 });
+                if node.shipper.is_some() {
+                    crate::primary::name_joiner(&node).await;
+                }
             }
             Ok(_) | Err(_) => {
                 // Reports may be lost: treat the manager as new so they are sent again.

@@ -499,8 +499,22 @@ impl<R> Participant<R> {
                     ),
                 ));
             }
+            Request::JoinMirror { node, .. } | Request::ReadSeed { node, .. } => {
+                // A replicated primary's driver answers these before the participant.
+                acts.replies.push((
+                    reply_to,
+                    id,
+                    error(
+                        ErrorCode::NotReady,
+                        format!("node {node} is not served here by a replicated primary"),
+                    ),
+                ));
+            }
             Request::Register { .. }
             | Request::MirrorHeartbeat { .. }
+            | Request::AddMirror { .. }
+            | Request::AbandonJoin { .. }
+            | Request::Placement { .. }
             | Request::Directory
             | Request::Heartbeat { .. }
             | Request::CreateRegion { .. }
@@ -1352,6 +1366,9 @@ pub enum Bug {
     VoteBeforeMirrorAck,
     /// A promoted mirror serves before the old primary's lease has run out (`Mirror`).
     TakeOverWithinLease,
+    /// A joining mirror is counted, and the manager asked to name it mirror, as soon as it
+    /// asks to join, before it holds what its primary already counts durable (`Shipper`).
+    JoinBeforeCaughtUp,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -1,23 +1,20 @@
 //! A replicated primary's I/O (`log-repl`, docs/replication.md): registering before
-//! recovery to learn its placement, adopting the records only its mirror holds, and the
-//! task that ships records to the mirror and lets the participant count them durable once
-//! both disks hold them. The decisions are the `Shipper`'s.
+//! recovery to learn its placement, adopting the records only its mirror holds, the task
+//! that ships records to the mirror and lets the participant count them durable once both
+//! disks hold them, and the seed a joining mirror reads. The decisions are the `Shipper`'s.
 
 use crate::log_record::{decode_record, LogRecord, Lsn};
 use crate::mirror::encode_records;
 use crate::node::{Node, NodeError};
-use crate::redo_log::RedoLog;
+use crate::redo_log::{read_synced, RedoLog};
 use crate::shipper::Shipped;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_wire::{
-    Backoff, Connection, ErrorCode, Managers, NodeId, Placement, Request, Response, RpcError,
+    Backoff, Connection, ErrorCode, Managers, NodeId, Placement, Replies, Request, Response,
+    RpcError, SEED_READ_BYTES_MAX,
 };
-
-/// Exit status of a primary that learnt it was replaced: `tutti up` does not start it
-/// again as that node's primary.
-pub const EXIT_REPLACED: i32 = 75;
 
 /// How often a primary with nothing to ship renews its lease.
 const LEASE_RENEWAL: Duration = Duration::from_millis(100);
@@ -185,9 +182,9 @@ pub(crate) async fn adopt_mirror_tail(
 pub(crate) async fn ship(node: Arc<Node>) {
     let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
     loop {
-        let Some(mirror) = node.with_shipper(|s| s.mirror().map(str::to_string)) else {
-            // Unreplicated for now: wait for a placement with a mirror (none comes back
-            // today: a lost mirror is not replaced).
+        let target = node.with_shipper(|s| s.shipping_to().map(|(t, g)| (t.to_string(), g)));
+        let Some((mirror, generation)) = target else {
+            // Unreplicated for now: wait for a mirror to join.
             node.ship_wakeup.notified().await;
             continue;
         };
@@ -200,7 +197,7 @@ pub(crate) async fn ship(node: Arc<Node>) {
             }
         };
         node.with_shipper(|s| s.reconnected());
-        if let Err(e) = ship_on(&node, &conn, &mirror).await {
+        if let Err(e) = ship_on(&node, &conn, &mirror, generation).await {
             tracing::debug!(%mirror, "shipping to the mirror: {e}");
             backoff.pause().await;
         }
@@ -226,13 +223,18 @@ async fn connect(
     }
 }
 
-/// Ships over `conn` until it fails or the placement changes.
-async fn ship_on(node: &Arc<Node>, conn: &Connection, mirror: &str) -> Result<(), RpcError> {
+/// Ships over `conn` until it fails or another mirror is the target.
+async fn ship_on(
+    node: &Arc<Node>,
+    conn: &Connection,
+    mirror: &str,
+    generation: u64,
+) -> Result<(), RpcError> {
     let mut in_flight = VecDeque::new();
     let mut renewal = tokio::time::interval(LEASE_RENEWAL);
     renewal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        if node.with_shipper(|s| s.mirror() != Some(mirror)) {
+        if node.with_shipper(|s| s.shipping_to() != Some((mirror, generation))) {
             return Ok(());
         }
         let heartbeat = tokio::select! {
@@ -264,7 +266,15 @@ async fn ship_on(node: &Arc<Node>, conn: &Connection, mirror: &str) -> Result<()
                         tracing::error!(mirror_next, "the mirror lacks records this log no longer holds; \
                             the manager drops it once this primary reports it behind");
                     }
-                    Shipped::Replaced(message) => node.replaced(&message),
+                    Shipped::Stale(message) => {
+                        refresh_placement(node).await;
+                        // Everything unacknowledged goes again, under the new placement.
+                        return Err(RpcError::Remote {
+                            addr: mirror.to_string(),
+                            code: ErrorCode::StaleConfig,
+                            message,
+                        });
+                    }
                     Shipped::Nothing => {}
                 }
                 false
@@ -279,5 +289,160 @@ async fn ship_on(node: &Arc<Node>, conn: &Connection, mirror: &str) -> Result<()
                 Box::pin(conn.send_call(&req).await?);
             in_flight.push_back((sent_ms, pending));
         }
+    }
+}
+
+/// What a mirror joining this primary reads (`Request::ReadSeed`): the records below the
+/// join's first shipped one still in the log, read from disk at the join, then the image,
+/// read from memory as asked. The image is fuzzy; the records from the log's head on,
+/// replayed over it in order, make it exact (each record's writes are whole values).
+pub(crate) struct Seed {
+    join: u64,
+    records: Arc<Vec<u8>>,
+}
+
+/// Answers `JoinMirror` and `ReadSeed`; hands back any other request.
+pub(crate) fn serve_join(
+    node: &Arc<Node>,
+    id: u64,
+    req: Request,
+    reply_to: Replies,
+) -> Result<(), Request> {
+    match req {
+        Request::JoinMirror { node: n, addr } if n == node.cfg.id => {
+            let node = node.clone();
+            tokio::spawn(async move {
+                let resp = offer(&node, &addr).await.unwrap_or_else(|message| {
+                    tracing::warn!(%addr, "a mirror asked to join: {message}");
+                    Response::Error {
+                        code: ErrorCode::NotReady,
+                        message,
+                    }
+                });
+                let _ = reply_to.send((id, resp));
+            });
+            Ok(())
+        }
+        Request::ReadSeed {
+            node: n,
+            join,
+            offset,
+            len,
+        } if n == node.cfg.id => {
+            let _ = reply_to.send((id, read_seed(node, join, offset, len)));
+            Ok(())
+        }
+        other => Err(other),
+    }
+}
+
+/// Starts shipping to the mirror at `addr` and makes its seed.
+async fn offer(node: &Arc<Node>, addr: &str) -> Result<Response, String> {
+    let terms = node.with_shipper(|s| s.join(node.now_ms(), addr))?;
+    node.ship_wakeup.notify_one();
+    // Every record below `next_lsn` was handed to the writer before the join: once this
+    // sync is done they are all on disk.
+    node.sync_log()
+        .await
+        .map_err(|()| "the redo log writer stopped".to_string())?;
+    let data = (node.cfg.data.clone()).ok_or("a replicated primary has a data directory")?;
+    let below = terms.next_lsn;
+    let records = tokio::task::spawn_blocking(move || read_synced(&data.join("log"), below))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("reading the redo log for the seed: {e}"))?;
+    let first_lsn = records.first().map_or(below, |(lsn, _)| *lsn);
+    let records = encode_records(&records);
+    let records_bytes = records.len() as u64;
+    *node.seed.lock().expect("seed poisoned") = Some(Seed {
+        join: terms.join,
+        records: Arc::new(records),
+    });
+    tracing::info!(
+        %addr,
+        join = terms.join,
+        first_lsn,
+        next_lsn = below,
+        records_bytes,
+        "a mirror joins: its seed is ready"
+    );
+    Ok(Response::JoinOffer {
+        join: terms.join,
+        config_epoch: terms.config_epoch,
+        session: terms.session,
+        first_lsn,
+        next_lsn: below,
+        records_bytes,
+        image_bytes: node.cfg.size_bytes,
+    })
+}
+
+fn read_seed(node: &Node, join: u64, offset: u64, len: u64) -> Response {
+    let gone = || Response::Error {
+        code: ErrorCode::NotFound,
+        message: format!("join {join} was given up: ask to join again"),
+    };
+    if !node.with_shipper(|s| s.joiner_heard(node.now_ms(), join)) {
+        return gone();
+    }
+    let records = match &*node.seed.lock().expect("seed poisoned") {
+        Some(seed) if seed.join == join => seed.records.clone(),
+        _ => return gone(),
+    };
+    let end = offset.saturating_add(len.min(SEED_READ_BYTES_MAX));
+    let records_end = records.len() as u64;
+    let mut bytes = Vec::new();
+    if offset < records_end {
+        bytes.extend_from_slice(&records[offset as usize..end.min(records_end) as usize]);
+    }
+    let image_from = offset.max(records_end) - records_end;
+    let image_to = (end.max(records_end) - records_end).min(node.cfg.size_bytes);
+    if image_from < image_to {
+        bytes.extend(node.read_image(image_from, image_to - image_from));
+    }
+    Response::SeedBytes(bytes)
+}
+
+/// Asks the manager for this node's placement and takes it (a placement naming another
+/// primary ends the process).
+async fn refresh_placement(node: &Arc<Node>) {
+    let ask = Request::Placement { node: node.cfg.id };
+    match node.managers.call(&ask, Duration::from_secs(5)).await {
+        Ok(Response::Placement(Some(placement))) => {
+            if let Err(why) = node.with_shipper(|s| s.set_placement(placement)) {
+                node.replaced(&why);
+            }
+            node.durable(node.with_shipper(|s| s.durable_next()));
+        }
+        other => tracing::warn!("asking the manager for the placement: {other:?}"),
+    }
+}
+
+/// A joining mirror that holds everything this primary counted durable is named the
+/// node's mirror by the manager; one silent too long before that is given up.
+pub(crate) async fn name_joiner(node: &Arc<Node>) {
+    let now = node.now_ms();
+    let ask = node.with_shipper(|s| {
+        s.give_up_silent_joiner(now);
+        s.joiner_to_name()
+            .map(|(config_epoch, mirror)| Request::AddMirror {
+                node: node.cfg.id,
+                config_epoch,
+                primary: s.placement().primary.clone(),
+                mirror: mirror.to_string(),
+            })
+    });
+    let Some(ask) = ask else { return };
+    match node.managers.call(&ask, Duration::from_secs(5)).await {
+        Ok(Response::Placement(Some(placement))) => {
+            tracing::info!(?placement, "the joining mirror is the node's mirror now");
+            if let Err(why) = node.with_shipper(|s| s.set_placement(placement)) {
+                node.replaced(&why);
+            }
+            *node.seed.lock().expect("seed poisoned") = None;
+            node.ship_wakeup.notify_one();
+        }
+        // The heartbeat brings the placement that moved on.
+        other => tracing::warn!("naming the joining mirror: {other:?}"),
     }
 }

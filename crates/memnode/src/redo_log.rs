@@ -342,6 +342,28 @@ impl RedoLog {
         Ok(Recovered { log, records })
     }
 
+    /// Creates a log that starts at `first_lsn` in `dir`, which holds none: a mirror seeded
+    /// from its primary holds the records from there on (docs/replication.md).
+    pub fn create_at(
+        dir: &Path,
+        first_lsn: Lsn,
+        segment_bytes_max: u64,
+    ) -> Result<Recovered, LogError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        if !list_segments(dir)?.is_empty() {
+            return Err(LogError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "a redo log is there already",
+                ),
+            });
+        }
+        create_segment(&segment_path(dir, first_lsn), first_lsn, false, false)?;
+        sync_dir(dir)?;
+        Self::open(dir, segment_bytes_max)
+    }
+
     pub fn next_lsn(&self) -> Lsn {
         self.next_lsn
     }
@@ -493,6 +515,41 @@ fn read_records(bytes: &[u8], records: &mut Vec<(Lsn, LogRecord)>) -> usize {
     offset
 }
 
+/// Every record below `below` in the log in `dir`, read beside its writer: all of them must
+/// be synced. A segment deleted meanwhile (the head is truncated in the background) is
+/// skipped with everything before it, so the records returned always run on without a gap
+/// to `below - 1`; none if every one is truncated.
+pub fn read_synced(dir: &Path, below: Lsn) -> Result<Vec<(Lsn, LogRecord)>, LogError> {
+    let mut records = Vec::new();
+    for (first_lsn, path) in list_segments(dir)? {
+        if first_lsn >= below {
+            break;
+        }
+        let mut bytes = Vec::new();
+        match File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                records.clear();
+                continue;
+            }
+            Err(source) => return Err(LogError::Io { path, source }),
+        }
+        let start = records_start(&path, &bytes, first_lsn, false)?.expect("not the last");
+        if records.last().is_some_and(|(lsn, _)| lsn + 1 != first_lsn) {
+            records.clear();
+        }
+        read_records(&bytes[start..], &mut records);
+    }
+    records.retain(|(lsn, _)| *lsn < below);
+    match records.last() {
+        Some((last, _)) if last + 1 != below => Err(LogError::Corrupt {
+            path: dir.to_path_buf(),
+            offset: *last,
+        }),
+        _ => Ok(records),
+    }
+}
+
 pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -510,6 +567,30 @@ mod tests {
             coordinator: 9,
             seq,
         }
+    }
+
+    #[test]
+    fn a_seeded_log_starts_where_its_seed_ended_and_is_read_beside_its_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = RedoLog::create_at(dir.path(), 40, 1 << 20).unwrap().log;
+        assert_eq!(log.next_lsn(), 40);
+        for seq in 0..3 {
+            append(
+                &mut log,
+                LogRecord::Decided {
+                    tid: tid(seq),
+                    commit: true,
+                },
+            );
+        }
+        log.sync().unwrap();
+        let read = read_synced(dir.path(), 42).unwrap();
+        assert_eq!(read.iter().map(|r| r.0).collect::<Vec<_>>(), vec![40, 41]);
+        assert!(read_synced(dir.path(), 44).is_err(), "43 is not there");
+        drop(log);
+        let reopened = RedoLog::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!((reopened.log.next_lsn(), reopened.records.len()), (43, 3));
+        assert!(RedoLog::create_at(dir.path(), 1, 1 << 20).is_err());
     }
 
     fn append(log: &mut RedoLog, record: LogRecord) {

@@ -30,10 +30,40 @@ pub enum Shipped {
     /// The mirror lacks records this primary no longer has: it cannot catch up by
     /// shipping (the manager drops it from the placement once told).
     MirrorBehind { mirror_next: Lsn },
-    /// The mirror knows a newer configuration: this primary was replaced.
-    Replaced(String),
+    /// The mirror knows a newer configuration (it was promoted, or the placement changed
+    /// otherwise, say to name it mirror): ask the manager for the placement, which says
+    /// whether this primary was replaced; until then nothing more is acknowledged.
+    Stale(String),
     /// Nothing to act on (a transient error: the connection is retried).
     Nothing,
+}
+
+/// How long a joining mirror not counted yet may stay silent (no acknowledgement, no seed
+/// read) before the primary gives up on it and stops keeping records for it.
+pub const JOINER_PATIENCE_MS: u64 = 5_000;
+
+/// A mirror joining a primary that runs without one (re-replication, docs/replication.md).
+struct Joiner {
+    addr: String,
+    /// Names this join's seed (`Request::ReadSeed`).
+    join: u64,
+    /// The placement it joins: the manager names it mirror only if that still holds.
+    config_epoch: u64,
+    /// When it was last heard from (an acknowledgement or a seed read).
+    heard_ms: u64,
+    /// It held every record the participant had counted durable: from then on none is
+    /// counted durable unless it holds it too, and the manager is asked to name it mirror.
+    counted: bool,
+}
+
+/// What a primary tells a mirror joining it (`Response::JoinOffer`, less the seed's sizes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinTerms {
+    pub join: u64,
+    /// The seed holds every record below; shipping starts there.
+    pub next_lsn: Lsn,
+    pub config_epoch: u64,
+    pub session: u64,
 }
 
 /// A reply the participant made: to whom, the request's id, the reply.
@@ -63,6 +93,14 @@ pub struct Shipper<R> {
     lease_until_ms: u64,
     /// Replies made while the lease had run out, in order.
     held: Vec<Reply<R>>,
+    /// Every record below was handed over (`push`).
+    pushed_next: Lsn,
+    joiner: Option<Joiner>,
+    /// The last join's number.
+    joins: u64,
+    /// Raised whenever the records kept are dropped for a new mirror: replies to what was
+    /// sent before are not that mirror's.
+    generation: u64,
 }
 
 impl<R> Shipper<R> {
@@ -83,6 +121,10 @@ impl<R> Shipper<R> {
             behind_since_ms: None,
             lease_until_ms: 0,
             held: Vec::new(),
+            pushed_next: next_lsn,
+            joiner: None,
+            joins: 0,
+            generation: 0,
         }
     }
 
@@ -115,9 +157,99 @@ impl<R> Shipper<R> {
         self.unacked.is_empty()
     }
 
-    /// The mirror to ship to, if the placement has one.
+    /// The placement's mirror, if it has one.
     pub fn mirror(&self) -> Option<&str> {
         self.placement.mirror.as_deref()
+    }
+
+    /// Where records go: the placement's mirror, or a mirror joining.
+    pub fn target(&self) -> Option<&str> {
+        (self.placement.mirror.as_deref()).or(self.joiner.as_ref().map(|j| j.addr.as_str()))
+    }
+
+    /// `target`, and a number that changes whenever it is another mirror (perhaps at the
+    /// same address): a driver drops its connection, and the replies it still awaits.
+    pub fn shipping_to(&self) -> Option<(&str, u64)> {
+        self.target().map(|t| (t, self.generation))
+    }
+
+    /// Whether the participant counts records durable only once a mirror holds them: the
+    /// placement has one, or a joining mirror caught up.
+    fn mirror_counted(&self) -> bool {
+        self.placement.mirror.is_some() || self.joiner.as_ref().is_some_and(|j| j.counted)
+    }
+
+    /// The mirror at `addr` asks to join this primary, which runs without one, at `now_ms`.
+    /// From now on records go to it from the next one handed over (`JoinTerms::next_lsn`),
+    /// below which the joiner gets every record and the image from a seed. A joiner not
+    /// counted yet is given up for the new one (it may have restarted).
+    pub fn join(&mut self, now_ms: u64, addr: &str) -> Result<JoinTerms, String> {
+        if let Some(mirror) = &self.placement.mirror {
+            return Err(format!("node {} has a mirror: {mirror}", self.node));
+        }
+        if let Some(j) = self.joiner.as_ref().filter(|j| j.counted) {
+            return Err(format!(
+                "node {}'s mirror {} is joining and caught up",
+                self.node, j.addr
+            ));
+        }
+        self.joins += 1;
+        self.joiner = Some(Joiner {
+            addr: addr.to_string(),
+            join: self.joins,
+            config_epoch: self.placement.config_epoch,
+            heard_ms: now_ms,
+            counted: planted(Bug::JoinBeforeCaughtUp),
+        });
+        self.forget_mirror(self.pushed_next);
+        Ok(JoinTerms {
+            join: self.joins,
+            next_lsn: self.pushed_next,
+            config_epoch: self.placement.config_epoch,
+            session: self.session,
+        })
+    }
+
+    /// The joiner of `join` read its seed at `now_ms`: it is alive. False for a join given up.
+    pub fn joiner_heard(&mut self, now_ms: u64, join: u64) -> bool {
+        match self.joiner.as_mut().filter(|j| j.join == join) {
+            Some(j) => {
+                j.heard_ms = now_ms;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A joiner not counted yet and silent for `JOINER_PATIENCE_MS` is given up, and the
+    /// records kept for it dropped. (A counted one is the manager's to drop: it may have
+    /// named it mirror already.)
+    pub fn give_up_silent_joiner(&mut self, now_ms: u64) {
+        let silent = (self.joiner.as_ref())
+            .is_some_and(|j| !j.counted && now_ms >= j.heard_ms + JOINER_PATIENCE_MS);
+        if silent {
+            self.joiner = None;
+            self.forget_mirror(self.local_next);
+        }
+    }
+
+    /// What to ask the manager (`Request::AddMirror`) once a joiner is counted: the
+    /// configuration it joined under and its address.
+    pub fn joiner_to_name(&self) -> Option<(u64, &str)> {
+        (self.joiner.as_ref())
+            .filter(|j| j.counted)
+            .map(|j| (j.config_epoch, j.addr.as_str()))
+    }
+
+    /// No record is kept for a mirror any more; the next one holds every record below
+    /// `mirror_next`.
+    fn forget_mirror(&mut self, mirror_next: Lsn) {
+        self.generation += 1;
+        self.unacked.clear();
+        self.sent = 0;
+        self.resent_from = None;
+        self.behind_since_ms = None;
+        self.mirror_next = mirror_next;
     }
 
     /// A placement the manager committed. Without a mirror the primary relies on its own
@@ -132,11 +264,19 @@ impl<R> Shipper<R> {
                 self.node, placement.primary, placement.config_epoch
             ));
         }
-        if placement.mirror != self.placement.mirror {
-            self.unacked.clear();
-            self.sent = 0;
-            self.behind_since_ms = None;
-            self.mirror_next = self.local_next;
+        let joined = placement.mirror.is_some()
+            && (self.joiner.as_ref()).is_some_and(|j| Some(&j.addr) == placement.mirror.as_ref());
+        if joined {
+            // The joiner is the mirror now: what it was sent and acknowledged stands.
+            self.joiner = None;
+        } else {
+            if (self.joiner.as_ref()).is_some_and(|j| placement.config_epoch > j.config_epoch) {
+                // The placement moved on without it.
+                self.joiner = None;
+            }
+            if placement.mirror != self.placement.mirror {
+                self.forget_mirror(self.local_next);
+            }
         }
         self.placement = placement;
         Ok(())
@@ -149,7 +289,8 @@ impl<R> Shipper<R> {
 
     /// Records `first .. first + count` were handed to the log writer at `now_ms`.
     pub fn push(&mut self, now_ms: u64, first: Lsn, count: u64, bytes: Vec<u8>) {
-        if self.placement.mirror.is_some() && count > 0 {
+        self.pushed_next = self.pushed_next.max(first + count);
+        if self.target().is_some() && count > 0 {
             let bytes = Arc::new(bytes);
             self.unacked.push_back(Batch {
                 first,
@@ -161,8 +302,12 @@ impl<R> Shipper<R> {
     }
 
     /// How long the oldest record the mirror has not acknowledged has waited (0: none
-    /// waits): the manager drops a mirror behind for its fail-over timeout.
+    /// waits, or no mirror in the placement): the manager drops a mirror behind for its
+    /// fail-over timeout.
     pub fn behind_ms(&self, now_ms: u64) -> u64 {
+        if self.placement.mirror.is_none() {
+            return 0;
+        }
         let oldest = self.unacked.front().map(|b| b.pushed_ms);
         oldest
             .into_iter()
@@ -184,7 +329,7 @@ impl<R> Shipper<R> {
 
     /// Records below are on every copy's disk: the participant counts them durable.
     pub fn durable_next(&self) -> Lsn {
-        if self.placement.mirror.is_some() && !planted(Bug::VoteBeforeMirrorAck) {
+        if self.mirror_counted() && !planted(Bug::VoteBeforeMirrorAck) {
             self.local_next.min(self.mirror_next)
         } else {
             self.local_next
@@ -194,7 +339,7 @@ impl<R> Shipper<R> {
     /// Whether replies may leave at `now_ms`: a mirror acknowledged a message sent less
     /// than `PRIMARY_LEASE_MS` ago, or there is no mirror to take over.
     pub fn lease_valid(&self, now_ms: u64) -> bool {
-        self.placement.mirror.is_none() || now_ms < self.lease_until_ms
+        !self.mirror_counted() || now_ms < self.lease_until_ms
     }
 
     /// A new connection to the mirror: everything unacknowledged goes again.
@@ -227,7 +372,7 @@ impl<R> Shipper<R> {
             .map(|b| self.request(Some(b)))
             .collect();
         self.sent = self.unacked.len();
-        if out.is_empty() && heartbeat && self.placement.mirror.is_some() {
+        if out.is_empty() && heartbeat && self.target().is_some() {
             return vec![self.request(None)];
         }
         out
@@ -249,6 +394,12 @@ impl<R> Shipper<R> {
                 }
                 self.sent = self.sent.saturating_sub(before - self.unacked.len());
                 self.lease_until_ms = self.lease_until_ms.max(sent_ms + PRIMARY_LEASE_MS);
+                if let Some(j) = &mut self.joiner {
+                    j.heard_ms = j.heard_ms.max(sent_ms);
+                    // It holds every record the participant was told durable: counting
+                    // it from now on keeps that so.
+                    j.counted |= self.mirror_next >= self.local_next;
+                }
                 Shipped::Acknowledged {
                     durable_next: self.durable_next(),
                 }
@@ -270,7 +421,7 @@ impl<R> Shipper<R> {
                 self.sent = 0;
                 Shipped::Resend(self.to_send(false))
             }
-            Err((ErrorCode::StaleConfig, message)) => Shipped::Replaced(message),
+            Err((ErrorCode::StaleConfig, message)) => Shipped::Stale(message),
             Ok(_) | Err(_) => Shipped::Nothing,
         }
     }
@@ -378,7 +529,7 @@ mod tests {
         };
         assert!(matches!(
             s.on_reply(3, Err((code, message))),
-            Shipped::Replaced(_)
+            Shipped::Stale(_)
         ));
         assert!(
             !m.may_take_over(2 + PRIMARY_LEASE_MS),
@@ -490,6 +641,74 @@ mod tests {
         assert!(s.release(10 + PRIMARY_LEASE_MS).is_empty());
         let _ = s.on_reply(600, Ok(Response::Replicated { next_lsn: 1 }));
         assert_eq!(s.release(601).len(), 1);
+    }
+
+    #[test]
+    fn a_joining_mirror_is_counted_once_it_holds_what_the_primary_counted_durable() {
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(None), 1);
+        s.push(0, 1, 2, encode_records(&[(1, prepare(1, vec![1], 0, 1))]));
+        assert_eq!(s.on_local_synced(3), 3, "alone: its own disk");
+        let terms = s.join(10, "j").unwrap();
+        let join = terms.join;
+        assert_eq!(
+            terms.next_lsn, 3,
+            "the seed holds every record below the next one handed over"
+        );
+        assert_eq!(s.target(), Some("j"));
+        assert_eq!(s.mirror(), None, "not in the placement yet");
+        s.push(11, 3, 1, encode_records(&[(3, prepare(2, vec![1], 4, 2))]));
+        assert_eq!(s.on_local_synced(4), 4, "not counted yet");
+        assert!(s.lease_valid(12) && s.joiner_to_name().is_none());
+        // Seeded with the records below 3 (and the image), the joiner is a mirror.
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 3, vec![], 20);
+        assert!(s.joiner_heard(15, join));
+        let sent = s.to_send(true);
+        let reply = deliver(&mut m, 20, &sent[0]);
+        assert!(matches!(
+            s.on_reply(20, Ok(reply)),
+            Shipped::Acknowledged { durable_next: 4 }
+        ));
+        assert_eq!(
+            s.joiner_to_name(),
+            Some((1, "j")),
+            "it holds all the primary counted"
+        );
+        s.push(21, 4, 1, encode_records(&[(4, prepare(3, vec![1], 4, 3))]));
+        assert_eq!(s.on_local_synced(5), 4, "counted: records wait for it");
+        assert!(
+            !s.lease_valid(20 + PRIMARY_LEASE_MS),
+            "and replies for its lease"
+        );
+        s.set_placement(Placement {
+            config_epoch: 2,
+            primary: "p".into(),
+            mirror: Some("j".into()),
+        })
+        .unwrap();
+        assert!(s.joiner_to_name().is_none());
+        let sent = s.to_send(false);
+        assert_eq!(sent.len(), 1, "what was in flight stands: only lsn 4 goes");
+        let reply = deliver(&mut m, 30, &sent[0]);
+        assert!(matches!(
+            s.on_reply(30, Ok(reply)),
+            Shipped::Acknowledged { durable_next: 5 }
+        ));
+        assert!(s.join(31, "k").is_err(), "a node has one mirror");
+    }
+
+    #[test]
+    fn a_joiner_that_falls_silent_before_it_is_counted_is_given_up() {
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(None), 1);
+        let join = s.join(0, "j").unwrap().join;
+        s.push(1, 1, 1, vec![0; 8]);
+        s.give_up_silent_joiner(JOINER_PATIENCE_MS - 1);
+        assert_eq!(s.target(), Some("j"));
+        s.give_up_silent_joiner(JOINER_PATIENCE_MS);
+        assert_eq!(s.target(), None);
+        assert!(s.caught_up(), "nothing kept for it");
+        assert!(!s.joiner_heard(JOINER_PATIENCE_MS, join));
+        let again = s.join(JOINER_PATIENCE_MS + 1, "j").unwrap().join;
+        assert!(again > join);
     }
 
     #[test]

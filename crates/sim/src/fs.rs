@@ -78,6 +78,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         manager_elections: world.counter("manager_elections"),
         commits_with_lsns: world.counter("commits_with_lsns"),
         fail_overs: 0,
+        mirror_joins: 0,
         violations,
     }
 }

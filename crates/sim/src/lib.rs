@@ -133,6 +133,8 @@ pub struct Report {
     pub manager_elections: u64,
     /// `log-repl`: nodes whose mirror served them at the end.
     pub fail_overs: u64,
+    /// `log-repl`: mirrors that joined a primary running without one (re-replication).
+    pub mirror_joins: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -207,6 +209,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         manager_elections: world.counter("manager_elections"),
         commits_with_lsns: world.counter("commits_with_lsns"),
         fail_overs: fail_overs(&dir),
+        mirror_joins: world.counter("mirror_joins"),
         violations,
     }
 }

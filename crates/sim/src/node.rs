@@ -30,9 +30,26 @@ enum Pending {
     Stage2 {
         index: usize,
     },
-    /// `log-repl`: records (or a lease renewal) sent to the mirror.
+    /// `log-repl`: records (or a lease renewal) sent to the mirror, of the shipper's
+    /// `generation` (a reply to an earlier one is not the current mirror's).
     Replicate {
         sent_ms: u64,
+        generation: u64,
+    },
+    /// A primary whose mirror knows a newer configuration asks the manager for it.
+    Placement,
+    /// A primary asks the manager to name its caught-up joiner mirror (asked again if
+    /// unanswered for a while: the manager may have lost it).
+    AddMirror {
+        sent_ms: u64,
+    },
+    /// A copy outside the placement asks the primary to join, then reads the seed.
+    JoinMirror,
+    ReadSeed {
+        first_lsn: Lsn,
+        next_lsn: Lsn,
+        records_bytes: u64,
+        config_epoch: u64,
     },
     MirrorHeartbeat,
     /// A joining primary's registration, its ask for the mirror's tail, and the records it
@@ -66,6 +83,10 @@ struct Repl {
     state: ReplState,
     /// This incarnation as a primary, as its mirror knows it.
     session: u64,
+    /// A mirror seeded under this configuration epoch and not named by the placement yet.
+    joining: Option<u64>,
+    /// A primary's seed for its joiner: the join, and the records encoded.
+    seed: Option<(u64, Vec<u8>)>,
 }
 
 enum ReplState {
@@ -81,8 +102,12 @@ enum ReplState {
     Promoted(Mirror<Addr>),
     /// A mirror that is down.
     MirrorDown,
-    /// Replaced, or dropped from the placement: answers nobody, for good.
-    Retired,
+    /// Replaced, or dropped from the placement: answers nobody, and joins the node's
+    /// primary as its new mirror once the placement has none (`memnode::mirror_node`),
+    /// its disk emptied and filled from the primary's seed. `asked_ms`: when it last asked.
+    Outside {
+        asked_ms: Option<u64>,
+    },
 }
 
 struct Recovering {
@@ -202,6 +227,8 @@ impl SimNode {
         node.repl = Some(Repl {
             state: ReplState::Primary(Shipper::new(id, 1, placement, 1)),
             session: 1,
+            joining: None,
+            seed: None,
         });
         node
     }
@@ -220,6 +247,8 @@ impl SimNode {
         node.repl = Some(Repl {
             state: ReplState::Mirror(mirror),
             session: 0,
+            joining: None,
+            seed: None,
         });
         node
     }
@@ -321,13 +350,20 @@ impl SimNode {
         let ReplState::Primary(s) = &mut repl.state else {
             return;
         };
-        let Some(to) = s.mirror().and_then(addr_named) else {
+        let Some((to, generation)) = (s.shipping_to()).and_then(|(t, g)| Some((addr_named(t)?, g)))
+        else {
             return;
         };
         for req in s.to_send(renew) {
             let id = ctx.new_id();
             let sent_ms = now_ms(ctx);
-            self.pending.insert(id, Pending::Replicate { sent_ms });
+            self.pending.insert(
+                id,
+                Pending::Replicate {
+                    sent_ms,
+                    generation,
+                },
+            );
             ctx.send(to, Msg::Req { id, req });
         }
     }
@@ -581,30 +617,68 @@ impl SimNode {
     }
 
     fn mirror_heartbeat(&mut self, ctx: &mut Ctx<'_>) {
-        let Some(next_lsn) = self.mirror_mut().map(|m| m.synced_next()) else {
-            return;
-        };
-        let req = Request::MirrorHeartbeat {
-            node: self.id,
-            addr: name_of(ctx.me()),
-            next_lsn,
+        let now = now_ms(ctx);
+        let (next_lsn, last_ack_ms) = self
+            .mirror_mut()
+            .map_or((0, 0), |m| (m.synced_next(), m.last_ack_ms()));
+        let joined = self.repl.as_ref().and_then(|r| r.joining);
+        let me = name_of(ctx.me());
+        // As the real driver: a join its primary gave up is abandoned, raising the epoch,
+        // before the disk is emptied to join anew.
+        let req = match joined {
+            Some(config_epoch)
+                if self.mirror_space().is_some()
+                    && now >= last_ack_ms + tutti_memnode::shipper::JOINER_PATIENCE_MS =>
+            {
+                Request::AbandonJoin {
+                    node: self.id,
+                    config_epoch,
+                    mirror: me,
+                }
+            }
+            _ => Request::MirrorHeartbeat {
+                node: self.id,
+                addr: me,
+                next_lsn,
+            },
         };
         let to = self.manager.addr();
         self.request(ctx, to, Pending::MirrorHeartbeat, req);
     }
 
-    /// A mirror learns the placement: promoted, still the mirror, or dropped.
+    /// A mirror learns the placement: promoted, still the mirror (or still joining), or
+    /// dropped. A copy outside asks the primary to join when the node has no mirror.
     fn mirror_placement(&mut self, ctx: &mut Ctx<'_>, placement: Option<Placement>) {
+        let now = now_ms(ctx);
         let (Some(p), Some(repl)) = (placement, self.repl.as_mut()) else {
             return;
         };
         let me = name_of(ctx.me());
+        if let ReplState::Outside { asked_ms } = &mut repl.state {
+            let primary = addr_named(&p.primary).filter(|_| p.primary != me);
+            let due = asked_ms.is_none_or(|t| now >= t + 500);
+            if let (Some(primary), None, true) = (primary, &p.mirror, due) {
+                *asked_ms = Some(now);
+                self.pending
+                    .retain(|_, p| !matches!(p, Pending::JoinMirror | Pending::ReadSeed { .. }));
+                let ask = Request::JoinMirror {
+                    node: self.id,
+                    addr: me,
+                };
+                self.request(ctx, primary, Pending::JoinMirror, ask);
+            }
+            return;
+        }
         let ReplState::Mirror(m) = &mut repl.state else {
             return;
         };
+        if p.config_epoch < m.config_epoch() {
+            // An answer overtaken by a newer one.
+            return;
+        }
         if p.primary == me {
             m.promote(p.config_epoch);
-            let ReplState::Mirror(m) = std::mem::replace(&mut repl.state, ReplState::Retired)
+            let ReplState::Mirror(m) = std::mem::replace(&mut repl.state, ReplState::MirrorDown)
             else {
                 unreachable!("matched above")
             };
@@ -612,20 +686,214 @@ impl SimNode {
             ctx.set_timer(10_000, NodeTimer::TakeOver);
         } else if p.mirror.as_deref() == Some(me.as_str()) {
             m.set_config_epoch(p.config_epoch);
-        } else {
+            repl.joining = None;
+        } else if (repl.joining).is_none_or(|e| p.config_epoch > e || p.mirror.is_some()) {
             self.retire();
         }
     }
 
-    /// Replaced or dropped: answers nobody from now on.
+    /// Replaced or dropped: answers nobody, and joins again as a new mirror.
     fn retire(&mut self) {
         self.participant = None;
         self.recovering = None;
         self.checkpoint = None;
         self.sync_in_flight = None;
         if let Some(repl) = &mut self.repl {
-            repl.state = ReplState::Retired;
+            repl.state = ReplState::Outside { asked_ms: None };
+            repl.joining = None;
+            repl.seed = None;
         }
+    }
+
+    /// A serving primary's side of a join (`memnode::primary::serve_join`): the request
+    /// handed back if it is not `JoinMirror` or `ReadSeed`.
+    fn serve_join(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        from: Addr,
+        id: u64,
+        req: Request,
+    ) -> Option<Request> {
+        let now = now_ms(ctx);
+        let resp = match req {
+            Request::JoinMirror { node, addr } if node == self.id => {
+                let Some(s) = self.shipper() else {
+                    return Some(Request::JoinMirror { node, addr });
+                };
+                match s.join(now, &addr) {
+                    Err(message) => Response::Error {
+                        code: ErrorCode::NotReady,
+                        message,
+                    },
+                    Ok(terms) => {
+                        // As the real driver: every record below the join's first shipped
+                        // one synced, then read from disk.
+                        let upto = terms.next_lsn - 1;
+                        self.make_durable(upto);
+                        let durable = self.durable_upto(upto);
+                        let acts = self.up().on_synced(now, durable);
+                        self.apply(ctx, acts);
+                        let records: Vec<_> = (self.synced.iter())
+                            .filter(|(lsn, _)| *lsn < terms.next_lsn)
+                            .cloned()
+                            .collect();
+                        let first_lsn = records.first().map_or(terms.next_lsn, |r| r.0);
+                        let records = encode_records(&records);
+                        let records_bytes = records.len() as u64;
+                        let repl = self.repl.as_mut().expect("replicated");
+                        repl.seed = Some((terms.join, records));
+                        Response::JoinOffer {
+                            join: terms.join,
+                            config_epoch: terms.config_epoch,
+                            session: terms.session,
+                            first_lsn,
+                            next_lsn: terms.next_lsn,
+                            records_bytes,
+                            image_bytes: self.space_bytes,
+                        }
+                    }
+                }
+            }
+            Request::ReadSeed {
+                node,
+                join,
+                offset,
+                len,
+            } if node == self.id => {
+                let heard = self.shipper().is_some_and(|s| s.joiner_heard(now, join));
+                let seed = (self.repl.as_ref())
+                    .and_then(|r| r.seed.as_ref())
+                    .filter(|(j, _)| heard && *j == join);
+                match seed {
+                    None => Response::Error {
+                        code: ErrorCode::NotFound,
+                        message: format!("join {join} was given up"),
+                    },
+                    Some((_, records)) => {
+                        // One read takes the whole seed here.
+                        let mut bytes = records.clone();
+                        let size = self.space_bytes;
+                        bytes.extend_from_slice(self.up().space().read(0, size));
+                        let end = (offset + len).min(bytes.len() as u64);
+                        Response::SeedBytes(bytes[offset as usize..end as usize].to_vec())
+                    }
+                }
+            }
+            other => return Some(other),
+        };
+        ctx.send(from, Msg::Resp { id, resp });
+        None
+    }
+
+    /// A copy outside the placement: the primary's answers to its join.
+    fn seed_answer(&mut self, ctx: &mut Ctx<'_>, from: Addr, pending: Pending, resp: Response) {
+        let now = now_ms(ctx);
+        let Some(Repl {
+            state: ReplState::Outside { .. },
+            ..
+        }) = &self.repl
+        else {
+            return;
+        };
+        match (pending, resp) {
+            (
+                Pending::JoinMirror,
+                Response::JoinOffer {
+                    join,
+                    config_epoch,
+                    first_lsn,
+                    next_lsn,
+                    records_bytes,
+                    image_bytes,
+                    ..
+                },
+            ) => {
+                let read = Request::ReadSeed {
+                    node: self.id,
+                    join,
+                    offset: 0,
+                    len: records_bytes + image_bytes,
+                };
+                let pending = Pending::ReadSeed {
+                    first_lsn,
+                    next_lsn,
+                    records_bytes,
+                    config_epoch,
+                };
+                self.request(ctx, from, pending, read);
+            }
+            (
+                Pending::ReadSeed {
+                    first_lsn,
+                    next_lsn,
+                    records_bytes,
+                    config_epoch,
+                },
+                Response::SeedBytes(bytes),
+            ) => {
+                let (records, image) = bytes.split_at(records_bytes as usize);
+                let mut decoded = Vec::new();
+                let mut at = 0;
+                while let Some((lsn, record, used)) = decode_record(&records[at..]) {
+                    decoded.push((lsn, record));
+                    at += used;
+                }
+                assert_eq!(decoded.len() as u64, next_lsn - first_lsn, "a whole seed");
+                // The disk emptied and filled: the image flushed, the records synced.
+                self.image = image.to_vec();
+                self.synced = decoded.clone();
+                self.written.clear();
+                self.floor = first_lsn;
+                self.next_lsn = next_lsn;
+                self.page_cache = None;
+                let mut mirror = Mirror::new(self.id, space_from(image), next_lsn, decoded, now);
+                mirror.set_config_epoch(config_epoch);
+                let repl = self.repl.as_mut().expect("replicated");
+                repl.state = ReplState::Mirror(mirror);
+                repl.joining = Some(config_epoch);
+            }
+            // Asked again after the next heartbeat's placement.
+            _ => {}
+        }
+    }
+
+    /// A primary whose joiner caught up asks the manager to name it mirror.
+    fn name_joiner(&mut self, ctx: &mut Ctx<'_>) {
+        let now = now_ms(ctx);
+        let node = self.id;
+        let Some(s) = self.shipper() else { return };
+        s.give_up_silent_joiner(now);
+        let Some((config_epoch, mirror)) = s.joiner_to_name() else {
+            return;
+        };
+        let ask = Request::AddMirror {
+            node,
+            config_epoch,
+            primary: s.placement().primary.clone(),
+            mirror: mirror.to_string(),
+        };
+        self.pending
+            .retain(|_, p| !matches!(p, Pending::AddMirror { sent_ms } if now >= *sent_ms + 200));
+        if !(self.pending.values()).any(|p| matches!(p, Pending::AddMirror { .. })) {
+            let to = self.manager.addr();
+            self.request(ctx, to, Pending::AddMirror { sent_ms: now }, ask);
+        }
+    }
+
+    /// A placement the manager committed reaches a serving primary.
+    fn primary_placement(&mut self, ctx: &mut Ctx<'_>, placement: Placement) {
+        let now = now_ms(ctx);
+        let Some(s) = self.shipper() else { return };
+        if s.set_placement(placement).is_err() {
+            self.retire();
+            return;
+        }
+        // Without a mirror now, what waited for it is durable.
+        let durable_next = s.durable_next();
+        let released = s.release(now);
+        send_replies(ctx, released);
+        let acts = self.up().on_synced(now, durable_next - 1);
+        self.apply(ctx, acts);
     }
 
     /// A promoted mirror, once the old primary's lease ran out: its writer syncs what it
@@ -777,14 +1045,17 @@ impl SimNode {
         self.recover(ctx);
     }
 
-    /// The mirror's answer to a `Replicate` sent at `sent_ms`.
-    fn replicated(&mut self, ctx: &mut Ctx<'_>, sent_ms: u64, resp: Response) {
+    /// The mirror's answer to a `Replicate` sent at `sent_ms` to the shipper's `generation`.
+    fn replicated(&mut self, ctx: &mut Ctx<'_>, sent_ms: u64, generation: u64, resp: Response) {
         let now = now_ms(ctx);
         let reply = match resp {
             Response::Error { code, message } => Err((code, message)),
             other => Ok(other),
         };
         let Some(s) = self.shipper() else { return };
+        if s.shipping_to().is_none_or(|(_, g)| g != generation) {
+            return;
+        }
         match s.on_reply(sent_ms, reply) {
             Shipped::Acknowledged { durable_next } => {
                 let released = s.release(now);
@@ -796,14 +1067,23 @@ impl SimNode {
                 }
             }
             Shipped::Resend(requests) => {
-                let Some(to) = s.mirror().and_then(addr_named) else {
+                let Some(to) = s.target().and_then(addr_named) else {
                     return;
                 };
                 for req in requests {
-                    self.request(ctx, to, Pending::Replicate { sent_ms: now }, req);
+                    let pending = Pending::Replicate {
+                        sent_ms: now,
+                        generation,
+                    };
+                    self.request(ctx, to, pending, req);
                 }
             }
-            Shipped::Replaced(_) => self.retire(),
+            Shipped::Stale(_) => {
+                // As the real driver: the manager says whether this primary was replaced.
+                let ask = Request::Placement { node: self.id };
+                let to = self.manager.addr();
+                self.request(ctx, to, Pending::Placement, ask);
+            }
             Shipped::MirrorBehind { .. } | Shipped::Nothing => {}
         }
     }
@@ -834,7 +1114,7 @@ impl SimNode {
         let now = now_ms(ctx);
         let before = self.pending.len();
         self.pending.retain(|_, p| {
-            !matches!(p, Pending::Replicate { sent_ms } if now.saturating_sub(*sent_ms) >= SILENT_MS)
+            !matches!(p, Pending::Replicate { sent_ms, .. } if now.saturating_sub(*sent_ms) >= SILENT_MS)
         });
         if self.pending.len() != before {
             if let Some(s) = self.shipper() {
@@ -911,20 +1191,26 @@ impl Process for SimNode {
                         }
                     }
                     Some(Pending::MirrorHeartbeat) => {}
+                    Some(pending @ (Pending::JoinMirror | Pending::ReadSeed { .. })) => {
+                        self.seed_answer(ctx, from, pending, resp)
+                    }
                     Some(pending) => self.join_answer(ctx, pending, resp),
                     None => {}
                 },
             }
             return;
         }
-        let p = self.participant.as_mut().expect("up");
         match msg {
             Msg::Req { id, req } => {
-                let acts = p.on_request(now, from, id, req);
+                let Some(req) = self.serve_join(ctx, from, id, req) else {
+                    return;
+                };
+                let acts = self.up().on_request(now, from, id, req);
                 self.apply(ctx, acts);
             }
             Msg::Resp { id, resp } => match self.pending.remove(&id) {
                 Some(Pending::Heartbeat { sent_ms }) => {
+                    let p = self.participant.as_mut().expect("up");
                     if self.manager.not_leader(&resp) {
                         // As the real driver after a failed call: the reports go again.
                         let acts = p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[], &[]);
@@ -940,22 +1226,39 @@ impl Process for SimNode {
                         let acts =
                             p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc, &applied_below);
                         self.apply(ctx, acts);
-                        if let (Some(placement), Some(s)) = (placement, self.shipper()) {
-                            if s.set_placement(placement).is_err() {
-                                self.retire();
-                                return;
-                            }
-                            // Without a mirror now, what waited for it is durable.
-                            let durable_next = s.durable_next();
-                            let released = s.release(now);
-                            send_replies(ctx, released);
-                            let acts = self.up().on_synced(now, durable_next - 1);
-                            self.apply(ctx, acts);
+                        if let Some(placement) = placement {
+                            self.primary_placement(ctx, placement);
                         }
+                        self.name_joiner(ctx);
+                    }
+                }
+                Some(Pending::Placement) => match resp {
+                    Response::Placement(Some(placement)) => self.primary_placement(ctx, placement),
+                    other => {
+                        self.manager.not_leader(&other);
+                    }
+                },
+                Some(Pending::AddMirror { .. }) => {
+                    if let Response::Placement(Some(placement)) = resp {
+                        let named = self.shipper().is_some_and(|s| {
+                            s.joiner_to_name().map(|(_, m)| m) == placement.mirror.as_deref()
+                        });
+                        if named {
+                            ctx.count("mirror_joins", 1);
+                        }
+                        self.primary_placement(ctx, placement);
+                        if let Some(repl) = &mut self.repl {
+                            repl.seed = None;
+                        }
+                    } else {
+                        self.manager.not_leader(&resp);
                     }
                 }
                 Some(Pending::Stage2 { index }) => self.stage2_answer(ctx, index, resp),
-                Some(Pending::Replicate { sent_ms }) => self.replicated(ctx, sent_ms, resp),
+                Some(Pending::Replicate {
+                    sent_ms,
+                    generation,
+                }) => self.replicated(ctx, sent_ms, generation, resp),
                 Some(_) | None => {}
             },
         }
@@ -978,7 +1281,7 @@ impl Process for SimNode {
                     self.heartbeat(ctx);
                 } else if matches!(
                     self.repl.as_ref().map(|r| &r.state),
-                    Some(ReplState::Mirror(_))
+                    Some(ReplState::Mirror(_) | ReplState::Outside { .. })
                 ) {
                     self.mirror_heartbeat(ctx);
                 }
@@ -1021,15 +1324,21 @@ impl Process for SimNode {
             }
         }
         if let Some(repl) = &mut self.repl {
-            repl.state = match std::mem::replace(&mut repl.state, ReplState::Retired) {
+            repl.state = match std::mem::replace(&mut repl.state, ReplState::MirrorDown) {
                 ReplState::Primary(_) | ReplState::Joining { .. } => {
                     ReplState::Joining { placement: None }
                 }
+                // A mirror that was still joining keeps what its seed left on disk: once up
+                // again, it serves as a mirror if the placement names it or is still the
+                // one it joined, and empties its disk and joins anew if not, as the real
+                // one does.
                 ReplState::Mirror(_) | ReplState::Promoted(_) | ReplState::MirrorDown => {
                     ReplState::MirrorDown
                 }
-                ReplState::Retired => ReplState::Retired,
+                ReplState::Outside { .. } => ReplState::Outside { asked_ms: None },
             };
+            // `joining` stays: the real mirror's join.json.
+            repl.seed = None;
         }
         self.sync_in_flight = None;
         self.pending_truncate = None;
@@ -1041,7 +1350,10 @@ impl Process for SimNode {
     fn on_restart(&mut self, ctx: &mut Ctx<'_>) {
         if let Some(repl) = &mut self.repl {
             match &repl.state {
-                ReplState::Retired => return,
+                ReplState::Outside { .. } => {
+                    self.schedule_timers(ctx);
+                    return;
+                }
                 ReplState::MirrorDown => {
                     let next = self.synced.last().map_or(self.floor, |(lsn, _)| lsn + 1);
                     self.next_lsn = next;
@@ -1078,8 +1390,7 @@ impl Process for SimNode {
         match self.repl.as_ref().map(|r| &r.state) {
             None => idle,
             Some(ReplState::Primary(s)) => idle && s.caught_up(),
-            Some(ReplState::Mirror(_)) => self.written.is_empty(),
-            Some(ReplState::Retired) => true,
+            Some(ReplState::Mirror(_)) => self.written.is_empty() && r_named(self),
             Some(_) => false,
         }
     }
@@ -1090,10 +1401,11 @@ impl Process for SimNode {
             Some(ReplState::Primary(s)) if !s.caught_up() => " (primary, mirror behind)",
             Some(ReplState::Primary(_)) => " (primary)",
             Some(ReplState::Joining { .. }) => " (joining as primary)",
+            Some(ReplState::Mirror(_)) if !r_named(self) => " (mirror, joining)",
             Some(ReplState::Mirror(_)) => " (mirror)",
             Some(ReplState::Promoted(_)) => " (promoted, waiting out the lease)",
             Some(ReplState::MirrorDown) => " (mirror, down)",
-            Some(ReplState::Retired) => " (retired)",
+            Some(ReplState::Outside { .. }) => " (outside the placement, joining)",
         };
         match &self.participant {
             None => format!("node {}{role} down", self.id),
@@ -1109,4 +1421,9 @@ impl Process for SimNode {
             }
         }
     }
+}
+
+/// Whether a mirror is named by the placement (not still joining).
+fn r_named(node: &SimNode) -> bool {
+    node.repl.as_ref().is_some_and(|r| r.joining.is_none())
 }

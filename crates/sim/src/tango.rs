@@ -126,6 +126,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
         manager_elections: world.counter("manager_elections"),
         commits_with_lsns: 0,
         fail_overs: 0,
+        mirror_joins: 0,
         violations,
     }
 }

@@ -328,6 +328,15 @@ fn a_primary_voting_before_its_mirror_acknowledged_is_caught() {
     assert!(found.is_some(), "not caught in 1,000 seeds");
 }
 
+/// Re-replication: a joining mirror named before it holds what its primary counted
+/// durable; caught when the primary is lost before it does.
+#[test]
+fn a_mirror_joining_before_it_caught_up_is_caught() {
+    let found = first_failing_replicated(Bug::JoinBeforeCaughtUp);
+    let (seed, detail) = found.expect("caught within 1,000 seeds");
+    eprintln!("seed {seed}: {detail}");
+}
+
 /// Caught at seed 17: the old primary still answers once its mirror serves.
 #[test]
 fn a_mirror_taking_over_within_the_old_primarys_lease_is_caught() {

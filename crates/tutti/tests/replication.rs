@@ -2,14 +2,16 @@
 //! primary and a mirror in processes of their own, under the bank workload. A primary is
 //! killed with SIGKILL (once together with the manager group's leader) and its mirror
 //! serves the node within about a second; a mirror is killed and its primary goes on
-//! alone; a replaced primary started again is refused. At the end nothing a client saw
-//! commit is lost and money is conserved.
+//! alone; a replaced primary started again is refused, and started as a mirror, joins
+//! (re-replication) and serves the node when its new primary is killed in turn; a killed
+//! mirror started again joins as well. At the end nothing a client saw commit is lost and
+//! money is conserved.
 
 mod common;
 
 use std::time::{Duration, Instant};
 use tutti_harness::chaos::{self, Clients};
-use tutti_wire::{Request, Response};
+use tutti_wire::{Placement, Request, Response};
 
 const CLIENTS: u64 = 6;
 
@@ -19,6 +21,31 @@ async fn serving(cluster: &tutti_client::Cluster, id: u16) -> String {
         panic!("directory");
     };
     d.nodes.into_iter().find(|n| n.id == id).expect("node").addr
+}
+
+/// Node `id`'s placement, as the manager group committed it.
+async fn placement(cluster: &tutti_client::Cluster, id: u16) -> Placement {
+    let ask = Request::Placement { node: id };
+    match cluster.ask_manager(&ask).await {
+        Ok(Response::Placement(Some(p))) => p,
+        other => panic!("placement of node {id}: {other:?}"),
+    }
+}
+
+/// Waits until the placement names `addr` node `id`'s mirror; how long that took.
+async fn until_mirror(cluster: &tutti_client::Cluster, id: u16, addr: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        let p = placement(cluster, id).await;
+        if p.mirror.as_deref() == Some(addr) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{addr} never joined node {id}: {p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Writes to node `id` until a write commits; how long that took.
@@ -98,6 +125,23 @@ fn a_node_serves_through_the_loss_of_its_primary_or_its_mirror() {
             "{status}"
         );
     }
+    // Node 1's replaced primary comes back as a mirror: it is filled from the node's new
+    // primary while the bank runs, joins, and takes over when that primary is killed.
+    let mut joins = Vec::new();
+    c.local.restart_as_mirror("node-1").unwrap();
+    let old_primary = c.local.file.nodes[0].addr.clone();
+    joins.push(rt.block_on(until_mirror(&cluster, 1, &old_primary)));
+    std::thread::sleep(Duration::from_millis(500));
+    let before = clients.progress();
+    c.local.kill("node-1-mirror");
+    failovers.push(rt.block_on(until_served(&cluster, 1, 7)));
+    assert_eq!(
+        rt.block_on(serving(&cluster, 1)),
+        old_primary,
+        "the joined copy serves"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(clients.progress() > before, "the bank goes on");
     // Node 3 loses its mirror: the primary goes on alone once the manager drops it.
     let before = clients.progress();
     c.local.kill("node-3-mirror");
@@ -109,7 +153,14 @@ fn a_node_serves_through_the_loss_of_its_primary_or_its_mirror() {
     );
     std::thread::sleep(Duration::from_millis(1000));
     assert!(clients.progress() > before, "the bank goes on");
-    eprintln!("fail-over (kill to a committed write on the node): {failovers:?}; a lost mirror: {alone:?}");
+    // Started again, the dropped mirror joins anew.
+    c.local.start_mirror(3).unwrap();
+    let mirror3 = c.local.file.nodes[2].mirror.clone().expect("a mirror").addr;
+    joins.push(rt.block_on(until_mirror(&cluster, 3, &mirror3)));
+    eprintln!(
+        "fail-over (kill to a committed write on the node): {failovers:?}; a lost mirror: \
+         {alone:?}; a new mirror joining (start to named): {joins:?}"
+    );
     for elapsed in &failovers {
         assert!(*elapsed < Duration::from_secs(5), "{failovers:?}");
     }

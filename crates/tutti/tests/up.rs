@@ -387,3 +387,60 @@ fn up_listens_on_its_host_and_beyond_loopback_only_with_credentials() {
     );
     sigterm_and_wait(&mut child);
 }
+
+/// cluster.json's `processes`, once `tutti up` has recorded them: name → (role, pid).
+fn processes(data: &std::path::Path) -> std::collections::HashMap<String, (String, Option<u64>)> {
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
+    let empty = vec![];
+    (file["processes"].as_array().unwrap_or(&empty).iter())
+        .map(|p| {
+            let name = p["name"].as_str().unwrap().to_string();
+            (
+                name,
+                (p["role"].as_str().unwrap().to_string(), p["pid"].as_u64()),
+            )
+        })
+        .collect()
+}
+
+/// Waits until cluster.json gives `name` the role `role` and a pid; the pid.
+fn until_role(data: &std::path::Path, name: &str, role: &str) -> u64 {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((r, Some(pid))) = processes(data).get(name) {
+            if r == role {
+                return *pid;
+            }
+        }
+        assert!(
+            Instant::now() < until,
+            "{name} never {role}: {:?}",
+            processes(data)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `tutti up --mode log-repl`: cluster.json names each process's role and pid; a primary
+/// frozen past the fail-over timeout (cut off, as by a partition) is replaced by its
+/// mirror, stops when it wakes, and comes back as the node's new mirror.
+#[test]
+fn a_replaced_primary_comes_back_as_the_new_mirror() {
+    let data = common::scratch("up-repl");
+    let (mut child, manager) = up_with(&data, &["--mode", "log-repl"]);
+    let out = txn(&manager, &["write:1:0:68656c6c6f"]);
+    assert_eq!(out["committed"], true);
+    let pid = until_role(&data, "node-1", "primary");
+    until_role(&data, "node-1-mirror", "mirror");
+    // SAFETY: kill(2) on a process of this test's cluster.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    until_role(&data, "node-1-mirror", "primary");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    let back = until_role(&data, "node-1", "mirror");
+    assert_ne!(back, pid, "a new process");
+    let out = txn(&manager, &["read:1:0:5", "write:1:8:01"]);
+    assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
+    assert_eq!(stop_and_count_children(&mut child, &data), 0);
+}

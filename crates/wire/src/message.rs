@@ -550,6 +550,46 @@ pub enum Request {
         addr: String,
         next_lsn: u64,
     },
+    /// A new mirror → a primary running without one (re-replication, docs/replication.md):
+    /// start shipping the records from the next one on to `addr`, and prepare its seed:
+    /// every record of this log below that point, read from disk, and this node's image,
+    /// read from memory as `ReadSeed` asks for it. Replies `JoinOffer` once the seed's
+    /// records are read.
+    JoinMirror { node: NodeId, addr: String },
+    /// A joining mirror → the primary: bytes `offset .. offset + len` of the seed `join`
+    /// (its records, encoded as in a segment, then the image). Replies `SeedBytes`.
+    ReadSeed {
+        node: NodeId,
+        join: u64,
+        offset: u64,
+        len: u64,
+    },
+    /// Primary → manager: the mirror at `mirror`, which joined this primary under
+    /// `config_epoch`, holds every record the primary counts durable, and the primary
+    /// counts none durable from now on unless the mirror holds it too: name it the node's
+    /// mirror. Replies `Placement` (the one committed; the same placement again to a
+    /// repeated request), `Error { StaleConfig }` if the placement moved on meanwhile.
+    AddMirror {
+        node: NodeId,
+        config_epoch: u64,
+        primary: String,
+        mirror: String,
+    },
+    /// Anyone → manager: node `node`'s placement as committed. Replies `Placement`. A
+    /// primary asks when its mirror knows a newer configuration than it does.
+    Placement { node: NodeId },
+    /// A mirror that joined under `config_epoch` and was given up by its primary (nothing
+    /// shipped to it for a while) → manager, before it empties its data directory to join
+    /// anew: raise the node's configuration epoch, unless the placement moved on already,
+    /// so that an `AddMirror` for that join still on its way can never name it (it would
+    /// name a mirror that no longer holds what its primary counted durable). Replies
+    /// `Placement`: the one committed, or the current one, which may name it mirror after
+    /// all (it then keeps its data and serves as one).
+    AbandonJoin {
+        node: NodeId,
+        config_epoch: u64,
+        mirror: String,
+    },
     /// Manager → manager, one-way: a message of the Raft group that holds the manager's
     /// durable state (an `eraftpb::Message` in protobuf, as the `raft` crate encodes it).
     Raft(Vec<u8>),
@@ -562,6 +602,8 @@ pub const BACKUP_FENCE_LEASE_MS: u64 = 2_000;
 pub const BACKUP_CUT_LEASE_MS: u64 = 10_000;
 /// The most one `BackupRead` may ask for.
 pub const BACKUP_READ_BYTES_MAX: u64 = 4 << 20;
+/// The most one `ReadSeed` may ask for.
+pub const SEED_READ_BYTES_MAX: u64 = 4 << 20;
 
 /// Where a replicated logical memory node's copies are (`log-repl`): chosen by the
 /// manager's leader, committed through the manager group before anyone acts on it.
@@ -575,6 +617,11 @@ pub struct Placement {
     /// while the node runs unreplicated (its mirror was lost).
     pub mirror: Option<String>,
 }
+
+/// Exit status of a `log-repl` primary that learnt it was replaced: `tutti up` and
+/// `tutti chaos` start it again as a process of the mirror role, which joins the node as
+/// its new mirror.
+pub const EXIT_REPLACED: i32 = 75;
 
 /// How long a mirror's acknowledgement lets its primary answer, from when the primary sent
 /// what was acknowledged; the mirror does not take over before as long after its last
@@ -691,8 +738,23 @@ pub enum Response {
         count: u64,
         records: Vec<u8>,
     },
-    /// `MirrorHeartbeat`: the node's placement as committed (none: not replicated).
+    /// `Placement`, `MirrorHeartbeat`, `AddMirror`, `AbandonJoin`: the node's placement as
+    /// committed (none: not replicated).
     Placement(Option<Placement>),
+    /// `JoinMirror`: the seed `join` holds the records `first_lsn .. next_lsn` in
+    /// `records_bytes` bytes, then the image in `image_bytes`; the primary ships records
+    /// from `next_lsn` on under `config_epoch` as the process `session`.
+    JoinOffer {
+        join: u64,
+        config_epoch: u64,
+        session: u64,
+        first_lsn: u64,
+        next_lsn: u64,
+        records_bytes: u64,
+        image_bytes: u64,
+    },
+    /// `ReadSeed`: the bytes asked for (fewer only at the seed's end).
+    SeedBytes(Vec<u8>),
     Error {
         code: ErrorCode,
         message: String,

@@ -73,12 +73,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     );
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::default();
-    let totals = [
-        AtomicU64::new(0),
-        AtomicU64::new(0),
-        AtomicU64::new(0),
-        AtomicU64::new(0),
-    ];
+    let totals: [AtomicU64; 6] = Default::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -94,6 +89,8 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
                     report.unknown,
                     report.node_crashes,
                     report.coordinator_crashes,
+                    report.fail_overs,
+                    report.mirror_joins,
                 ]) {
                     total.fetch_add(n, Ordering::Relaxed);
                 }
@@ -121,7 +118,8 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             a.from, first.events, first.trace_hash
         );
     }
-    let [committed, unknown, node_crashes, coordinator_crashes] = totals.map(|t| t.into_inner());
+    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins] =
+        totals.map(|t| t.into_inner());
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
     println!(
@@ -137,6 +135,12 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             SimWorkload::Fs => "file-system operations",
         }
     );
+    if a.workload == SimWorkload::BankRepl {
+        println!(
+            "{fail_overs} nodes served by another copy than their first primary at the end; \
+             {mirror_joins} mirrors joined a primary running without one"
+        );
+    }
     for (seed, text) in &failures {
         println!(
             "seed {seed}: {text}\n  reproduce: {}",

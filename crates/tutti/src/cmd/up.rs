@@ -3,12 +3,13 @@
 
 use super::args::{parse_size, shutdown_signal, ModeArg};
 use clap::Args;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
+use tutti_client::Cluster;
 use tutti_harness::local::{Layout, LocalCluster};
-use tutti_wire::CredentialFiles;
+use tutti_wire::{CredentialFiles, NodeId, Placement, Request, Response};
 
 #[derive(Args)]
 pub(crate) struct UpArgs {
@@ -86,15 +87,18 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
         (cluster.set_credentials(credentials)).map_err(|e| e.to_string())?;
     }
     cluster.start_all().map_err(|e| e.to_string())?;
-    if let Err(e) = cluster.wait_ready(Duration::from_secs(60)).await {
-        let managers = cluster.file.manager_entries();
-        let tails: Vec<String> = (managers.iter())
-            .map(|m| cluster.file.manager_process(m.id))
-            .chain(cluster.node_ids().iter().map(|id| format!("node-{id}")))
-            .map(|n| format!("--- {n}:\n{}", cluster.log_tail(&n)))
-            .collect();
-        return Err(format!("{e}\n{}", tails.join("\n")));
-    }
+    let client = match cluster.wait_ready(Duration::from_secs(60)).await {
+        Ok(client) => client,
+        Err(e) => {
+            let managers = cluster.file.manager_entries();
+            let tails: Vec<String> = (managers.iter())
+                .map(|m| cluster.file.manager_process(m.id))
+                .chain(cluster.node_ids().iter().map(|id| format!("node-{id}")))
+                .map(|n| format!("--- {n}:\n{}", cluster.log_tail(&n)))
+                .collect();
+            return Err(format!("{e}\n{}", tails.join("\n")));
+        }
+    };
     let managers = match cluster.file.managers.len() {
         0 => format!("manager at {}", cluster.file.manager),
         n => format!("{n} managers at {}", cluster.file.manager),
@@ -129,7 +133,7 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
         None => None,
     };
     println!("tutti: Ctrl-C stops the cluster");
-    let mut failure = supervise(&mut cluster).await.err();
+    let mut failure = supervise(&mut cluster, &client).await.err();
     eprintln!("tutti: stopping");
     if let (Some(s), Some(at)) = (session, &a.fs) {
         if let Err(e) = super::fs::stop_session(s, at).await {
@@ -139,6 +143,25 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
     cluster.stop_all();
     failure.map_or(Ok(()), Err)
 }
+
+/// Each `log-repl` node's placement, as far as the managers answer at once.
+async fn placements(cluster: &LocalCluster, client: &Cluster) -> BTreeMap<NodeId, Placement> {
+    let mut placements = BTreeMap::new();
+    let replicated = cluster.file.nodes.iter().filter(|n| n.mirror.is_some());
+    for node in replicated.map(|n| n.id) {
+        let req = Request::Placement { node };
+        let ask = client.ask_manager(&req);
+        if let Ok(Ok(Response::Placement(Some(p)))) =
+            tokio::time::timeout(PLACEMENT_WAIT, ask).await
+        {
+            placements.insert(node, p);
+        }
+    }
+    placements
+}
+
+/// How long `tutti up` waits for a placement before it records the role as unknown.
+const PLACEMENT_WAIT: Duration = Duration::from_millis(200);
 
 /// Whether the cluster in `data` (if any) recorded credentials at an earlier start.
 fn recorded_credentials(data: &std::path::Path) -> bool {
@@ -163,7 +186,7 @@ struct Restarts {
 
 /// Restarts every child that dies, after a delay that doubles with each quick death in a row
 /// (200 ms up to 10 s), until a shutdown signal (`Ok`) or a child that keeps dying (`Err`).
-async fn supervise(cluster: &mut LocalCluster) -> Result<(), String> {
+async fn supervise(cluster: &mut LocalCluster, client: &Cluster) -> Result<(), String> {
     enum Event {
         Shutdown,
         Exited(String, ExitStatus),
@@ -173,6 +196,8 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), String> {
     }
     let mut signal = Box::pin(shutdown_signal());
     let mut children: HashMap<String, Restarts> = HashMap::new();
+    // Primaries a mirror replaced: they start again as mirrors.
+    let mut as_mirror: HashSet<String> = HashSet::new();
     let mut look = tokio::time::interval(NEW_NODES_EVERY);
     loop {
         let due = children.values().filter_map(|r| r.due).min();
@@ -185,25 +210,41 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), String> {
         let now = Instant::now();
         match event {
             Event::Shutdown => return Ok(()),
-            Event::Look => match cluster.adopt_new_nodes() {
-                Ok(added) => {
-                    for n in added {
-                        println!("tutti: memory node {} added, at {}", n.id, n.addr);
+            Event::Look => {
+                match cluster.adopt_new_nodes() {
+                    Ok(added) => {
+                        for n in added {
+                            println!("tutti: memory node {} added, at {}", n.id, n.addr);
+                        }
                     }
+                    Err(e) => eprintln!("tutti: looking for added nodes: {e}"),
                 }
-                Err(e) => eprintln!("tutti: looking for added nodes: {e}"),
-            },
+                let placements = placements(cluster, client).await;
+                let entries = cluster.process_entries(&placements);
+                if let Err(e) = cluster.record_processes(entries) {
+                    eprintln!("tutti: recording the processes in cluster.json: {e}");
+                }
+            }
             Event::Exited(name, status) if status.code() == Some(tutti_memnode::EXIT_REPLACED) => {
-                // Starting it again would only be refused: its node is served by its mirror.
+                // Its node is served by its mirror: it comes back as the node's new mirror
+                // (docs/replication.md, "Re-replication"), and as a mirror-role process
+                // from now on, whatever the placement makes of it.
                 eprintln!(
-                    "tutti: {name} was replaced by its node's mirror and stays down (a new \
-                     mirror from it is not built yet); see {}",
+                    "tutti: {name} was replaced by its node's mirror; it joins as the new \
+                     mirror; see {}",
                     cluster
                         .dir
                         .join("logs")
                         .join(format!("{name}.log"))
                         .display()
                 );
+                as_mirror.insert(name.clone());
+                let r = children.entry(name).or_insert(Restarts {
+                    started: now,
+                    quick_deaths: 0,
+                    due: None,
+                });
+                r.due = Some(now);
             }
             Event::Exited(name, status) => {
                 let log = cluster.dir.join("logs").join(format!("{name}.log"));
@@ -239,7 +280,11 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), String> {
                 {
                     r.due = None;
                     r.started = now;
-                    if let Err(e) = cluster.restart(name) {
+                    let restarted = match as_mirror.contains(name) {
+                        true => cluster.restart_as_mirror(name),
+                        false => cluster.restart(name),
+                    };
+                    if let Err(e) = restarted {
                         eprintln!("tutti: restarting {name}: {e}; trying again in 1 s");
                         r.due = Some(now + Duration::from_secs(1));
                     }

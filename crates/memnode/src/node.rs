@@ -314,6 +314,29 @@ impl Node {
         self.peers.get(id, &addr).await
     }
 
+    /// Calls peer `q`. On a failure the directory is asked again: a replicated peer may be
+    /// served at another address now (its mirror took over, and the old address may even
+    /// answer again, as a mirror), and the connection to the old one is dropped.
+    async fn call_peer(&self, q: NodeId, req: &Request) -> Result<Response, RpcError> {
+        let result = match self.peer(q).await {
+            Ok(conn) => conn.call_within(req, RPC_TIMEOUT).await,
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            let addr_of = |node: &Node| {
+                (node.directory.lock().expect("directory poisoned"))
+                    .get(&q)
+                    .cloned()
+            };
+            let before = addr_of(self);
+            let _ = self.refresh_directory().await;
+            if addr_of(self) != before {
+                self.peers.forget(q);
+            }
+        }
+        result
+    }
+
     async fn refresh_directory(&self) -> Result<(), RpcError> {
         match self.managers.call(&Request::Directory, RPC_TIMEOUT).await? {
             Response::Directory(d) => {
@@ -812,14 +835,7 @@ async fn call_until_ok(node: &Node, q: NodeId, req: &Request) -> Response {
     let started = std::time::Instant::now();
     let mut failures = 0u32;
     loop {
-        let result = match node.peer(q).await {
-            Ok(conn) => conn.call_within(req, RPC_TIMEOUT).await,
-            Err(e) => {
-                let _ = node.refresh_directory().await;
-                Err(e)
-            }
-        };
-        match result {
+        match node.call_peer(q, req).await {
             Ok(resp) => return resp,
             Err(e) => {
                 failures += 1;
@@ -985,20 +1001,12 @@ async fn collect_stale_reports(node: Arc<Node>) {
         let mut missing: HashSet<Tid> = HashSet::new();
         for (q, tids) in by_peer {
             for batch in tids.chunks(BATCH_TIDS_MAX) {
-                let applied: HashSet<Tid> = match node.peer(q).await {
-                    Ok(conn) => match conn
-                        .call_within(
-                            &Request::Applied {
-                                tids: batch.to_vec(),
-                            },
-                            RPC_TIMEOUT,
-                        )
-                        .await
-                    {
-                        Ok(Response::Applied(a)) => a.into_iter().collect(),
-                        _ => HashSet::new(),
-                    },
-                    Err(_) => HashSet::new(),
+                let ask = Request::Applied {
+                    tids: batch.to_vec(),
+                };
+                let applied: HashSet<Tid> = match node.call_peer(q, &ask).await {
+                    Ok(Response::Applied(a)) => a.into_iter().collect(),
+                    _ => HashSet::new(),
                 };
                 missing.extend(batch.iter().filter(|t| !applied.contains(t)));
             }

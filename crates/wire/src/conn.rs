@@ -503,6 +503,14 @@ impl Connections {
         None
     }
 
+    /// Drops the cached connections to `node` (it is served at another address now).
+    pub fn forget(&self, node: crate::NodeId) {
+        self.open
+            .lock()
+            .expect("connections poisoned")
+            .remove(&node);
+    }
+
     /// Every open connection, for `Connection::flush`.
     pub fn all(&self) -> Vec<Arc<Connection>> {
         let open = self.open.lock().expect("connections poisoned");

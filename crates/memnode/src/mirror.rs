@@ -9,7 +9,7 @@ use crate::participant::{planted, Bug, Writes};
 use crate::space::Space;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use tutti_wire::{ErrorCode, NodeId, Request, Response, Tid, PRIMARY_LEASE_MS};
+use tutti_wire::{ErrorCode, NodeId, Placement, Request, Response, Tid, PRIMARY_LEASE_MS};
 
 /// Past the lease, how much longer a mirror waits before it takes over: the two clocks
 /// may run at slightly different rates.
@@ -27,6 +27,40 @@ impl<R> Default for MirrorActions<R> {
         MirrorActions {
             append: None,
             replies: Vec::new(),
+        }
+    }
+}
+
+/// Where a mirror-role process stands in a placement the manager answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Older than a configuration already acted on (answers can overtake each other).
+    Stale,
+    /// Named primary: take over.
+    Primary,
+    /// Named mirror (a join is complete).
+    Mirror,
+    /// Still the placement it joined under (no mirror): its primary has it named once it
+    /// caught up.
+    Joining,
+    /// Neither: empty the data directory and join anew once the node has no mirror.
+    Outside,
+}
+
+impl Standing {
+    /// The standing of the process at `me`, which acted on configuration epoch
+    /// `known_epoch` and, if `joined`, is a mirror seeded under that epoch and not named yet.
+    pub fn of(p: &Placement, me: &str, known_epoch: u64, joined: Option<u64>) -> Standing {
+        if p.config_epoch < known_epoch {
+            Standing::Stale
+        } else if p.primary == me {
+            Standing::Primary
+        } else if p.mirror.as_deref() == Some(me) {
+            Standing::Mirror
+        } else if joined.is_some_and(|e| p.config_epoch == e && p.mirror.is_none()) {
+            Standing::Joining
+        } else {
+            Standing::Outside
         }
     }
 }
@@ -458,4 +492,29 @@ pub fn encode_records(records: &[(Lsn, LogRecord)]) -> Vec<u8> {
         encode_record(*lsn, record, &mut out);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mirror_reads_its_standing_in_a_placement() {
+        let p = |config_epoch, primary: &str, mirror: Option<&str>| Placement {
+            config_epoch,
+            primary: primary.into(),
+            mirror: mirror.map(str::to_string),
+        };
+        let of = Standing::of;
+        assert_eq!(of(&p(3, "m", None), "m", 3, None), Standing::Primary);
+        assert_eq!(of(&p(3, "p", Some("m")), "m", 3, Some(2)), Standing::Mirror);
+        assert_eq!(of(&p(2, "p", None), "m", 2, Some(2)), Standing::Joining);
+        assert_eq!(of(&p(2, "p", None), "m", 3, None), Standing::Stale);
+        assert_eq!(
+            of(&p(3, "p", None), "m", 2, Some(2)),
+            Standing::Outside,
+            "the join was abandoned, or the placement moved on"
+        );
+        assert_eq!(of(&p(2, "p", None), "m", 2, None), Standing::Outside, "dropped");
+    }
 }

@@ -7,7 +7,7 @@
 //! driver on the same data directory. All decisions are the `Mirror`'s.
 
 use crate::log_record::{decode_record, LogRecord};
-use crate::mirror::{Mirror, Replicate};
+use crate::mirror::{Mirror, Replicate, Standing};
 use crate::node::{io, open_data_dir, rebind, NodeConfig, NodeError, IMAGE_FILE};
 use crate::redo_log::{Lsn, RedoLog};
 use crate::space::Space;
@@ -546,43 +546,46 @@ async fn heartbeat_until_promoted(
             }
         };
         let Some(p) = placement else { continue };
-        if p.config_epoch < node.mirror.lock().expect("mirror poisoned").config_epoch() {
+        let known_epoch = node.mirror.lock().expect("mirror poisoned").config_epoch();
+        match Standing::of(&p, addr, known_epoch, joined) {
             // From a manager that had not heard of the newer one yet.
-            continue;
-        }
-        if p.primary == addr {
-            node.mirror
-                .lock()
-                .expect("mirror poisoned")
-                .promote(p.config_epoch);
-            tracing::warn!(
-                node = node.cfg.id,
-                config_epoch = p.config_epoch,
-                "named primary: waiting out the old primary's lease"
-            );
-            while !node
-                .mirror
-                .lock()
-                .expect("mirror poisoned")
-                .may_take_over(node.now_ms())
-            {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+            Standing::Stale => continue,
+            Standing::Primary => {
+                node.mirror
+                    .lock()
+                    .expect("mirror poisoned")
+                    .promote(p.config_epoch);
+                tracing::warn!(
+                    node = node.cfg.id,
+                    config_epoch = p.config_epoch,
+                    "named primary: waiting out the old primary's lease"
+                );
+                while !node
+                    .mirror
+                    .lock()
+                    .expect("mirror poisoned")
+                    .may_take_over(node.now_ms())
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                return Ok(Some(Ended::Promoted));
             }
-            return Ok(Some(Ended::Promoted));
-        }
-        if p.mirror.as_deref() == Some(addr) {
-            if joined.take().is_some() {
-                tracing::info!(config_epoch = p.config_epoch, "named the node's mirror");
+            Standing::Mirror => {
+                if joined.take().is_some() {
+                    tracing::info!(config_epoch = p.config_epoch, "named the node's mirror");
+                }
             }
-        } else if joined.is_none_or(|epoch| p.config_epoch > epoch || p.mirror.is_some()) {
-            tracing::warn!(
-                node = node.cfg.id,
-                config_epoch = p.config_epoch,
-                primary = %p.primary,
-                mirror = ?p.mirror,
-                "the placement does not name this mirror"
-            );
-            return Ok(None);
+            Standing::Joining => {}
+            Standing::Outside => {
+                tracing::warn!(
+                    node = node.cfg.id,
+                    config_epoch = p.config_epoch,
+                    primary = %p.primary,
+                    mirror = ?p.mirror,
+                    "the placement does not name this mirror"
+                );
+                return Ok(None);
+            }
         }
         node.mirror
             .lock()

@@ -10,7 +10,7 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use tutti_memnode::log_record::decode_record;
-use tutti_memnode::mirror::{encode_records, Mirror, Replicate};
+use tutti_memnode::mirror::{encode_records, Mirror, Replicate, Standing};
 use tutti_memnode::participant::{Actions, Checkpoint, Config, Participant, Stage};
 use tutti_memnode::recovery::Stage2;
 use tutti_memnode::redo_log::{LogRecord, Lsn};
@@ -672,23 +672,23 @@ impl SimNode {
         let ReplState::Mirror(m) = &mut repl.state else {
             return;
         };
-        if p.config_epoch < m.config_epoch() {
-            // An answer overtaken by a newer one.
-            return;
-        }
-        if p.primary == me {
-            m.promote(p.config_epoch);
-            let ReplState::Mirror(m) = std::mem::replace(&mut repl.state, ReplState::MirrorDown)
-            else {
-                unreachable!("matched above")
-            };
-            repl.state = ReplState::Promoted(m);
-            ctx.set_timer(10_000, NodeTimer::TakeOver);
-        } else if p.mirror.as_deref() == Some(me.as_str()) {
-            m.set_config_epoch(p.config_epoch);
-            repl.joining = None;
-        } else if (repl.joining).is_none_or(|e| p.config_epoch > e || p.mirror.is_some()) {
-            self.retire();
+        match Standing::of(&p, &me, m.config_epoch(), repl.joining) {
+            Standing::Stale | Standing::Joining => {}
+            Standing::Primary => {
+                m.promote(p.config_epoch);
+                let ReplState::Mirror(m) =
+                    std::mem::replace(&mut repl.state, ReplState::MirrorDown)
+                else {
+                    unreachable!("matched above")
+                };
+                repl.state = ReplState::Promoted(m);
+                ctx.set_timer(10_000, NodeTimer::TakeOver);
+            }
+            Standing::Mirror => {
+                m.set_config_epoch(p.config_epoch);
+                repl.joining = None;
+            }
+            Standing::Outside => self.retire(),
         }
     }
 

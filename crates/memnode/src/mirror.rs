@@ -515,6 +515,10 @@ mod tests {
             Standing::Outside,
             "the join was abandoned, or the placement moved on"
         );
-        assert_eq!(of(&p(2, "p", None), "m", 2, None), Standing::Outside, "dropped");
+        assert_eq!(
+            of(&p(2, "p", None), "m", 2, None),
+            Standing::Outside,
+            "dropped"
+        );
     }
 }

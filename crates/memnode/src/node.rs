@@ -518,7 +518,7 @@ pub async fn run(
     let recovery = {
         let node = node.clone();
         tokio::spawn(async move {
-            recover_stage2(&node).await;
+            recover_stage2(&node, promoted).await;
             node.participant
                 .lock()
                 .expect("participant poisoned")
@@ -780,7 +780,7 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
 
 /// Stage 2 of Fig. 8 with the §4.5 optimisations: learn each peer's all-log-tids, then ask
 /// (one batched REQUEST-ABORT per peer) only about tids some participant does not hold.
-async fn recover_stage2(node: &Node) {
+async fn recover_stage2(node: &Node, promoted: bool) {
     let undecided = node
         .participant
         .lock()
@@ -790,7 +790,10 @@ async fn recover_stage2(node: &Node) {
         return;
     }
     tracing::info!(tids = undecided.len(), "stage 2: asking peers for outcomes");
-    let (mut stage2, queries) = Stage2::start(node.cfg.id, undecided);
+    let (mut stage2, queries) = match promoted {
+        true => Stage2::after_promotion(node.cfg.id, undecided),
+        false => Stage2::start(node.cfg.id, undecided),
+    };
     let mut requests = Vec::new();
     for (q, query) in queries {
         if let Response::LogTids(tids) = call_until_ok(node, q, &query).await {

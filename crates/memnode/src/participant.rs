@@ -1369,6 +1369,9 @@ pub enum Bug {
     /// A joining mirror is counted, and the manager asked to name it mirror, as soon as it
     /// asks to join, before it holds what its primary already counts durable (`Shipper`).
     JoinBeforeCaughtUp,
+    /// A mirror promoted primary aborts its undecided tids without asking their other
+    /// participants (`Stage2::after_promotion`).
+    PromotionSkipsStage2,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -3,7 +3,7 @@
 //! only about tids that some participant does not hold; a tid commits iff no participant
 //! refused it. The node driver runs it over TCP; a simulator can run it unchanged.
 
-use crate::participant::BATCH_TIDS_MAX;
+use crate::participant::{planted, Bug, BATCH_TIDS_MAX};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tutti_wire::{decisions_by_node, Decision, NodeId, Outgoing, Request, Tid};
 
@@ -61,6 +61,25 @@ impl Stage2 {
             waiting,
         };
         (stage, queries)
+    }
+
+    /// `start`, for a mirror that was just promoted primary (`log-repl`): it resolves its
+    /// undecided tids by the same rules as any restarting node, asking the same peers (a
+    /// vote its old primary sent may have committed the tid everywhere else).
+    pub fn after_promotion(me: NodeId, undecided: Vec<(Tid, Vec<NodeId>)>) -> (Stage2, Outgoing) {
+        if planted(Bug::PromotionSkipsStage2) {
+            let refused = undecided.iter().map(|(tid, _)| *tid).collect();
+            let stage = Stage2 {
+                me,
+                undecided,
+                held: HashMap::new(),
+                refused,
+                phase: Phase::Votes,
+                waiting: BTreeMap::new(),
+            };
+            return (stage, Vec::new());
+        }
+        Stage2::start(me, undecided)
     }
 
     /// Peer `q` answered one of its LogTids queries. Once every query is answered, returns

@@ -87,6 +87,8 @@ struct Repl {
     joining: Option<u64>,
     /// A primary's seed for its joiner: the join, and the records encoded.
     seed: Option<(u64, Vec<u8>)>,
+    /// A mirror named primary, until its recovery starts (`Stage2::after_promotion`).
+    promoted: bool,
 }
 
 enum ReplState {
@@ -229,6 +231,7 @@ impl SimNode {
             session: 1,
             joining: None,
             seed: None,
+            promoted: false,
         });
         node
     }
@@ -249,6 +252,7 @@ impl SimNode {
             session: 0,
             joining: None,
             seed: None,
+            promoted: false,
         });
         node
     }
@@ -526,12 +530,23 @@ impl SimNode {
             self.recovered(ctx);
             return;
         }
-        let (stage2, queries) = Stage2::start(self.id, undecided);
+        let promoted = self
+            .repl
+            .as_mut()
+            .is_some_and(|r| std::mem::take(&mut r.promoted));
+        let (stage2, queries) = match promoted {
+            true => Stage2::after_promotion(self.id, undecided),
+            false => Stage2::start(self.id, undecided),
+        };
         let outstanding = queries.into_iter().map(|(q, r)| (q, r, false)).collect();
         self.recovering = Some(Recovering {
             stage2,
             outstanding,
         });
+        if self.recovering.as_ref().is_some_and(|r| r.stage2.done()) {
+            self.finish_stage2(ctx);
+            return;
+        }
         self.stage2_retry(ctx);
     }
 
@@ -590,15 +605,20 @@ impl SimNode {
             _ => return,
         }
         if self.recovering.as_ref().is_some_and(|r| r.stage2.done()) {
-            let rec = self.recovering.take().expect("recovering");
-            let (outcomes, decisions) = rec.stage2.outcomes();
-            let acts = self.up().resolve(&outcomes);
-            self.up().finish_recovery();
-            self.apply(ctx, acts);
-            self.recovered(ctx);
-            for (q, decision) in decisions {
-                msg::send_one_way(ctx, self.dir.node(q), decision);
-            }
+            self.finish_stage2(ctx);
+        }
+    }
+
+    /// Every undecided tid's outcome is known: resolve them, serve, tell the peers.
+    fn finish_stage2(&mut self, ctx: &mut Ctx<'_>) {
+        let rec = self.recovering.take().expect("recovering");
+        let (outcomes, decisions) = rec.stage2.outcomes();
+        let acts = self.up().resolve(&outcomes);
+        self.up().finish_recovery();
+        self.apply(ctx, acts);
+        self.recovered(ctx);
+        for (q, decision) in decisions {
+            msg::send_one_way(ctx, self.dir.node(q), decision);
         }
     }
 }
@@ -911,6 +931,7 @@ impl SimNode {
         self.page_cache = Some(m.space().read(0, self.space_bytes).to_vec());
         repl.state = ReplState::Joining { placement: None };
         repl.session = ctx.now_us();
+        repl.promoted = true;
         let upto = self.next_lsn - 1;
         self.make_durable(upto);
         self.sync_in_flight = None;

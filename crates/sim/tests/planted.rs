@@ -337,6 +337,15 @@ fn a_mirror_joining_before_it_caught_up_is_caught() {
     eprintln!("seed {seed}: {detail}");
 }
 
+/// A promoted mirror that aborts its undecided tids without asking their other
+/// participants: a transfer its old primary voted for commits elsewhere and not here.
+#[test]
+fn a_promotion_skipping_stage_2_is_caught() {
+    let found = first_failing_replicated(Bug::PromotionSkipsStage2);
+    let (seed, detail) = found.expect("caught within 1,000 seeds");
+    eprintln!("seed {seed}: {detail}");
+}
+
 /// Caught at seed 17: the old primary still answers once its mirror serves.
 #[test]
 fn a_mirror_taking_over_within_the_old_primarys_lease_is_caught() {

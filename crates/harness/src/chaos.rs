@@ -428,6 +428,8 @@ pub struct ChaosConfig {
     /// `log`, or `log-repl`: each node a primary and a mirror, and a node kill strikes the
     /// process serving the node (or, one time in three, the other one).
     pub mode: String,
+    /// `log-repl`: the managers' `--failover-timeout-ms`, if not their default.
+    pub failover_timeout_ms: Option<u64>,
     /// Kills of the logs' sequencer (log workload only).
     pub sequencer: Terminator,
     /// Consistent backups taken while the bank runs, each restored at the end and checked
@@ -908,7 +910,9 @@ pub fn run(
         mode: cfg.mode.clone(),
         size_bytes: 64 << 20,
         node_flags: NODE_FLAGS.iter().map(|s| s.to_string()).collect(),
-        manager_flags: vec![],
+        manager_flags: (cfg.failover_timeout_ms.iter())
+            .flat_map(|ms| ["--failover-timeout-ms".to_string(), ms.to_string()])
+            .collect(),
     };
     let mut local = LocalCluster::open(exe, dir, layout, true)?;
     let manager = local.file.manager.clone();

@@ -51,6 +51,7 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         clients_killer: common::secs(0.5, 3.0),
         manager: common::secs(8.0, 16.0),
         mode: "log".into(),
+        failover_timeout_ms: None,
         managers: 1,
         // Backups taken under the faults, each restored at the end and checked as a cut.
         backups: Some(common::secs(10.0, 20.0)),

@@ -46,6 +46,10 @@ pub(crate) struct ChaosArgs {
     /// the node commits again (the report's unavailability).
     #[arg(long, value_enum, default_value = "log")]
     mode: ModeArg,
+    /// `log-repl`: how long the managers wait for a silent primary before its mirror takes
+    /// over (`tutti manager --failover-timeout-ms`; the managers' default, 1000, without it).
+    #[arg(long)]
+    failover_timeout_ms: Option<u64>,
     /// Seconds between sequencer kills (log workload), as MIN-MAX.
     #[arg(long, default_value = "2-6", value_parser = parse_range)]
     sequencer_kill_every_s: (f64, f64),
@@ -117,6 +121,7 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
         manager: every(a.manager_kill_every_s),
         managers: a.managers,
         mode: a.mode.name().into(),
+        failover_timeout_ms: a.failover_timeout_ms,
         backups: a.backup_every_s.map(every),
         sequencer: every(a.sequencer_kill_every_s),
         partitions: (!a.no_partitions)

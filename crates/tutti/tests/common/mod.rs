@@ -177,6 +177,7 @@ pub fn log_chaos_config(
         clients_killer: secs(1.0, 3.0),
         manager: secs(6.0, 10.0),
         mode: "log".into(),
+        failover_timeout_ms: None,
         managers: 1,
         backups: None,
         sequencer: secs(1.5, 4.0),

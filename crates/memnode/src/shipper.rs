@@ -270,11 +270,13 @@ impl<R> Shipper<R> {
             // The joiner is the mirror now: what it was sent and acknowledged stands.
             self.joiner = None;
         } else {
-            if (self.joiner.as_ref()).is_some_and(|j| placement.config_epoch > j.config_epoch) {
-                // The placement moved on without it.
+            let moved_on =
+                (self.joiner.as_ref()).is_some_and(|j| placement.config_epoch > j.config_epoch);
+            if moved_on {
+                // The placement moved on without the joiner.
                 self.joiner = None;
             }
-            if placement.mirror != self.placement.mirror {
+            if moved_on || placement.mirror != self.placement.mirror {
                 self.forget_mirror(self.local_next);
             }
         }
@@ -709,6 +711,22 @@ mod tests {
         assert!(!s.joiner_heard(JOINER_PATIENCE_MS, join));
         let again = s.join(JOINER_PATIENCE_MS + 1, "j").unwrap().join;
         assert!(again > join);
+    }
+
+    #[test]
+    fn a_placement_that_moved_on_drops_the_joiner_and_what_was_kept_for_it() {
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(None), 1);
+        s.join(0, "j").unwrap();
+        s.push(1, 1, 1, vec![0; 8]);
+        assert!(!s.caught_up());
+        s.set_placement(Placement {
+            config_epoch: 2,
+            primary: "p".into(),
+            mirror: None,
+        })
+        .unwrap();
+        assert_eq!(s.target(), None);
+        assert!(s.caught_up(), "nothing kept for a joiner given up");
     }
 
     #[test]

@@ -168,9 +168,9 @@ fn a_node_serves_through_the_loss_of_its_primary_or_its_mirror() {
     rt.block_on(chaos::verify(&c.local, &clients))
         .unwrap_or_else(|v| panic!("violations: {v:#?}"));
     assert!(clients.seen.iter().sum::<u64>() > 100, "{:?}", clients.seen);
-    // Every node's log is collected once quiet. The reports the killed leader held are
-    // lost, so node 2's (promoted, unreplicated) go through the backstop, which must ask
-    // each peer where it is served now: an old primary's address answers as a mirror.
+    // Every node's log is collected once quiet. Node 2's (promoted while the managers'
+    // leader was killed) is collected through the GC backstop here, which must ask each
+    // peer where it is served now: an old primary's address answers again, as a mirror.
     rt.block_on(chaos::wait_log_collected(&cluster, Duration::from_secs(45)))
         .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -494,6 +494,18 @@ pub fn encode_records(records: &[(Lsn, LogRecord)]) -> Vec<u8> {
     out
 }
 
+/// The records `bytes` holds, encoded as in a segment, up to the first that does not
+/// decode, and how many bytes they took.
+pub fn decode_records(bytes: &[u8]) -> (Vec<(Lsn, LogRecord)>, usize) {
+    let mut records = Vec::new();
+    let mut at = 0;
+    while let Some((lsn, record, used)) = decode_record(&bytes[at..]) {
+        records.push((lsn, record));
+        at += used;
+    }
+    (records, at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,8 @@
 //! names it primary, waits out the old primary's lease and hands over to the ordinary node
 //! driver on the same data directory. All decisions are the `Mirror`'s.
 
-use crate::log_record::{decode_record, LogRecord};
-use crate::mirror::{Mirror, Replicate, Standing};
+use crate::log_record::LogRecord;
+use crate::mirror::{decode_records, Mirror, Replicate, Standing};
 use crate::node::{io, open_data_dir, rebind, NodeConfig, NodeError, IMAGE_FILE};
 use crate::redo_log::{Lsn, RedoLog};
 use crate::space::Space;
@@ -387,12 +387,7 @@ async fn seed(
         .await
         .map_err(|e| NodeError::Config(e.to_string()))?
         .map_err(io("flush the seeded image"))?;
-    let mut decoded = Vec::new();
-    let mut at = 0;
-    while let Some((lsn, record, used)) = decode_record(&records[at..]) {
-        decoded.push((lsn, record));
-        at += used;
-    }
+    let (decoded, at) = decode_records(&records);
     let count = next_lsn - first_lsn;
     if at != records.len() || decoded.len() as u64 != count {
         return Err(SeedError::Primary(format!(

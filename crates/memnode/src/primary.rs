@@ -3,8 +3,8 @@
 //! that ships records to the mirror and lets the participant count them durable once both
 //! disks hold them, and the seed a joining mirror reads. The decisions are the `Shipper`'s.
 
-use crate::log_record::{decode_record, LogRecord, Lsn};
-use crate::mirror::encode_records;
+use crate::log_record::{LogRecord, Lsn};
+use crate::mirror::{decode_records, encode_records};
 use crate::node::{Node, NodeError};
 use crate::redo_log::{read_synced, RedoLog};
 use crate::shipper::Shipped;
@@ -112,11 +112,7 @@ pub(crate) async fn adopt_mirror_tail(
                 if count > 0 {
                     log.append(from, count, &bytes)?;
                     log.sync()?;
-                    let mut at = 0;
-                    while let Some((lsn, record, used)) = decode_record(&bytes[at..]) {
-                        records.push((lsn, record));
-                        at += used;
-                    }
+                    records.extend(decode_records(&bytes).0);
                     tracing::info!(from, count, "adopted the records only the mirror held");
                 }
                 return Ok((registered, false));

@@ -9,8 +9,7 @@ use rand::Rng;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use tutti_memnode::log_record::decode_record;
-use tutti_memnode::mirror::{encode_records, Mirror, Replicate, Standing};
+use tutti_memnode::mirror::{decode_records, encode_records, Mirror, Replicate, Standing};
 use tutti_memnode::participant::{Actions, Checkpoint, Config, Participant, Stage};
 use tutti_memnode::recovery::Stage2;
 use tutti_memnode::redo_log::{LogRecord, Lsn};
@@ -852,12 +851,7 @@ impl SimNode {
                 Response::SeedBytes(bytes),
             ) => {
                 let (records, image) = bytes.split_at(records_bytes as usize);
-                let mut decoded = Vec::new();
-                let mut at = 0;
-                while let Some((lsn, record, used)) = decode_record(&records[at..]) {
-                    decoded.push((lsn, record));
-                    at += used;
-                }
+                let (decoded, _) = decode_records(records);
                 assert_eq!(decoded.len() as u64, next_lsn - first_lsn, "a whole seed");
                 // The disk emptied and filled: the image flushed, the records synced.
                 self.image = image.to_vec();
@@ -1012,11 +1006,7 @@ impl SimNode {
             ) => {
                 let p = placement.clone().expect("asked under a placement");
                 if first_lsn == from {
-                    let mut at = 0;
-                    while let Some((lsn, record, used)) = decode_record(&records[at..]) {
-                        self.synced.push((lsn, record));
-                        at += used;
-                    }
+                    self.synced.extend(decode_records(&records).0);
                     self.joined(ctx, p, false);
                     return;
                 }
@@ -1152,11 +1142,7 @@ impl SimNode {
         if let Some((_, msg)) = Replicate::of(&req).filter(|(node, _)| *node == me) {
             let acts = m.on_replicate(now, from, id, msg);
             if let Some((first, count, bytes)) = acts.append {
-                let mut at = 0;
-                while let Some((lsn, record, used)) = decode_record(&bytes[at..]) {
-                    self.written.push((lsn, record));
-                    at += used;
-                }
+                self.written.extend(decode_records(&bytes).0);
                 self.next_lsn = first + count;
             }
             send_replies(ctx, acts.replies);

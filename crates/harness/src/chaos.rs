@@ -463,8 +463,11 @@ pub struct ChaosReport {
     /// as their node's new mirror.
     pub rejoins: u64,
     /// `log-repl`: from each kill of a node's serving process to the first write committed
-    /// on the node again, sorted.
+    /// on the node again, sorted: all of them, and split by whether the node had a mirror
+    /// at the kill (a fail-over) or ran alone (it waits for the killed process's restart).
     pub unavailability: Vec<Duration>,
+    pub failovers: Vec<Duration>,
+    pub restarts: Vec<Duration>,
     pub client_kills: u64,
     pub manager_kills: u64,
     pub sequencer_kills: u64,
@@ -559,11 +562,20 @@ impl ChaosReport {
                 ),
             ));
         }
-        if !self.unavailability.is_empty() {
-            let u = &self.unavailability;
+        for (what, u) in [
+            (
+                "node unavailable after a kill of its serving copy",
+                &self.unavailability,
+            ),
+            ("  with a mirror: fail-over", &self.failovers),
+            ("  running alone: restart", &self.restarts),
+        ] {
+            if u.is_empty() {
+                continue;
+            }
             let at = |q: f64| u[((u.len() as f64 * q).ceil() as usize).clamp(1, u.len()) - 1];
             rows.push((
-                "node unavailable after a kill of its serving copy".into(),
+                what.into(),
                 "until a write commits on it".into(),
                 format!(
                     "p50 {:.2} s, p99 {:.2} s, max {:.2} s ({} kills)",
@@ -1091,7 +1103,16 @@ pub fn run(
     if let Some(proxy) = &proxy {
         proxy.heal_all();
     }
-    report.unavailability = rt.block_on(faults.probed());
+    let probed = rt.block_on(faults.probed());
+    let split = |mirrored: bool| -> Vec<Duration> {
+        (probed.iter())
+            .filter(|(m, _)| *m == mirrored)
+            .map(|(_, d)| *d)
+            .collect()
+    };
+    report.failovers = split(true);
+    report.restarts = split(false);
+    report.unavailability = probed.into_iter().map(|(_, d)| d).collect();
     if let Some(b) = &mut backups {
         b.finish();
     }
@@ -1296,8 +1317,8 @@ struct Faults<'a> {
     next_partition: Duration,
     cut: Vec<((Process, Process), Duration)>,
     /// `log-repl`: a probe per kill of a node's serving process, timing its unavailability,
-    /// and where on each node probes write.
-    probes: Vec<tokio::task::JoinHandle<Option<Duration>>>,
+    /// with whether the node had a mirror then; and where on each node probes write.
+    probes: Vec<(bool, tokio::task::JoinHandle<Option<Duration>>)>,
     probe_addrs: Vec<(NodeId, u64)>,
 }
 
@@ -1342,12 +1363,13 @@ async fn probe(cluster: Cluster, node: NodeId, addr: u64, killed: Instant) -> Op
     None
 }
 
-/// Where `node` is served, by the manager's directory.
-async fn serving(cluster: &Cluster, node: NodeId) -> Option<String> {
-    match cluster.ask_manager(&tutti_wire::Request::Directory).await {
-        Ok(tutti_wire::Response::Directory(d)) => {
-            d.nodes.into_iter().find(|n| n.id == node).map(|n| n.addr)
-        }
+/// Where `node` is served, and whether it has a mirror, by the manager's placement.
+async fn serving(cluster: &Cluster, node: NodeId) -> Option<(String, bool)> {
+    match cluster
+        .ask_manager(&tutti_wire::Request::Placement { node })
+        .await
+    {
+        Ok(tutti_wire::Response::Placement(Some(p))) => Some((p.primary, p.mirror.is_some())),
         _ => None,
     }
 }
@@ -1374,13 +1396,15 @@ impl<'a> Faults<'a> {
         }
     }
 
-    /// The probes' timings, sorted; a probe that never saw a commit counts as 60 s.
-    async fn probed(&mut self) -> Vec<Duration> {
+    /// The probes' timings, sorted, each with whether the node had a mirror at the kill;
+    /// a probe that never saw a commit counts as 60 s.
+    async fn probed(&mut self) -> Vec<(bool, Duration)> {
         let mut timings = Vec::new();
-        for p in self.probes.drain(..) {
-            timings.push(p.await.ok().flatten().unwrap_or(Duration::from_secs(60)));
+        for (mirrored, p) in self.probes.drain(..) {
+            let took = p.await.ok().flatten().unwrap_or(Duration::from_secs(60));
+            timings.push((mirrored, took));
         }
-        timings.sort();
+        timings.sort_by_key(|(_, d)| *d);
         timings
     }
 
@@ -1394,8 +1418,10 @@ impl<'a> Faults<'a> {
     ) -> Result<(), LocalError> {
         let rng = &mut self.rng;
         let node = rng.gen_range(1..=4);
-        let addr = at.rt.block_on(serving(at.cluster, node));
-        let Some(serving) = addr.and_then(|a| local.process_at(node, &a)) else {
+        let Some((addr, mirrored)) = at.rt.block_on(serving(at.cluster, node)) else {
+            return Ok(());
+        };
+        let Some(serving) = local.process_at(node, &addr) else {
             return Ok(());
         };
         let other = match serving.strip_suffix("-mirror") {
@@ -1412,7 +1438,7 @@ impl<'a> Faults<'a> {
             if let Some(addr) = addr {
                 let _in = at.rt.enter();
                 let probe = probe(at.cluster.clone(), node, addr, killed);
-                self.probes.push(tokio::spawn(probe));
+                self.probes.push((mirrored, tokio::spawn(probe)));
             }
             serving
         } else {

@@ -73,7 +73,7 @@ impl ManagerConfig {
             data,
             epoch_period_ms: 3_600_000,
             failure_timeout_ms: 3_000,
-            failover_timeout_ms: 1_000,
+            failover_timeout_ms: 500,
             frame_bytes_max: tutti_wire::FRAME_BYTES_MAX_DEFAULT,
             dialer: Dialer::default(),
         }

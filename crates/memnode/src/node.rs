@@ -872,7 +872,7 @@ fn resident_bytes() -> u64 {
 }
 
 /// A replicated primary whose lease ran out and that has not heard from the manager for
-/// this long stops: the manager replaces a primary silent for its fail-over timeout (1 s
+/// this long stops: the manager replaces a primary silent for its fail-over timeout (500 ms
 /// by default), and clients then find the new one only once this one's connections close.
 const CUT_OFF_MS: u64 = 1_000;
 

@@ -626,7 +626,7 @@ pub const EXIT_REPLACED: i32 = 75;
 /// How long a mirror's acknowledgement lets its primary answer, from when the primary sent
 /// what was acknowledged; the mirror does not take over before as long after its last
 /// acknowledgement, so no two primaries answer at once (docs/replication.md, "Leases").
-pub const PRIMARY_LEASE_MS: u64 = 500;
+pub const PRIMARY_LEASE_MS: u64 = 300;
 
 /// What `Request::ManagerStatus` answers.
 #[derive(Encode, Decode, Clone, Debug, PartialEq, Eq)]

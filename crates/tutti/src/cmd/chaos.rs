@@ -47,7 +47,7 @@ pub(crate) struct ChaosArgs {
     #[arg(long, value_enum, default_value = "log")]
     mode: ModeArg,
     /// `log-repl`: how long the managers wait for a silent primary before its mirror takes
-    /// over (`tutti manager --failover-timeout-ms`; the managers' default, 1000, without it).
+    /// over (`tutti manager --failover-timeout-ms`; the managers' default, 500, without it).
     #[arg(long)]
     failover_timeout_ms: Option<u64>,
     /// Seconds between sequencer kills (log workload), as MIN-MAX.

@@ -20,7 +20,7 @@ pub(crate) struct ManagerArgs {
     failure_timeout_ms: u64,
     /// A replicated node (`log-repl`) whose primary is silent this long is served by its
     /// mirror from then on; a mirror silent (or behind) this long is dropped.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 500)]
     failover_timeout_ms: u64,
     /// Every manager of a Raft group, in the same order at each (comma-separated
     /// addresses, this one's included). Without it, the manager is a group of one.

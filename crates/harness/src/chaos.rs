@@ -516,7 +516,7 @@ impl ChaosReport {
                 c.calls, c.ok, c.mismatch, c.aborted, c.unknown
             )
         };
-        let node_kills = if cfg.mode == crate::local::REPLICATED_MODE {
+        let node_kills = if crate::local::replicated(&cfg.mode) {
             format!(
                 "{} ({} of the serving copy, {} of the other; {} replaced copies rejoined)",
                 self.node_kills, self.primary_kills, self.mirror_kills, self.rejoins
@@ -1027,7 +1027,7 @@ pub fn run(
     };
     let mut report = ChaosReport::default();
     let mut faults = Faults::new(cfg);
-    if cfg.mode == crate::local::REPLICATED_MODE {
+    if crate::local::replicated(&cfg.mode) {
         faults.probe_addrs = rt
             .block_on(create_probe_region(&cluster))
             .map_err(LocalError::Config)?;
@@ -1409,7 +1409,8 @@ impl<'a> Faults<'a> {
     }
 
     /// Kills a `log-repl` node's serving process (two times in three) or its other one,
-    /// restarting it 0–2 s later: long enough, often, for its mirror to take over.
+    /// restarting it 0–2 s later: long enough, often, for its mirror to take over. A
+    /// `ram-repl` node's serving process is killed only while the node has a mirror.
     fn kill_replicated(
         &mut self,
         at: &Strike<'_>,
@@ -1428,7 +1429,10 @@ impl<'a> Faults<'a> {
             Some(primary) => primary.to_string(),
             None => format!("{serving}-mirror"),
         };
-        let name = if rng.gen_range(0..3) < 2 {
+        // A ram-repl node running alone holds its data in one process only: killing that
+        // one is a second fault, which the mode does not survive, so the other is killed.
+        let alone_in_ram = !mirrored && self.cfg.mode == crate::local::RAM_REPLICATED_MODE;
+        let name = if rng.gen_range(0..3) < 2 && !alone_in_ram {
             report.primary_kills += 1;
             let killed = Instant::now();
             local.kill(&serving);
@@ -1486,10 +1490,10 @@ impl<'a> Faults<'a> {
         report: &mut ChaosReport,
     ) -> Result<(), LocalError> {
         let now = at.now;
-        if self.cfg.mode == crate::local::REPLICATED_MODE {
+        if crate::local::replicated(&self.cfg.mode) {
             self.restart_replaced(local, report)?;
         }
-        if now >= self.next_node && self.cfg.mode == crate::local::REPLICATED_MODE {
+        if now >= self.next_node && crate::local::replicated(&self.cfg.mode) {
             self.kill_replicated(&at, local, report)?;
             report.node_kills += 1;
             self.next_node = now + draw(&mut self.rng, &self.cfg.nodes);

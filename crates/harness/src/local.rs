@@ -33,8 +33,31 @@ pub struct MirrorEntry {
     pub data: PathBuf,
 }
 
-/// The mode whose nodes have mirrors.
-pub const REPLICATED_MODE: &str = "log-repl";
+/// The modes whose nodes have mirrors: `log-repl`, and `ram-repl`, whose copies live in
+/// RAM (data directories under `/dev/shm`) and die with their processes.
+pub const REPLICATED_MODES: [&str; 2] = ["log-repl", "ram-repl"];
+
+/// Whether nodes of `mode` have a primary and a mirror.
+pub fn replicated(mode: &str) -> bool {
+    REPLICATED_MODES.contains(&mode)
+}
+
+/// The mode whose copies live in RAM.
+pub const RAM_REPLICATED_MODE: &str = "ram-repl";
+
+/// Where a `ram-repl` cluster in `dir` keeps its nodes' data directories: on the RAM file
+/// system, named after `dir` (so that one cluster always finds its own).
+pub fn ram_dir(dir: &Path) -> PathBuf {
+    // FNV-1a: stable across builds, unlike std's hasher.
+    let hash = (dir.as_os_str().as_encoded_bytes().iter())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let name = dir
+        .file_name()
+        .map_or("cluster".into(), |n| n.to_string_lossy());
+    PathBuf::from("/dev/shm").join(format!("tutti-{name}-{hash:016x}"))
+}
 
 /// One manager of a group of several (`tutti up --managers 3`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -175,6 +198,16 @@ pub struct LocalCluster {
     pub process_flags: BTreeMap<String, Vec<String>>,
 }
 
+impl Drop for LocalCluster {
+    /// Its processes stop with it (the supervisor's own drop); a `ram-repl` cluster's RAM
+    /// directories are removed once they have.
+    fn drop(&mut self) {
+        if self.file.mode == RAM_REPLICATED_MODE {
+            self.stop_all();
+        }
+    }
+}
+
 /// A port free now and below the kernel's ephemeral range. A port from that range (what
 /// binding port 0 gives) can be taken by any outgoing connection before the process meant
 /// for it binds it; a CI run lost a manager that way ("Address already in use"). Never the
@@ -255,6 +288,14 @@ impl LocalCluster {
                         file.mode,
                         layout.nodes,
                         layout.mode
+                    )));
+                }
+                if file.mode == RAM_REPLICATED_MODE {
+                    return Err(LocalError::Config(format!(
+                        "{} held a ram-repl cluster, whose copies lived in RAM and were lost \
+                         when its processes stopped; remove it, or use another --data, to make \
+                         a new one",
+                        dir.display()
                     )));
                 }
                 file
@@ -451,6 +492,8 @@ impl LocalCluster {
             return self.start_mirror(id);
         }
         match name.strip_prefix("node-").map(str::parse) {
+            // A ram-repl copy comes back empty: it can only join.
+            Some(Ok(_)) if self.file.mode == RAM_REPLICATED_MODE => self.restart_as_mirror(name),
             Some(Ok(id)) => self.start_primary(id),
             Some(Err(_)) => Err(LocalError::Config(format!("no process {name}"))),
             None if name == "manager" => self.start_manager_id(1),
@@ -606,6 +649,15 @@ impl LocalCluster {
     pub fn stop_all(&mut self) {
         self.processes
             .stop_all(libc::SIGTERM, Duration::from_secs(10));
+        self.free_ram();
+    }
+
+    /// `ram-repl`: removes the RAM directories, whose copies died with the processes
+    /// (a process killed with SIGKILL leaves its copy behind).
+    fn free_ram(&self) {
+        if self.file.mode == RAM_REPLICATED_MODE {
+            let _ = std::fs::remove_dir_all(ram_dir(&self.dir));
+        }
     }
 
     /// Waits until the manager answers and every memory node serves (recovery done).
@@ -650,6 +702,32 @@ impl LocalCluster {
         Err(LocalError::NotReady(timeout, last))
     }
 
+    /// Waits until every node of a replicated cluster has a mirror named in its placement
+    /// (a `ram-repl` node's mirrors join only after the start).
+    pub async fn wait_mirrored(
+        &self,
+        cluster: &Cluster,
+        timeout: Duration,
+    ) -> Result<(), LocalError> {
+        let until = Instant::now() + timeout;
+        for id in self.node_ids() {
+            let ask = tutti_wire::Request::Placement { node: id };
+            loop {
+                match cluster.ask_manager(&ask).await {
+                    Ok(tutti_wire::Response::Placement(Some(p))) if p.mirror.is_some() => break,
+                    other if Instant::now() >= until => {
+                        return Err(LocalError::NotReady(
+                            timeout,
+                            format!("node {id} has no mirror: {other:?}"),
+                        ))
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The last lines of a child's log, for error messages.
     pub fn log_tail(&self, name: &str) -> String {
         let path = self.dir.join("logs").join(format!("{name}.log"));
@@ -683,20 +761,25 @@ fn lock_file(dir: &Path) -> Result<File, LocalError> {
 }
 
 /// Node `id` of a cluster in `dir` on `host`: free ports, data directory `dir/node-ID`
-/// (and in `log-repl` mode a mirror with `dir/node-ID-mirror`).
+/// (and in `log-repl` mode a mirror with `dir/node-ID-mirror`; in `ram-repl` mode both
+/// under `ram_dir(dir)`).
 fn node_entry(dir: &Path, host: IpAddr, mode: &str, id: NodeId) -> Result<NodeEntry, LocalError> {
-    let mirror = match mode {
-        REPLICATED_MODE => Some(MirrorEntry {
+    let data = match mode {
+        RAM_REPLICATED_MODE => ram_dir(dir),
+        _ => dir.to_path_buf(),
+    };
+    let mirror = match replicated(mode) {
+        true => Some(MirrorEntry {
             addr: new_addr(host)?,
-            data: dir.join(format!("node-{id}-mirror")),
+            data: data.join(format!("node-{id}-mirror")),
         }),
-        _ => None,
+        false => None,
     };
     Ok(NodeEntry {
         id,
         addr: new_addr(host)?,
         metrics: new_addr(host)?,
-        data: dir.join(format!("node-{id}")),
+        data: data.join(format!("node-{id}")),
         mirror,
     })
 }

@@ -116,13 +116,36 @@ pub(crate) async fn run(
         .clone()
         .ok_or_else(|| NodeError::Config("a mirror needs --data DIR".into()))?;
     let _lock = open_data_dir(&data, cfg)?;
+    // A `ram-repl` copy dies with its process: what a predecessor left is not the node's.
+    let mut holds_copy = !cfg.volatile;
+    if cfg.volatile {
+        empty_copy(&data)?;
+    }
     let mut listener = Some(listener);
+    let mut told_empty = false;
     loop {
         let placement = tokio::select! {
-            p = placement_of(cfg, &managers, &addr) => p?,
+            p = placement_of(cfg, &managers) => p?,
             () = shutdown.as_mut() => return Ok(Ended::Stopped),
         };
         let named = placement.primary == addr || placement.mirror.as_deref() == Some(&addr);
+        if named && !holds_copy {
+            // Named, but holding nothing: serving would lose what the node holds. The
+            // manager drops a silent mirror, or fails a silent primary over to its mirror,
+            // and this process then joins; if the other copy is lost too, the node is.
+            if !std::mem::replace(&mut told_empty, true) {
+                tracing::warn!(
+                    node = cfg.id,
+                    config_epoch = placement.config_epoch,
+                    "the placement names this process, which started empty (ram-repl): \
+                     waiting for the manager to name another copy, then joining"
+                );
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                () = shutdown.as_mut() => return Ok(Ended::Stopped),
+            }
+        }
         // Seeded under this very placement before a restart: the primary may count this
         // mirror already, and ask the manager to name it; its data stays.
         let resumed = (read_join_marker(&data))
@@ -147,7 +170,10 @@ pub(crate) async fn run(
                 () = shutdown.as_mut() => return Ok(Ended::Stopped),
             };
             match seeded {
-                Ok(seeded) => Start::Seeded(Box::new(seeded)),
+                Ok(seeded) => {
+                    holds_copy = true;
+                    Start::Seeded(Box::new(seeded))
+                }
                 Err(SeedError::Local(e)) => return Err(e),
                 Err(SeedError::Primary(why)) => {
                     tracing::warn!(primary = %placement.primary, "joining: {why}; trying again");
@@ -182,24 +208,15 @@ pub(crate) async fn run(
     }
 }
 
-/// The node's placement, asked of the manager until it answers.
-async fn placement_of(
-    cfg: &NodeConfig,
-    managers: &Managers,
-    addr: &str,
-) -> Result<Placement, NodeError> {
+/// The node's placement, asked of the manager until it answers (a question, not a
+/// heartbeat: a process that cannot serve as the mirror named must not look alive as it).
+async fn placement_of(cfg: &NodeConfig, managers: &Managers) -> Result<Placement, NodeError> {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
-    let req = Request::MirrorHeartbeat {
-        node: cfg.id,
-        addr: addr.to_string(),
-        next_lsn: 0,
-    };
     loop {
-        match managers.call(&req, Duration::from_secs(2)).await {
-            Ok(Response::Placement(Some(p))) => return Ok(p),
+        match crate::node::placement(managers, cfg.id).await {
+            Ok(Some(p)) => return Ok(p),
             // Its primary has not registered yet (or the node is unreplicated).
-            Ok(Response::Placement(None)) => tracing::debug!(node = cfg.id, "no placement yet"),
-            Ok(other) => tracing::warn!("manager answered a mirror heartbeat with {other:?}"),
+            Ok(None) => tracing::debug!(node = cfg.id, "no placement yet"),
             Err(e) => tracing::debug!("asking the manager for the placement: {e}"),
         }
         backoff.pause().await;
@@ -275,6 +292,29 @@ impl From<RpcError> for SeedError {
     }
 }
 
+/// Removes the copy of the node that `data` holds (its join marker first, then the image
+/// and the log), leaving the directory's lock and `node.json`.
+pub(crate) fn empty_copy(data: &Path) -> Result<(), NodeError> {
+    for stale in [
+        data.join(JOIN_MARKER),
+        data.join(IMAGE_FILE),
+        data.join("log"),
+    ] {
+        let removed = if stale.is_dir() {
+            std::fs::remove_dir_all(&stale)
+        } else {
+            std::fs::remove_file(&stale)
+        };
+        match removed {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io(format!("remove {}", stale.display()))(e))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// How long one seed call to the primary may take.
 const SEED_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -288,23 +328,7 @@ async fn seed(
     addr: &str,
 ) -> Result<Seeded, SeedError> {
     let primary = placement.primary.as_str();
-    for stale in [
-        data.join(JOIN_MARKER),
-        data.join(IMAGE_FILE),
-        data.join("log"),
-    ] {
-        let removed = if stale.is_dir() {
-            std::fs::remove_dir_all(&stale)
-        } else {
-            std::fs::remove_file(&stale)
-        };
-        match removed {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(io(format!("remove {}", stale.display()))(e).into())
-            }
-            _ => {}
-        }
-    }
+    empty_copy(data)?;
     let conn = tokio::time::timeout(
         SEED_CALL_TIMEOUT,
         Connection::connect(primary, cfg.frame_bytes_max, &cfg.dialer),

@@ -41,6 +41,10 @@ pub struct NodeConfig {
     /// manager's placement rules after that).
     pub mirror: Option<String>,
     pub role: Role,
+    /// `ram-repl`: the data directory is on a RAM file system and holds this process's
+    /// copy only while it runs. It is emptied at start and at a clean stop, and a process
+    /// enters a node that already has a placement as a new mirror (docs/replication.md).
+    pub volatile: bool,
 }
 
 /// What a `log-repl` process is for its logical node.
@@ -78,6 +82,7 @@ impl NodeConfig {
             dialer: Dialer::default(),
             mirror: None,
             role: Role::Primary,
+            volatile: false,
         }
     }
 }
@@ -357,7 +362,7 @@ impl Node {
 /// A mirror (`Role::Mirror`) runs as one until the manager names it primary, then as the
 /// node's primary on the same address and data directory.
 pub async fn run(
-    cfg: NodeConfig,
+    mut cfg: NodeConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), NodeError> {
     if cfg.id == 0 {
@@ -367,6 +372,9 @@ pub async fn run(
         return Err(NodeError::Config(
             "replication (a mirror) needs a redo log: use log-repl".into(),
         ));
+    }
+    if cfg.volatile {
+        enter_volatile(&mut cfg).await?;
     }
     let listener = TcpListener::bind(&cfg.listen)
         .await
@@ -386,7 +394,7 @@ pub async fn run(
                 crate::mirror_node::run(&cfg, listener, parse_managers()?, shutdown.as_mut())
                     .await?;
             match ended {
-                crate::mirror_node::Ended::Stopped => return Ok(()),
+                crate::mirror_node::Ended::Stopped => return stopped(&cfg),
                 crate::mirror_node::Ended::Promoted => (rebind(listening).await?, true),
             }
         }
@@ -413,6 +421,9 @@ pub async fn run(
                 .clone()
                 .ok_or_else(|| NodeError::Config("log mode needs --data DIR".into()))?;
             let lock = open_data_dir(&data, &cfg)?;
+            if cfg.volatile && !promoted {
+                crate::mirror_node::empty_copy(&data)?;
+            }
             let space = Space::image(&data.join(IMAGE_FILE), cfg.size_bytes)
                 .map_err(io("open the image"))?;
             let flusher = space.flusher();
@@ -538,7 +549,85 @@ pub async fn run(
     let _ = node.sync_log().await;
     drop(writer);
     tracing::info!("memory node stopped");
-    Ok(())
+    stopped(&cfg)
+}
+
+/// `ram-repl`: checks that the data directory is on a RAM file system, and makes a process
+/// started as a primary of a node that already has a placement a mirror: a copy that
+/// started empty must not serve the node, it joins it.
+async fn enter_volatile(cfg: &mut NodeConfig) -> Result<(), NodeError> {
+    let data = (cfg.data.clone())
+        .ok_or_else(|| NodeError::Config("ram-repl needs --data DIR on a tmpfs".into()))?;
+    std::fs::create_dir_all(&data).map_err(io(format!("create {}", data.display())))?;
+    if !on_ram(&data).map_err(io(format!("statfs {}", data.display())))? {
+        return Err(NodeError::Config(format!(
+            "ram-repl keeps the node's copy in RAM: --data {} must be on a tmpfs (such as \
+             /dev/shm), not on a disk",
+            data.display()
+        )));
+    }
+    if cfg.role == Role::Mirror {
+        return Ok(());
+    }
+    let managers = Managers::parse(&cfg.manager, cfg.frame_bytes_max, cfg.dialer.clone())
+        .map_err(NodeError::Config)?;
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+    loop {
+        match placement(&managers, cfg.id).await {
+            Ok(None) => return Ok(()),
+            Ok(Some(p)) => {
+                tracing::warn!(
+                    node = cfg.id,
+                    primary = %p.primary,
+                    "the node exists already, and a ram-repl copy does not survive its \
+                     process: this one starts as a mirror and joins"
+                );
+                cfg.role = Role::Mirror;
+                cfg.mirror = None;
+                return Ok(());
+            }
+            Err(e) => tracing::debug!("asking the manager for the placement: {e}"),
+        }
+        backoff.pause().await;
+    }
+}
+
+/// Whether `dir` is on a file system held in memory (tmpfs, ramfs).
+fn on_ram(dir: &std::path::Path) -> std::io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: statfs(2) writes into the zeroed struct we own, from a NUL-terminated path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // ramfs(5)'s magic, which the libc crate does not name.
+    const RAMFS_MAGIC: libc::__fsword_t = 0x8584_58f6;
+    Ok(st.f_type == libc::TMPFS_MAGIC || st.f_type == RAMFS_MAGIC)
+}
+
+/// After a clean stop: a `ram-repl` process's copy goes with it (it frees the memory).
+fn stopped(cfg: &NodeConfig) -> Result<(), NodeError> {
+    match (&cfg.data, cfg.volatile) {
+        (Some(data), true) => crate::mirror_node::empty_copy(data),
+        _ => Ok(()),
+    }
+}
+
+/// Node `node`'s placement as the managers' leader has it committed (none: the node is
+/// not replicated, or not registered yet).
+pub(crate) async fn placement(
+    managers: &Managers,
+    node: NodeId,
+) -> Result<Option<tutti_wire::Placement>, String> {
+    match managers
+        .call(&Request::Placement { node }, Duration::from_secs(2))
+        .await
+    {
+        Ok(Response::Placement(p)) => Ok(p),
+        Ok(other) => Err(format!("the manager answered {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The layout of a node's data directory (docs/storage.md). Format 1 had redo log segments

@@ -444,3 +444,42 @@ fn a_replaced_primary_comes_back_as_the_new_mirror() {
     assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
     assert_eq!(stop_and_count_children(&mut child, &data), 0);
 }
+
+/// `tutti up --mode ram-repl`: both copies of a node in RAM (under /dev/shm); a copy killed
+/// with SIGKILL comes back empty and joins as the mirror, and holds everything once named:
+/// the node survives the loss of each of its copies in turn. The RAM is freed at the stop,
+/// and the cluster, gone with it, is not started again.
+#[test]
+fn a_ram_repl_node_survives_the_loss_of_each_copy_in_turn() {
+    let data = common::scratch("up-ram-repl");
+    let (mut child, manager) = up_with(&data, &["--mode", "ram-repl"]);
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
+    let ram = std::path::PathBuf::from(file["nodes"][0]["data"].as_str().unwrap());
+    assert!(ram.starts_with("/dev/shm"), "{}", ram.display());
+    let out = txn(&manager, &["write:1:0:68656c6c6f"]);
+    assert_eq!(out["committed"], true);
+    let mut serving = "node-1";
+    for other in ["node-1-mirror", "node-1"] {
+        let pid = until_role(&data, serving, "primary");
+        until_role(&data, other, "mirror");
+        // SAFETY: kill(2) on a process of this test's cluster.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        until_role(&data, other, "primary");
+        let out = txn(&manager, &["read:1:0:5", "write:1:8:01"]);
+        assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
+        let back = until_role(&data, serving, "mirror");
+        assert_ne!(back, pid, "a new process");
+        serving = other;
+    }
+    assert_eq!(stop_and_count_children(&mut child, &data), 0);
+    assert!(!ram.exists(), "{} left behind", ram.display());
+    let again = Command::new(common::exe())
+        .args(["up", "--data"])
+        .arg(&*data)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("held a ram-repl cluster"), "{stderr}");
+}

@@ -19,13 +19,16 @@ pub(crate) enum ModeArg {
     /// `log`, and every record also on a mirror in another process before the node relies
     /// on it: a node keeps serving through the loss of its primary (docs/replication.md).
     LogRepl,
+    /// `log-repl` with both copies in RAM (`--data` on a tmpfs): no disk, a node survives
+    /// the loss of either copy but not of both; a copy does not survive its process.
+    RamRepl,
 }
 
 impl ModeArg {
     pub(crate) fn mode(self) -> Mode {
         match self {
             ModeArg::Ram => Mode::Ram,
-            ModeArg::Log | ModeArg::LogRepl => Mode::Log,
+            ModeArg::Log | ModeArg::LogRepl | ModeArg::RamRepl => Mode::Log,
         }
     }
     pub(crate) fn name(self) -> &'static str {
@@ -33,7 +36,12 @@ impl ModeArg {
             ModeArg::Ram => "ram",
             ModeArg::Log => "log",
             ModeArg::LogRepl => "log-repl",
+            ModeArg::RamRepl => "ram-repl",
         }
+    }
+    /// Whether each node has a primary and a mirror.
+    pub(crate) fn replicated(self) -> bool {
+        matches!(self, ModeArg::LogRepl | ModeArg::RamRepl)
     }
 }
 

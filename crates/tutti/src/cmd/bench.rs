@@ -614,9 +614,11 @@ mod measure {
         );
         eprintln!(
             "bench: log-repl / log at 64 outstanding: {} (1 node), {} (4 nodes, spread 2); \
-             log-repl / etcd: {}; targets (0.7, 0.7, 10) {}",
+             ram-repl / ram: {}, {}; log-repl / etcd: {}; targets (0.7, 0.7, 0.7, 0.7, 10) {}",
             summary.log_repl_vs_log_1pc,
             summary.log_repl_vs_log_2pc,
+            summary.ram_repl_vs_ram_1pc,
+            summary.ram_repl_vs_ram_2pc,
             summary.log_repl_vs_etcd,
             if summary.targets_met {
                 "met"

@@ -43,10 +43,11 @@ pub(crate) struct ChaosArgs {
     /// `log`, or `log-repl`: each memory node a primary and a mirror in two processes
     /// (docs/replication.md); a node kill then strikes the process serving the node, or
     /// one time in three its other one, and each kill of a serving process is timed until
-    /// the node commits again (the report's unavailability).
+    /// the node commits again (the report's unavailability). Or `ram-repl`: the same with
+    /// both copies in RAM, where a node running alone loses only its other process.
     #[arg(long, value_enum, default_value = "log")]
     mode: ModeArg,
-    /// `log-repl`: how long the managers wait for a silent primary before its mirror takes
+    /// `log-repl`, `ram-repl`: how long the managers wait for a silent primary before its mirror takes
     /// over (`tutti manager --failover-timeout-ms`; the managers' default, 500, without it).
     #[arg(long)]
     failover_timeout_ms: Option<u64>,
@@ -98,7 +99,9 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
         every: (Duration::from_secs_f64(lo), Duration::from_secs_f64(hi)),
     };
     if matches!(a.mode, ModeArg::Ram) {
-        return Err("--mode ram loses what a killed node held: chaos runs log or log-repl".into());
+        return Err(
+            "--mode ram loses what a killed node held: chaos runs log, log-repl or ram-repl".into(),
+        );
     }
     let cfg = ChaosConfig {
         duration: Duration::from_secs_f64(a.duration_s),

@@ -17,16 +17,18 @@ pub(crate) struct MemnodeArgs {
     /// node follows the group's leader).
     #[arg(long, default_value = "127.0.0.1:7700")]
     manager: String,
-    /// Data directory (required in log mode): redo log segments, image, node.json.
+    /// Data directory (required but in ram mode): redo log segments, image, node.json. In
+    /// ram-repl mode it must be on a tmpfs, and is emptied at start and at a clean stop.
     #[arg(long)]
     data: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = ModeArg::Log)]
     mode: ModeArg,
-    /// log-repl: this process is the node's `primary` or its `mirror` (a backup copy that
-    /// serves once the manager names it primary).
+    /// log-repl, ram-repl: this process is the node's `primary` or its `mirror` (a backup
+    /// copy that serves once the manager names it primary). A ram-repl primary of a node
+    /// that exists already starts as a mirror.
     #[arg(long, value_enum, default_value_t = RoleArg::Primary)]
     role: RoleArg,
-    /// log-repl primary: its mirror's address (exactly as the mirror listens), taken into
+    /// log-repl, ram-repl primary: its mirror's address (exactly as the mirror listens), taken into
     /// the node's placement when the manager first hears of the node.
     #[arg(long, value_name = "ADDR")]
     mirror: Option<String>,
@@ -60,15 +62,19 @@ enum RoleArg {
 }
 
 pub(crate) async fn run(a: MemnodeArgs, dialer: Dialer) -> Result<(), String> {
-    let replicated = matches!(a.mode, ModeArg::LogRepl);
+    let replicated = a.mode.replicated();
     if !replicated && (a.mirror.is_some() || matches!(a.role, RoleArg::Mirror)) {
-        return Err("--mirror and --role mirror need --mode log-repl".into());
+        return Err("--mirror and --role mirror need --mode log-repl or ram-repl".into());
     }
     if replicated && matches!(a.role, RoleArg::Primary) && a.mirror.is_none() {
-        return Err("--mode log-repl: a primary needs --mirror ADDR".into());
+        return Err(format!(
+            "--mode {}: a primary needs --mirror ADDR",
+            a.mode.name()
+        ));
     }
     let mut cfg = NodeConfig::new(a.id, a.listen, a.manager, a.mode.mode(), a.data);
     cfg.mirror = a.mirror;
+    cfg.volatile = a.mode == ModeArg::RamRepl;
     cfg.role = match a.role {
         RoleArg::Primary => Role::Primary,
         RoleArg::Mirror => Role::Mirror,

@@ -55,10 +55,18 @@ impl MirrorNode {
         if let Some((_, msg)) = Replicate::of(&req).filter(|(node, _)| *node == self.cfg.id) {
             let replies = {
                 let mut m = self.mirror.lock().expect("mirror poisoned");
-                let acts = m.on_replicate(self.now_ms(), reply_to, id, msg);
+                let now = self.now_ms();
+                let mut acts = m.on_replicate(now, reply_to, id, msg);
                 if let Some((first, count, bytes)) = acts.append {
                     // Under the lock: records reach the writer in lsn order.
                     let _ = self.log.send(MirrorCmd::Append(first, count, bytes));
+                    if self.cfg.volatile {
+                        // ram-repl: a record is as durable as it will be once this process
+                        // holds it. The writer puts it in the file before a promotion reads
+                        // the log (its stop comes later in the channel), and a crash
+                        // empties the copy anyway.
+                        acts.replies.extend(m.on_synced(now, first + count));
+                    }
                 }
                 acts.replies
             };

@@ -357,19 +357,35 @@ async fn measure(
 /// System sizes (memory nodes) of Fig. 18 and 19 on this machine.
 const SIZES: [u16; 4] = [1, 2, 4, 8];
 
+/// Fig. 18's sizes in `tutti bench repl`: a replicated node is two processes, and 8 of them
+/// (16 processes) on this machine's 2 cores would measure the scheduler.
+const REPLICATION_SIZES: [u16; 3] = [1, 2, 4];
+
 /// Fig. 18 (3 CAS, spread 2, `ram` and `log`) and Fig. 19 (16 CAS, spread = every node,
 /// `log`) at 1, 2, 4 and 8 memory nodes.
 async fn scalability(
     cfg: &SuiteConfig,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
+    scaling(cfg, &["ram", "log"], &SIZES, true, progress).await
+}
+
+/// Fig. 18 in each of `modes` at each of `sizes` memory nodes, and with `fig19` Fig. 19 in
+/// `log` mode.
+async fn scaling(
+    cfg: &SuiteConfig,
+    modes: &[&str],
+    sizes: &[u16],
+    fig19: bool,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<Point>, String> {
     let mut points = Vec::new();
-    for mode in ["ram", "log"] {
-        for nodes in SIZES {
+    for &mode in modes {
+        for &nodes in sizes {
             let dir = cfg.scratch.join(format!("tutti-scaling-{mode}-{nodes}"));
             let c = ScratchCluster::start(&cfg.exe, dir, nodes as usize, mode).await?;
             let mut runs = vec![("fig18", 3, usize::from(nodes).min(2))];
-            if mode == "log" {
+            if fig19 && mode == "log" {
                 runs.push(("fig19", 16, usize::from(nodes)));
             }
             for (experiment, cas, spread) in runs {
@@ -446,15 +462,16 @@ pub struct ReplicationSummary {
 }
 
 /// Fig. 16 (3 compare-and-swaps per minitransaction) in `log`, `log-repl`, `ram` and
-/// `ram-repl` mode, on one node and on four with each minitransaction over two, then on
-/// etcd (one member), in one run; with the ratios at `HEADLINE_OUTSTANDING` against issue
-/// 18's targets.
+/// `ram-repl` mode, on one node and on four with each minitransaction over two, Fig. 18 in
+/// the four modes at 1, 2 and 4 nodes, then Fig. 16 on etcd (one member), in one run; with
+/// the Fig. 16 ratios at `HEADLINE_OUTSTANDING` against issue 18's targets.
 pub async fn replication(
     cfg: &SuiteConfig,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<(Vec<Point>, ReplicationSummary), String> {
     let modes = ["log", "log-repl", "ram", "ram-repl"];
     let mut points = fig16_on_tutti(cfg, &modes, progress).await?;
+    points.extend(scaling(cfg, &modes, &REPLICATION_SIZES, false, progress).await?);
     {
         let (_daemon, session) = peers::etcd(&cfg.scratch, cfg.items).await?;
         let open = || {

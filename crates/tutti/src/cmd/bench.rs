@@ -576,7 +576,8 @@ mod measure {
     /// A Fig. 16 point as it is measured, on stderr.
     fn print_fig16_point(p: &Point) {
         eprintln!(
-            "bench: {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
+            "bench: {} {} {} nodes={} spread={} outstanding={:>3}: {:>9.0}/s p50 {} µs p99 {} µs",
+            p.experiment,
             p.system,
             p.mode,
             p.nodes,

@@ -494,6 +494,52 @@ pub fn encode_records(records: &[(Lsn, LogRecord)]) -> Vec<u8> {
     out
 }
 
+/// The unit a seed's image is scanned and sent in: a run of pages none of which is all
+/// zeros.
+const SEED_PAGE_BYTES: usize = 4096;
+
+/// A primary's answer to `ReadSeed { offset, len }` for a seed of `records` and an image of
+/// `image_bytes`, whose range `from .. from + len` `read_image` gives: the range's part in
+/// the records as bytes, and in the image only the pages that are not all zeros.
+pub fn seed_part(
+    records: &[u8],
+    image_bytes: u64,
+    offset: u64,
+    len: u64,
+    read_image: impl FnOnce(u64, u64) -> Vec<u8>,
+) -> Response {
+    let records_end = records.len() as u64;
+    let end = offset.saturating_add(len).min(records_end + image_bytes);
+    let offset = offset.min(end);
+    let in_records = match offset < records_end {
+        true => records[offset as usize..end.min(records_end) as usize].to_vec(),
+        false => Vec::new(),
+    };
+    let image_from = offset.max(records_end) - records_end;
+    let image_to = end.max(records_end) - records_end;
+    let mut pages: Vec<(u64, Vec<u8>)> = Vec::new();
+    if image_from < image_to {
+        let image = read_image(image_from, image_to - image_from);
+        let mut run: Option<(u64, Vec<u8>)> = None;
+        for (i, page) in image.chunks(SEED_PAGE_BYTES).enumerate() {
+            if page.iter().all(|&b| b == 0) {
+                pages.extend(run.take());
+                continue;
+            }
+            match &mut run {
+                Some((_, bytes)) => bytes.extend_from_slice(page),
+                None => run = Some((image_from + (i * SEED_PAGE_BYTES) as u64, page.to_vec())),
+            }
+        }
+        pages.extend(run);
+    }
+    Response::SeedPart {
+        len: end - offset,
+        records: in_records,
+        pages,
+    }
+}
+
 /// The records `bytes` holds, encoded as in a segment, up to the first that does not
 /// decode, and how many bytes they took.
 pub fn decode_records(bytes: &[u8]) -> (Vec<(Lsn, LogRecord)>, usize) {
@@ -509,6 +555,47 @@ pub fn decode_records(bytes: &[u8]) -> (Vec<(Lsn, LogRecord)>, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A seed read in parts of any length gives back its records and its image, and the
+    /// image's pages of zeros travel as nothing.
+    #[test]
+    fn a_seed_read_in_parts_is_the_records_then_the_image_without_its_zero_pages() {
+        let records: Vec<u8> = (0..5_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        let mut image = vec![0u8; 64 * 1024];
+        image[4096..4100].copy_from_slice(&[1, 2, 3, 4]);
+        image[8192 + 4095] = 9;
+        image[40_000] = 7;
+        let total = records.len() as u64 + image.len() as u64;
+        for part in [1_000u64, 4096, 10_000, total] {
+            let (mut got_records, mut got_image, mut sent) = (Vec::new(), vec![0u8; 65536], 0);
+            let mut offset = 0;
+            while offset < total {
+                let Response::SeedPart {
+                    len,
+                    records: r,
+                    pages,
+                } = seed_part(&records, image.len() as u64, offset, part, |from, len| {
+                    image[from as usize..(from + len) as usize].to_vec()
+                })
+                else {
+                    panic!("a seed part")
+                };
+                assert_eq!(len, part.min(total - offset));
+                got_records.extend(r);
+                for (at, run) in pages {
+                    sent += run.len();
+                    got_image[at as usize..at as usize + run.len()].copy_from_slice(&run);
+                }
+                offset += len;
+            }
+            assert_eq!(got_records, records, "parts of {part}");
+            assert_eq!(got_image, image, "parts of {part}");
+            assert!(
+                sent <= 5 * 4096,
+                "{sent} image bytes sent in parts of {part}"
+            );
+        }
+    }
 
     #[test]
     fn a_mirror_reads_its_standing_in_a_placement() {

@@ -390,23 +390,27 @@ async fn seed(
             offset,
             len,
         };
-        let Response::SeedBytes(bytes) = conn.call_within(&read, SEED_CALL_TIMEOUT).await? else {
+        let Response::SeedPart {
+            len: got,
+            records: in_records,
+            pages,
+        } = conn.call_within(&read, SEED_CALL_TIMEOUT).await?
+        else {
             return Err(SeedError::Primary("ReadSeed: an unexpected answer".into()));
         };
-        if bytes.len() as u64 != len {
+        let records_part = records_bytes.saturating_sub(offset).min(len);
+        let pages_fit = (pages.iter()).all(|(at, run)| at + run.len() as u64 <= image_bytes);
+        if got != len || in_records.len() as u64 != records_part || !pages_fit {
             return Err(SeedError::Primary(format!(
-                "ReadSeed: {} bytes where {len} were asked for",
-                bytes.len()
+                "ReadSeed: {got} bytes ({} of records) where {len} ({records_part}) were \
+                 asked for, or pages beyond the image",
+                in_records.len()
             )));
         }
-        let split = (records_bytes.saturating_sub(offset) as usize).min(bytes.len());
-        records.extend_from_slice(&bytes[..split]);
-        let image_at = (offset + split as u64).saturating_sub(records_bytes);
-        // Pages of zeros stay holes: the image file is sparse, like the primary's.
-        for (i, page) in bytes[split..].chunks(4096).enumerate() {
-            if page.iter().any(|&b| b != 0) {
-                space.write(image_at + i as u64 * 4096, page);
-            }
+        records.extend_from_slice(&in_records);
+        // What the primary left out is zeros, which stay holes: the image file is sparse.
+        for (at, run) in pages {
+            space.write(at, &run);
         }
         offset += len;
         if offset - reported >= 256 << 20 {

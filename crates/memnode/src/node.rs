@@ -276,10 +276,10 @@ impl Node {
         }
     }
 
-    /// `len` bytes of the image from `addr`, as they are in memory now.
+    /// `len` bytes of the image from `addr`, as they are in memory now (holes untouched).
     pub(crate) fn read_image(&self, addr: u64, len: u64) -> Vec<u8> {
         let p = self.participant.lock().expect("participant poisoned");
-        p.space().read(addr, len).to_vec()
+        p.space().read_written(addr, len)
     }
 
     /// Waits until every record appended so far is on disk.

@@ -385,18 +385,10 @@ fn read_seed(node: &Node, join: u64, offset: u64, len: u64) -> Response {
         Some(seed) if seed.join == join => seed.records.clone(),
         _ => return gone(),
     };
-    let end = offset.saturating_add(len.min(SEED_READ_BYTES_MAX));
-    let records_end = records.len() as u64;
-    let mut bytes = Vec::new();
-    if offset < records_end {
-        bytes.extend_from_slice(&records[offset as usize..end.min(records_end) as usize]);
-    }
-    let image_from = offset.max(records_end) - records_end;
-    let image_to = (end.max(records_end) - records_end).min(node.cfg.size_bytes);
-    if image_from < image_to {
-        bytes.extend(node.read_image(image_from, image_to - image_from));
-    }
-    Response::SeedBytes(bytes)
+    let len = len.min(SEED_READ_BYTES_MAX);
+    crate::mirror::seed_part(&records, node.cfg.size_bytes, offset, len, |from, len| {
+        node.read_image(from, len)
+    })
 }
 
 /// Asks the manager for this node's placement and takes it (a placement naming another

@@ -157,6 +157,24 @@ impl Space {
         unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(addr as usize), len as usize) }
     }
 
+    /// `len` bytes from `addr`, the pages never written (holes of a sparse image) given as
+    /// the zeros they hold without being touched: reading a hole through the mapping would
+    /// fill it, with a page of the page cache on a disk, of RAM on a tmpfs (`ram-repl`).
+    pub fn read_written(&self, addr: u64, len: u64) -> Vec<u8> {
+        assert!(self.contains(addr, len), "read outside the space");
+        let (mut out, end) = (vec![0; len as usize], addr + len);
+        let mut page = addr / PAGE_BYTES * PAGE_BYTES;
+        while page < end {
+            if self.is_written(page) {
+                let (from, to) = (page.max(addr), (page + PAGE_BYTES).min(end));
+                out[(from - addr) as usize..(to - addr) as usize]
+                    .copy_from_slice(self.read(from, to - from));
+            }
+            page += PAGE_BYTES;
+        }
+        out
+    }
+
     pub fn write(&mut self, addr: u64, bytes: &[u8]) {
         assert!(
             self.contains(addr, bytes.len() as u64),
@@ -399,6 +417,28 @@ mod tests {
         let mut image = vec![0u8; size as usize];
         read_rest(&mut space, &mut image, 0, 16 * PAGE_BYTES);
         assert_eq!(&image[40 * 4096 + 5..40 * 4096 + 9], b"kept");
+    }
+
+    /// Reading the written pages gives the space's bytes and leaves the holes of the image
+    /// file holes (on a tmpfs, where reading one through the mapping would fill it).
+    #[test]
+    fn reading_the_written_pages_leaves_the_holes_unfilled() {
+        use std::os::unix::fs::MetadataExt;
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = match shm.is_dir() {
+            true => tempfile::tempdir_in(shm).unwrap(),
+            false => tempfile::tempdir().unwrap(),
+        };
+        let path = dir.path().join("image");
+        let size = 256 * PAGE_BYTES;
+        let mut space = Space::image(&path, size).unwrap();
+        space.write(3 * PAGE_BYTES - 2, b"across");
+        space.write(200 * PAGE_BYTES, b"far");
+        let read = space.read_written(PAGE_BYTES + 7, 250 * PAGE_BYTES);
+        let allocated = std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert!(allocated <= 8 * PAGE_BYTES, "{allocated} bytes allocated");
+        // Now through the mapping, which fills the holes.
+        assert_eq!(&read[..], space.read(PAGE_BYTES + 7, 250 * PAGE_BYTES));
     }
 
     /// The pages an incremental cut of `space` holds, each with its first byte.

@@ -9,7 +9,9 @@ use rand::Rng;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use tutti_memnode::mirror::{decode_records, encode_records, Mirror, Replicate, Standing};
+use tutti_memnode::mirror::{
+    decode_records, encode_records, seed_part, Mirror, Replicate, Standing,
+};
 use tutti_memnode::participant::{Actions, Checkpoint, Config, Participant, Stage};
 use tutti_memnode::recovery::Stage2;
 use tutti_memnode::redo_log::{LogRecord, Lsn};
@@ -788,13 +790,12 @@ impl SimNode {
                         code: ErrorCode::NotFound,
                         message: format!("join {join} was given up"),
                     },
+                    // One read takes the whole seed here.
                     Some((_, records)) => {
-                        // One read takes the whole seed here.
-                        let mut bytes = records.clone();
-                        let size = self.space_bytes;
-                        bytes.extend_from_slice(self.up().space().read(0, size));
-                        let end = (offset + len).min(bytes.len() as u64);
-                        Response::SeedBytes(bytes[offset as usize..end as usize].to_vec())
+                        let space = self.participant.as_ref().expect("serving").space();
+                        seed_part(records, self.space_bytes, offset, len, |from, len| {
+                            space.read_written(from, len)
+                        })
                     }
                 }
             }
@@ -848,19 +849,24 @@ impl SimNode {
                     records_bytes,
                     config_epoch,
                 },
-                Response::SeedBytes(bytes),
+                Response::SeedPart { records, pages, .. },
             ) => {
-                let (records, image) = bytes.split_at(records_bytes as usize);
-                let (decoded, _) = decode_records(records);
+                assert_eq!(records.len() as u64, records_bytes, "a whole seed");
+                let mut image = vec![0; self.space_bytes as usize];
+                for (at, run) in pages {
+                    image[at as usize..at as usize + run.len()].copy_from_slice(&run);
+                }
+                let (decoded, _) = decode_records(&records);
                 assert_eq!(decoded.len() as u64, next_lsn - first_lsn, "a whole seed");
                 // The disk emptied and filled: the image flushed, the records synced.
-                self.image = image.to_vec();
+                let mirror_space = space_from(&image);
+                self.image = image;
                 self.synced = decoded.clone();
                 self.written.clear();
                 self.floor = first_lsn;
                 self.next_lsn = next_lsn;
                 self.page_cache = None;
-                let mut mirror = Mirror::new(self.id, space_from(image), next_lsn, decoded, now);
+                let mut mirror = Mirror::new(self.id, mirror_space, next_lsn, decoded, now);
                 mirror.set_config_epoch(config_epoch);
                 let repl = self.repl.as_mut().expect("replicated");
                 repl.state = ReplState::Mirror(mirror);

@@ -557,7 +557,7 @@ pub enum Request {
     /// records are read.
     JoinMirror { node: NodeId, addr: String },
     /// A joining mirror → the primary: bytes `offset .. offset + len` of the seed `join`
-    /// (its records, encoded as in a segment, then the image). Replies `SeedBytes`.
+    /// (its records, encoded as in a segment, then the image). Replies `SeedPart`.
     ReadSeed {
         node: NodeId,
         join: u64,
@@ -753,8 +753,15 @@ pub enum Response {
         records_bytes: u64,
         image_bytes: u64,
     },
-    /// `ReadSeed`: the bytes asked for (fewer only at the seed's end).
-    SeedBytes(Vec<u8>),
+    /// `ReadSeed`: bytes `offset .. offset + len` of the seed (`len` is less than asked for
+    /// only at the seed's end): `records`, the part of the range in the seed's records, and
+    /// in the rest, which is the image's, zeros but for `pages`: runs of whole 4 KiB pages,
+    /// each at its offset in the image.
+    SeedPart {
+        len: u64,
+        records: Vec<u8>,
+        pages: Vec<(u64, Vec<u8>)>,
+    },
     Error {
         code: ErrorCode,
         message: String,

@@ -87,7 +87,17 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
         (cluster.set_credentials(credentials)).map_err(|e| e.to_string())?;
     }
     cluster.start_all().map_err(|e| e.to_string())?;
-    let client = match cluster.wait_ready(Duration::from_secs(60)).await {
+    let ready = async {
+        let client = cluster.wait_ready(Duration::from_secs(60)).await?;
+        // Up means replicated: a ram-repl node's first mirror joins after the start.
+        if tutti_harness::local::replicated(&cluster.file.mode) {
+            cluster
+                .wait_mirrored(&client, Duration::from_secs(60))
+                .await?;
+        }
+        Ok::<_, tutti_harness::local::LocalError>(client)
+    };
+    let client = match ready.await {
         Ok(client) => client,
         Err(e) => {
             let managers = cluster.file.manager_entries();

@@ -1320,6 +1320,10 @@ struct Faults<'a> {
     /// with whether the node had a mirror then; and where on each node probes write.
     probes: Vec<(bool, tokio::task::JoinHandle<Option<Duration>>)>,
     probe_addrs: Vec<(NodeId, u64)>,
+    /// `ram-repl`: each node process started again, with its node's configuration epoch
+    /// then. It started empty, so it holds the node's data only once a placement of a
+    /// later epoch names it (it joined).
+    restarted_at_epoch: std::collections::HashMap<String, u64>,
 }
 
 /// When a fault strikes, and how to ask the cluster where a node is served.
@@ -1363,13 +1367,13 @@ async fn probe(cluster: Cluster, node: NodeId, addr: u64, killed: Instant) -> Op
     None
 }
 
-/// Where `node` is served, and whether it has a mirror, by the manager's placement.
-async fn serving(cluster: &Cluster, node: NodeId) -> Option<(String, bool)> {
+/// `node`'s placement, as the managers have it committed.
+async fn placement(cluster: &Cluster, node: NodeId) -> Option<tutti_wire::Placement> {
     match cluster
         .ask_manager(&tutti_wire::Request::Placement { node })
         .await
     {
-        Ok(tutti_wire::Response::Placement(Some(p))) => Some((p.primary, p.mirror.is_some())),
+        Ok(tutti_wire::Response::Placement(p)) => p,
         _ => None,
     }
 }
@@ -1391,6 +1395,7 @@ impl<'a> Faults<'a> {
             cut: Vec::new(),
             probes: Vec::new(),
             probe_addrs: Vec::new(),
+            restarted_at_epoch: std::collections::HashMap::new(),
             cfg,
             rng,
         }
@@ -1419,19 +1424,26 @@ impl<'a> Faults<'a> {
     ) -> Result<(), LocalError> {
         let rng = &mut self.rng;
         let node = rng.gen_range(1..=4);
-        let Some((addr, mirrored)) = at.rt.block_on(serving(at.cluster, node)) else {
+        let Some(p) = at.rt.block_on(placement(at.cluster, node)) else {
             return Ok(());
         };
-        let Some(serving) = local.process_at(node, &addr) else {
+        let Some(serving) = local.process_at(node, &p.primary) else {
             return Ok(());
         };
+        // In ram-repl, a mirror started again since the placement's epoch has not joined
+        // yet: named still, maybe, but holding nothing (in log-repl it kept its data).
+        let in_ram = self.cfg.mode == crate::local::RAM_REPLICATED_MODE;
+        let mirror = (p.mirror.as_ref()).and_then(|m| local.process_at(node, m));
+        let mirrored = mirror.is_some_and(|m| {
+            !in_ram || (self.restarted_at_epoch.get(&m)).is_none_or(|&e| p.config_epoch > e)
+        });
         let other = match serving.strip_suffix("-mirror") {
             Some(primary) => primary.to_string(),
             None => format!("{serving}-mirror"),
         };
         // A ram-repl node running alone holds its data in one process only: killing that
         // one is a second fault, which the mode does not survive, so the other is killed.
-        let alone_in_ram = !mirrored && self.cfg.mode == crate::local::RAM_REPLICATED_MODE;
+        let alone_in_ram = !mirrored && in_ram;
         let name = if rng.gen_range(0..3) < 2 && !alone_in_ram {
             report.primary_kills += 1;
             let killed = Instant::now();
@@ -1453,6 +1465,7 @@ impl<'a> Faults<'a> {
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
         // A process of the mirror role serves as what the placement makes it, and joins
         // as the new mirror if it is neither primary nor mirror any more.
+        self.restarted_at_epoch.insert(name.clone(), p.config_epoch);
         local.restart_as_mirror(&name)
     }
 
@@ -1460,6 +1473,7 @@ impl<'a> Faults<'a> {
     /// replaced) come back as their node's new mirror.
     fn restart_replaced(
         &mut self,
+        at: &Strike<'_>,
         local: &mut LocalCluster,
         report: &mut ChaosReport,
     ) -> Result<(), LocalError> {
@@ -1474,6 +1488,12 @@ impl<'a> Faults<'a> {
                     .violations
                     .push(format!("{name} exited by itself: {status}"));
             }
+            let node = (name.strip_prefix("node-"))
+                .map(|n| n.strip_suffix("-mirror").unwrap_or(n))
+                .and_then(|n| n.parse().ok());
+            let epoch = node.and_then(|n| at.rt.block_on(placement(at.cluster, n)));
+            let epoch = epoch.map_or(u64::MAX, |p| p.config_epoch);
+            self.restarted_at_epoch.insert(name.clone(), epoch);
             local.restart_as_mirror(&name)?;
         }
         Ok(())
@@ -1491,7 +1511,7 @@ impl<'a> Faults<'a> {
     ) -> Result<(), LocalError> {
         let now = at.now;
         if crate::local::replicated(&self.cfg.mode) {
-            self.restart_replaced(local, report)?;
+            self.restart_replaced(&at, local, report)?;
         }
         if now >= self.next_node && crate::local::replicated(&self.cfg.mode) {
             self.kill_replicated(&at, local, report)?;

@@ -1073,12 +1073,15 @@ async fn checkpoint_loop(node: Arc<Node>, flusher: crate::space::Flusher) {
     }
 }
 
-/// Every 10 s: tids reported applied long ago but never collected are checked with their
-/// peers directly; once every participant applied one, it is collected here too.
+/// Every 2 s: tids reported applied 4 s ago or more but never collected are checked with
+/// their peers directly; once every participant applied one, it is collected here too. The
+/// relay collects a tid within a heartbeat or two, and its peers have applied it by their
+/// next checkpoint (2 s); the ones the relay never will (their peers took the lsn path, or
+/// the manager that had the reports is gone) wait here no longer than that.
 async fn collect_stale_reports(node: Arc<Node>) {
-    const AGE_MS: u64 = 10_000;
+    const AGE_MS: u64 = 4_000;
     loop {
-        tokio::time::sleep(Duration::from_millis(AGE_MS)).await;
+        tokio::time::sleep(Duration::from_millis(AGE_MS / 2)).await;
         let stale = node
             .participant
             .lock()

@@ -436,6 +436,24 @@ fn a_replaced_primary_comes_back_as_the_new_mirror() {
     // SAFETY: kill(2) on a process of this test's cluster.
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
     until_role(&data, "node-1-mirror", "primary");
+    // `tutti node list` gives the same placement: the mirror serves, alone.
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
+    let mirror_addr = file["nodes"][0]["mirror"]["addr"].clone();
+    let out = Command::new(common::exe())
+        .args(["node", "list", "--cluster", &manager])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(first["node"], 1);
+    assert_eq!(first["placement"]["primary"], mirror_addr);
+    assert_eq!(first["placement"]["mirror"], serde_json::Value::Null);
     // SAFETY: as above.
     unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     let back = until_role(&data, "node-1", "mirror");

@@ -1,8 +1,9 @@
 //! `tutti node add`: a memory node more for the local cluster a running `tutti up` serves.
 //! It records the node in cluster.json, `tutti up` starts and supervises it, and this waits
-//! until the manager's directory has it serving.
+//! until the manager's directory has it serving. `tutti node list`: every node as the
+//! managers have it, with its placement (which process serves it, which mirrors it).
 
-use super::args::with_cluster_credentials;
+use super::args::{with_cluster_credentials, ClusterArg};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
@@ -33,10 +34,24 @@ enum NodeCommand {
         #[arg(long, default_value = "./tutti-data")]
         data: PathBuf,
     },
+    /// Every memory node as the managers have it, one JSON object per line: {"node": ID,
+    /// "addr": where it is served, "alive", "size_bytes", "placement": {"config_epoch",
+    /// "primary", "mirror"} or null (a node that is not replicated)}.
+    ///
+    /// In `log-repl` and `ram-repl` mode the placement says which process serves the node
+    /// and which one holds its copy; `mirror` is null while the node runs alone (its mirror
+    /// lost, or a new one still joining).
+    List {
+        #[command(flatten)]
+        cluster: ClusterArg,
+    },
 }
 
 pub(crate) async fn run(a: NodeArgs, dialer: &Dialer) -> Result<(), String> {
-    let NodeCommand::Add { data } = a.command;
+    let data = match a.command {
+        NodeCommand::Add { data } => data,
+        NodeCommand::List { cluster } => return list(&cluster, dialer).await,
+    };
     let dir = data.canonicalize().map_err(|e| {
         format!(
             "{}: {e}; `tutti up --data DIR` makes a cluster there",
@@ -75,5 +90,29 @@ pub(crate) async fn run(a: NodeArgs, dialer: &Dialer) -> Result<(), String> {
         "data": node.data,
     });
     println!("{out}");
+    Ok(())
+}
+
+async fn list(cluster: &ClusterArg, dialer: &Dialer) -> Result<(), String> {
+    let c = cluster.connect(dialer).await?;
+    for n in c.nodes() {
+        let ask = tutti_wire::Request::Placement { node: n.id };
+        let placement = match c.ask_manager(&ask).await {
+            Ok(tutti_wire::Response::Placement(p)) => p,
+            other => return Err(format!("node {}'s placement: {other:?}", n.id)),
+        };
+        let out = json!({
+            "node": n.id,
+            "addr": n.addr,
+            "alive": n.alive,
+            "size_bytes": n.size_bytes,
+            "placement": placement.map(|p| json!({
+                "config_epoch": p.config_epoch,
+                "primary": p.primary,
+                "mirror": p.mirror,
+            })),
+        });
+        println!("{out}");
+    }
     Ok(())
 }

@@ -94,7 +94,9 @@ pub(crate) async fn run(a: NodeArgs, dialer: &Dialer) -> Result<(), String> {
 }
 
 async fn list(cluster: &ClusterArg, dialer: &Dialer) -> Result<(), String> {
+    use std::io::Write;
     let c = cluster.connect(dialer).await?;
+    let mut stdout = std::io::stdout().lock();
     for n in c.nodes() {
         let ask = tutti_wire::Request::Placement { node: n.id };
         let placement = match c.ask_manager(&ask).await {
@@ -112,7 +114,11 @@ async fn list(cluster: &ClusterArg, dialer: &Dialer) -> Result<(), String> {
                 "mirror": p.mirror,
             })),
         });
-        println!("{out}");
+        match writeln!(stdout, "{out}") {
+            // Read by something that stopped reading (`| head`): done.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            written => written.map_err(|e| format!("stdout: {e}"))?,
+        }
     }
     Ok(())
 }

@@ -139,17 +139,8 @@ impl ScratchCluster {
         };
         let mut local = LocalCluster::open(exe, &dir, layout, true).map_err(|e| e.to_string())?;
         local.start_all().map_err(|e| e.to_string())?;
-        let ready = async {
-            let cluster = local.wait_ready(Duration::from_secs(30)).await?;
-            // Measured replicated, not while a mirror is still joining.
-            if tutti_harness::local::replicated(mode) {
-                local
-                    .wait_mirrored(&cluster, Duration::from_secs(60))
-                    .await?;
-            }
-            Ok::<_, tutti_harness::local::LocalError>(cluster)
-        };
-        let cluster = match ready.await {
+        // Measured replicated, not while a mirror is still joining.
+        let cluster = match local.wait_up(Duration::from_secs(60)).await {
             Ok(c) => c,
             Err(e) => {
                 local.stop_all();

@@ -1488,9 +1488,7 @@ impl<'a> Faults<'a> {
                     .violations
                     .push(format!("{name} exited by itself: {status}"));
             }
-            let node = (name.strip_prefix("node-"))
-                .map(|n| n.strip_suffix("-mirror").unwrap_or(n))
-                .and_then(|n| n.parse().ok());
+            let node = crate::local::node_of_process(&name);
             let epoch = node.and_then(|n| at.rt.block_on(placement(at.cluster, n)));
             let epoch = epoch.map_or(u64::MAX, |p| p.config_epoch);
             self.restarted_at_epoch.insert(name.clone(), epoch);

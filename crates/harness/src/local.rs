@@ -45,6 +45,12 @@ pub fn replicated(mode: &str) -> bool {
 /// The mode whose copies live in RAM.
 pub const RAM_REPLICATED_MODE: &str = "ram-repl";
 
+/// The logical node of the process called `name` (`node-ID` or `node-ID-mirror`).
+pub fn node_of_process(name: &str) -> Option<NodeId> {
+    let id = name.strip_prefix("node-")?;
+    id.strip_suffix("-mirror").unwrap_or(id).parse().ok()
+}
+
 /// Where a `ram-repl` cluster in `dir` keeps its nodes' data directories: on the RAM file
 /// system, named after `dir` (so that one cluster always finds its own).
 pub fn ram_dir(dir: &Path) -> PathBuf {
@@ -402,9 +408,7 @@ impl LocalCluster {
     /// manager's placement names it, primary or mirror, and otherwise joins the node's
     /// primary as its new mirror.
     pub fn restart_as_mirror(&mut self, name: &str) -> Result<(), LocalError> {
-        let id = (name.strip_prefix("node-"))
-            .map(|n| n.strip_suffix("-mirror").unwrap_or(n))
-            .and_then(|n| n.parse().ok())
+        let id = node_of_process(name)
             .ok_or_else(|| LocalError::Config(format!("{name} is not a memory node")))?;
         let n = self.node_entry(id)?;
         let (addr, data) = match &n.mirror {
@@ -702,13 +706,17 @@ impl LocalCluster {
         Err(LocalError::NotReady(timeout, last))
     }
 
-    /// Waits until every node of a replicated cluster has a mirror named in its placement
-    /// (a `ram-repl` node's mirrors join only after the start).
-    pub async fn wait_mirrored(
-        &self,
-        cluster: &Cluster,
-        timeout: Duration,
-    ) -> Result<(), LocalError> {
+    /// `wait_ready`, and in a replicated mode also until every node has a mirror named in
+    /// its placement (a `ram-repl` node's first mirror joins only after the start).
+    pub async fn wait_up(&self, timeout: Duration) -> Result<Cluster, LocalError> {
+        let cluster = self.wait_ready(timeout).await?;
+        if replicated(&self.file.mode) {
+            self.wait_mirrored(&cluster, timeout).await?;
+        }
+        Ok(cluster)
+    }
+
+    async fn wait_mirrored(&self, cluster: &Cluster, timeout: Duration) -> Result<(), LocalError> {
         let until = Instant::now() + timeout;
         for id in self.node_ids() {
             let ask = tutti_wire::Request::Placement { node: id };

@@ -133,7 +133,7 @@ pub(crate) async fn run(
     let mut told_empty = false;
     loop {
         let placement = tokio::select! {
-            p = placement_of(cfg, &managers) => p?,
+            p = placement_of(cfg, &managers) => p,
             () = shutdown.as_mut() => return Ok(Ended::Stopped),
         };
         let named = placement.primary == addr || placement.mirror.as_deref() == Some(&addr);
@@ -218,14 +218,13 @@ pub(crate) async fn run(
 
 /// The node's placement, asked of the manager until it answers (a question, not a
 /// heartbeat: a process that cannot serve as the mirror named must not look alive as it).
-async fn placement_of(cfg: &NodeConfig, managers: &Managers) -> Result<Placement, NodeError> {
+async fn placement_of(cfg: &NodeConfig, managers: &Managers) -> Placement {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
     loop {
         match crate::node::placement(managers, cfg.id).await {
-            Ok(Some(p)) => return Ok(p),
+            Some(p) => return p,
             // Its primary has not registered yet (or the node is unreplicated).
-            Ok(None) => tracing::debug!(node = cfg.id, "no placement yet"),
-            Err(e) => tracing::debug!("asking the manager for the placement: {e}"),
+            None => tracing::debug!(node = cfg.id, "no placement yet"),
         }
         backoff.pause().await;
     }

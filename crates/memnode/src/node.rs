@@ -571,25 +571,17 @@ async fn enter_volatile(cfg: &mut NodeConfig) -> Result<(), NodeError> {
     }
     let managers = Managers::parse(&cfg.manager, cfg.frame_bytes_max, cfg.dialer.clone())
         .map_err(NodeError::Config)?;
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
-    loop {
-        match placement(&managers, cfg.id).await {
-            Ok(None) => return Ok(()),
-            Ok(Some(p)) => {
-                tracing::warn!(
-                    node = cfg.id,
-                    primary = %p.primary,
-                    "the node exists already, and a ram-repl copy does not survive its \
-                     process: this one starts as a mirror and joins"
-                );
-                cfg.role = Role::Mirror;
-                cfg.mirror = None;
-                return Ok(());
-            }
-            Err(e) => tracing::debug!("asking the manager for the placement: {e}"),
-        }
-        backoff.pause().await;
+    if let Some(p) = placement(&managers, cfg.id).await {
+        tracing::warn!(
+            node = cfg.id,
+            primary = %p.primary,
+            "the node exists already, and a ram-repl copy does not survive its process: \
+             this one starts as a mirror and joins"
+        );
+        cfg.role = Role::Mirror;
+        cfg.mirror = None;
     }
+    Ok(())
 }
 
 /// Whether `dir` is on a file system held in memory (tmpfs, ramfs).
@@ -615,18 +607,19 @@ fn stopped(cfg: &NodeConfig) -> Result<(), NodeError> {
 }
 
 /// Node `node`'s placement as the managers' leader has it committed (none: the node is
-/// not replicated, or not registered yet).
-pub(crate) async fn placement(
-    managers: &Managers,
-    node: NodeId,
-) -> Result<Option<tutti_wire::Placement>, String> {
-    match managers
-        .call(&Request::Placement { node }, Duration::from_secs(2))
-        .await
-    {
-        Ok(Response::Placement(p)) => Ok(p),
-        Ok(other) => Err(format!("the manager answered {other:?}")),
-        Err(e) => Err(e.to_string()),
+/// not replicated, or not registered yet), asked until the managers answer.
+pub(crate) async fn placement(managers: &Managers, node: NodeId) -> Option<tutti_wire::Placement> {
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+    loop {
+        match managers
+            .call(&Request::Placement { node }, Duration::from_secs(2))
+            .await
+        {
+            Ok(Response::Placement(p)) => return p,
+            Ok(other) => tracing::warn!("the manager answered Placement with {other:?}"),
+            Err(e) => tracing::debug!("asking the manager for the placement: {e}"),
+        }
+        backoff.pause().await;
     }
 }
 

@@ -87,17 +87,8 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
         (cluster.set_credentials(credentials)).map_err(|e| e.to_string())?;
     }
     cluster.start_all().map_err(|e| e.to_string())?;
-    let ready = async {
-        let client = cluster.wait_ready(Duration::from_secs(60)).await?;
-        // Up means replicated: a ram-repl node's first mirror joins after the start.
-        if tutti_harness::local::replicated(&cluster.file.mode) {
-            cluster
-                .wait_mirrored(&client, Duration::from_secs(60))
-                .await?;
-        }
-        Ok::<_, tutti_harness::local::LocalError>(client)
-    };
-    let client = match ready.await {
+    // Up means replicated too: a ram-repl node's first mirror joins after the start.
+    let client = match cluster.wait_up(Duration::from_secs(60)).await {
         Ok(client) => client,
         Err(e) => {
             let managers = cluster.file.manager_entries();

@@ -119,7 +119,13 @@ const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 /// and a request that needs its record durable is not answered before the sync) or from a
 /// decision on a tid whose prepare was synced; the writer drains the whole queue each turn.
 enum LogCmd {
-    Append(Vec<(Lsn, LogRecord)>),
+    /// `count` records, encoded, that follow the ones before; `needs_sync` unless all are
+    /// lazy (`LogRecord::needs_sync`).
+    Append {
+        count: u64,
+        bytes: Vec<u8>,
+        needs_sync: bool,
+    },
     Truncate(Lsn),
     Sync(oneshot::Sender<()>),
 }
@@ -132,17 +138,41 @@ struct Unsent {
 }
 
 impl Unsent {
-    /// Sends the unsent records, then `append`, then `truncate` to the writer.
+    /// Sends the unsent records, then `append`, then `truncate` to the writer. A replicated
+    /// primary ships them from here too, before its writer has even woken: the mirror's
+    /// copy is then made in parallel with this one's, not after it.
     fn hand_over(
         &mut self,
+        node: &Node,
         log: &std::sync::mpsc::Sender<LogCmd>,
         append: Vec<(Lsn, LogRecord)>,
         truncate: Option<Lsn>,
     ) {
         let mut records = std::mem::take(&mut self.records);
         records.extend(append);
-        if !records.is_empty() {
-            let _ = log.send(LogCmd::Append(records));
+        if let Some(&(first, _)) = records.first() {
+            let mut bytes = Vec::new();
+            let mut needs_sync = false;
+            for (lsn, record) in &records {
+                needs_sync |= record.needs_sync();
+                encode_record(*lsn, record, &mut bytes);
+            }
+            let count = records.len() as u64;
+            if let Some(shipper) = &node.shipper {
+                let mut s = shipper.lock().expect("shipper poisoned");
+                s.push(node.now_ms(), first, count, bytes.clone());
+                if node.cfg.volatile {
+                    // A `ram-repl` copy does not outlive its process, and this one holds
+                    // the records now: the mirror's acknowledgement alone makes them durable.
+                    s.on_local_synced(first + count);
+                }
+                node.ship_wakeup.notify_one();
+            }
+            let _ = log.send(LogCmd::Append {
+                count,
+                bytes,
+                needs_sync,
+            });
         }
         if let Some(lsn) = truncate {
             let _ = log.send(LogCmd::Truncate(lsn));
@@ -233,7 +263,7 @@ impl Node {
             let acts = f(&mut p, self.now_ms());
             if let Some(log) = &self.log {
                 let mut unsent = self.unsent.lock().expect("unsent poisoned");
-                unsent.hand_over(log, acts.append, acts.truncate_below);
+                unsent.hand_over(self, log, acts.append, acts.truncate_below);
             }
             acts.replies
         };
@@ -255,7 +285,7 @@ impl Node {
                 let mut unsent = self.unsent.lock().expect("unsent poisoned");
                 unsent.records.extend(acts.append);
                 if acts.truncate_below.is_some() {
-                    unsent.hand_over(log, Vec::new(), acts.truncate_below);
+                    unsent.hand_over(self, log, Vec::new(), acts.truncate_below);
                 } else if !unsent.records.is_empty() && !unsent.handover_scheduled {
                     unsent.handover_scheduled = true;
                     // Runs once the tasks ready now, this connection's among them, yield.
@@ -272,7 +302,7 @@ impl Node {
         if let Some(log) = &self.log {
             let mut unsent = self.unsent.lock().expect("unsent poisoned");
             unsent.handover_scheduled = false;
-            unsent.hand_over(log, Vec::new(), None);
+            unsent.hand_over(self, log, Vec::new(), None);
         }
     }
 
@@ -289,7 +319,7 @@ impl Node {
         {
             // Under the lock: the cue must follow the records handed over before it.
             let mut unsent = self.unsent.lock().expect("unsent poisoned");
-            unsent.hand_over(log, Vec::new(), None);
+            unsent.hand_over(self, log, Vec::new(), None);
             log.send(LogCmd::Sync(tx)).map_err(|_| ())?;
         }
         rx.await.map_err(|_| ())
@@ -729,12 +759,14 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
         let (mut needs_sync, mut truncate, mut waiters) = (false, None, Vec::new());
         for cmd in first.into_iter().chain(rx.try_iter()) {
             match cmd {
-                LogCmd::Append(records) => {
-                    for (lsn, record) in &records {
-                        needs_sync |= record.needs_sync();
-                        encode_record(*lsn, record, &mut buf);
-                        count += 1;
-                    }
+                LogCmd::Append {
+                    count: n,
+                    bytes,
+                    needs_sync: sync,
+                } => {
+                    needs_sync |= sync;
+                    buf.extend_from_slice(&bytes);
+                    count += n;
                 }
                 LogCmd::Truncate(lsn) => truncate = Some(lsn),
                 LogCmd::Sync(tx) => {
@@ -754,13 +786,6 @@ fn log_writer(node: Arc<Node>, mut log: RedoLog, rx: std::sync::mpsc::Receiver<L
             // device round trip of its own, and a stalled disk shows in either.
             let started = Instant::now();
             if count > 0 {
-                if let Some(shipper) = &node.shipper {
-                    // Shipped while this copy writes and syncs its own: in parallel.
-                    let now_ms = node.now_ms();
-                    let mut s = shipper.lock().expect("shipper poisoned");
-                    s.push(now_ms, log.next_lsn(), count, buf.clone());
-                    node.ship_wakeup.notify_one();
-                }
                 log.append(log.next_lsn(), count, &buf)?;
             }
             if needs_sync {

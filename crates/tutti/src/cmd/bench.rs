@@ -53,10 +53,12 @@ pub(crate) enum BenchCommand {
     /// next to `minitx` to tell the disk's own stalls from tutti's.
     Limits(BenchLimitsArgs),
     /// Replicated memory nodes (docs/replication.md): Sinfonia Fig. 16 (3 compare-and-swaps
-    /// per minitransaction over 50,000 items, outstanding swept) in `log` and `log-repl`
-    /// mode, on one node and on four with each minitransaction over two, then on etcd (one
-    /// member, started here), in one run. Prints the points as JSON, then the ratios at 64
-    /// outstanding against the targets (`log-repl` ≥ 0.7 × `log`, ≥ 10 × etcd).
+    /// per minitransaction over 50,000 items, outstanding swept) in `log`, `log-repl`, `ram`
+    /// and `ram-repl` mode, on one node and on four with each minitransaction over two;
+    /// Fig. 18 (scaling) in the four modes at 1, 2 and 4 nodes; then Fig. 16 on etcd (one
+    /// member, started here), all in one run. Prints the points as JSON, then the ratios at
+    /// 64 outstanding against the targets (each replicated mode ≥ 0.7 × its unreplicated
+    /// one, `log-repl` ≥ 10 × etcd).
     Repl(BenchReplArgs),
 }
 

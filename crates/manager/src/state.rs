@@ -52,6 +52,11 @@ impl Persisted {
         self.nodes.get(&node).map(|n| n.addr.clone())
     }
 
+    /// A replicated node's placement as this state has it.
+    pub fn placement(&self, node: NodeId) -> Option<Placement> {
+        self.nodes.get(&node).and_then(PersistedNode::placement)
+    }
+
     /// The epoch this state is at.
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -309,10 +314,7 @@ impl ManagerState {
 
     /// A replicated node's placement as this state has it.
     pub fn placement(&self, node: NodeId) -> Option<Placement> {
-        self.persisted
-            .nodes
-            .get(&node)
-            .and_then(PersistedNode::placement)
+        self.persisted.placement(node)
     }
 
     /// `Request::MirrorHeartbeat`: the mirror at `addr` is alive. Replies the placement,

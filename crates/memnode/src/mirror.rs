@@ -65,6 +65,16 @@ impl Standing {
     }
 }
 
+/// Whether a mirror-role process holding no copy of the node (a `ram-repl` process
+/// restarted: its copy died with its predecessor) is named primary or mirror by `p`. It
+/// must not serve as either, which would serve or acknowledge without the node's data: it
+/// waits for the manager to drop it (a silent mirror) or to fail the node over to the other
+/// copy (a silent primary), then joins like any copy outside the placement.
+pub fn named_but_empty(p: &Placement, me: &str, holds_copy: bool) -> bool {
+    let named = p.primary == me || p.mirror.as_deref() == Some(me);
+    named && !holds_copy && !planted(Bug::EmptyCopyServes)
+}
+
 /// What a `Request::Replicate` carries, but the node.
 pub struct Replicate<'a> {
     pub session: u64,
@@ -137,6 +147,8 @@ pub struct Mirror<R> {
     primary_truncated: Lsn,
     /// When the latest acknowledgement left (the driver's clock), or the mirror started.
     last_ack_ms: u64,
+    /// `ram-repl`: a record is as durable as it gets once this process holds it.
+    in_ram: bool,
 }
 
 impl<R> Mirror<R> {
@@ -177,7 +189,16 @@ impl<R> Mirror<R> {
             session: 0,
             primary_truncated: 0,
             last_ack_ms: now_ms,
+            in_ram: false,
         }
+    }
+
+    /// `ram-repl`: this copy lives in this process's memory only, and dies with it; a
+    /// record is acknowledged as soon as it is received. The driver still writes it to the
+    /// tmpfs, before any promotion reads the log, since promotion comes later in its queue.
+    pub fn in_ram(mut self, in_ram: bool) -> Self {
+        self.in_ram = in_ram;
+        self
     }
 
     pub fn space(&self) -> &Space {
@@ -329,6 +350,9 @@ impl<R> Mirror<R> {
         if let Some(from) = new_from {
             let first = self.next_lsn - count;
             acts.append = Some((first, count, records[from..].to_vec()));
+            if self.in_ram {
+                acts.replies.extend(self.on_synced(now_ms, self.next_lsn));
+            }
         }
         // Every record of the message is below `next_lsn` now: acknowledged once durable.
         if self.synced_next >= self.next_lsn {

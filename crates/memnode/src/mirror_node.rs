@@ -7,7 +7,7 @@
 //! driver on the same data directory. All decisions are the `Mirror`'s.
 
 use crate::log_record::LogRecord;
-use crate::mirror::{decode_records, Mirror, Replicate, Standing};
+use crate::mirror::{decode_records, named_but_empty, Mirror, Replicate, Standing};
 use crate::node::{io, open_data_dir, rebind, NodeConfig, NodeError, IMAGE_FILE};
 use crate::redo_log::{Lsn, RedoLog};
 use crate::space::Space;
@@ -56,17 +56,10 @@ impl MirrorNode {
             let replies = {
                 let mut m = self.mirror.lock().expect("mirror poisoned");
                 let now = self.now_ms();
-                let mut acts = m.on_replicate(now, reply_to, id, msg);
+                let acts = m.on_replicate(now, reply_to, id, msg);
                 if let Some((first, count, bytes)) = acts.append {
                     // Under the lock: records reach the writer in lsn order.
                     let _ = self.log.send(MirrorCmd::Append(first, count, bytes));
-                    if self.cfg.volatile {
-                        // ram-repl: a record is as durable as it will be once this process
-                        // holds it. The writer puts it in the file before a promotion reads
-                        // the log (its stop comes later in the channel), and a crash
-                        // empties the copy anyway.
-                        acts.replies.extend(m.on_synced(now, first + count));
-                    }
                 }
                 acts.replies
             };
@@ -137,10 +130,8 @@ pub(crate) async fn run(
             () = shutdown.as_mut() => return Ok(Ended::Stopped),
         };
         let named = placement.primary == addr || placement.mirror.as_deref() == Some(&addr);
-        if named && !holds_copy {
-            // Named, but holding nothing: serving would lose what the node holds. The
-            // manager drops a silent mirror, or fails a silent primary over to its mirror,
-            // and this process then joins; if the other copy is lost too, the node is.
+        if named_but_empty(&placement, &addr, holds_copy) {
+            // If the other copy is lost too, the node is: nothing is named then.
             if !std::mem::replace(&mut told_empty, true) {
                 tracing::warn!(
                     node = cfg.id,
@@ -470,7 +461,8 @@ async fn serve(
         Start::Seeded(s) => {
             let s = *s;
             let flusher = s.space.flusher();
-            let mut mirror = Mirror::new(cfg.id, s.space, s.next_lsn, s.records, 0);
+            let mut mirror =
+                Mirror::new(cfg.id, s.space, s.next_lsn, s.records, 0).in_ram(cfg.volatile);
             mirror.set_config_epoch(s.config_epoch);
             (mirror, s.log, flusher, Some(s.config_epoch))
         }
@@ -485,7 +477,8 @@ async fn serve(
                 next,
                 "mirror: read the redo log"
             );
-            let mut mirror = Mirror::new(cfg.id, space, next, recovered.records, 0);
+            let mut mirror =
+                Mirror::new(cfg.id, space, next, recovered.records, 0).in_ram(cfg.volatile);
             let joined = match how {
                 Start::Resumed(config_epoch) => {
                     mirror.set_config_epoch(config_epoch);

@@ -161,11 +161,6 @@ impl Unsent {
             if let Some(shipper) = &node.shipper {
                 let mut s = shipper.lock().expect("shipper poisoned");
                 s.push(node.now_ms(), first, count, bytes.clone());
-                if node.cfg.volatile {
-                    // A `ram-repl` copy does not outlive its process, and this one holds
-                    // the records now: the mirror's acknowledgement alone makes them durable.
-                    s.on_local_synced(first + count);
-                }
                 node.ship_wakeup.notify_one();
             }
             let _ = log.send(LogCmd::Append {
@@ -480,7 +475,8 @@ pub async fn run(
                     &mut records,
                 )
                 .await?;
-                let mut s = Shipper::new(cfg.id, session, reg.placement, log.next_lsn());
+                let mut s = Shipper::new(cfg.id, session, reg.placement, log.next_lsn())
+                    .in_ram(cfg.volatile);
                 if behind {
                     s.mark_behind(0);
                 }

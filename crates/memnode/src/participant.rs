@@ -1372,6 +1372,9 @@ pub enum Bug {
     /// A mirror promoted primary aborts its undecided tids without asking their other
     /// participants (`Stage2::after_promotion`).
     PromotionSkipsStage2,
+    /// A `ram-repl` process restarted empty serves as the primary or mirror the placement
+    /// still names it (`mirror::named_but_empty`), without the node's data.
+    EmptyCopyServes,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -101,6 +101,9 @@ pub struct Shipper<R> {
     /// Raised whenever the records kept are dropped for a new mirror: replies to what was
     /// sent before are not that mirror's.
     generation: u64,
+    /// `ram-repl`: this copy dies with its process, so a record handed over is as held here
+    /// as it will ever be; the mirror's acknowledgement alone makes it durable.
+    in_ram: bool,
 }
 
 impl<R> Shipper<R> {
@@ -125,7 +128,14 @@ impl<R> Shipper<R> {
             joiner: None,
             joins: 0,
             generation: 0,
+            in_ram: false,
         }
+    }
+
+    /// `ram-repl`: records count as held by this copy from their `push` on.
+    pub fn in_ram(mut self, in_ram: bool) -> Self {
+        self.in_ram = in_ram;
+        self
     }
 
     /// The participant made `replies` at `now_ms`: those that may leave now, in order after
@@ -292,6 +302,9 @@ impl<R> Shipper<R> {
     /// Records `first .. first + count` were handed to the log writer at `now_ms`.
     pub fn push(&mut self, now_ms: u64, first: Lsn, count: u64, bytes: Vec<u8>) {
         self.pushed_next = self.pushed_next.max(first + count);
+        if self.in_ram {
+            self.local_next = self.local_next.max(first + count);
+        }
         if self.target().is_some() && count > 0 {
             let bytes = Arc::new(bytes);
             self.unacked.push_back(Batch {
@@ -501,6 +514,33 @@ mod tests {
         let sent = s.to_send(true);
         let _ = deliver(&mut m, 6, &sent[0]);
         assert_eq!(m.space().read(8, 4), &[9; 4]);
+    }
+
+    #[test]
+    fn in_ram_a_record_is_durable_once_the_mirror_received_it() {
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1).in_ram(true);
+        let mut m: Mirror<u32> =
+            Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0).in_ram(true);
+        s.push(0, 1, 1, encode_records(&[(1, prepare(1, vec![1], 0, 7))]));
+        assert_eq!(s.durable_next(), 1, "not on the mirror yet");
+        let sent = s.to_send(true);
+        let (_, msg) = Replicate::of(&sent[0]).expect("a Replicate");
+        let acts = m.on_replicate(5, 0, 1, msg);
+        assert!(acts.append.is_some(), "still written to the tmpfs");
+        let reply = acts
+            .replies
+            .last()
+            .expect("acknowledged on receipt")
+            .2
+            .clone();
+        assert!(
+            matches!(
+                s.on_reply(5, Ok(reply)),
+                Shipped::Acknowledged { durable_next: 2 }
+            ),
+            "held by this copy since the push: no wait for its own writer"
+        );
+        assert_eq!(m.space().read(0, 4), &[7; 4]);
     }
 
     #[test]

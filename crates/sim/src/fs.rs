@@ -45,6 +45,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         managers: 3,
         epoch_interval_us: base.epoch_interval_us,
         replicated: false,
+        in_ram: false,
     };
     let dir = crate::spawn_cluster(&mut world, images, &servers, &fs, cfg.clients, &client_cfg);
     let mut violations = crate::run_to_the_end(&mut world, &cfg.faults);
@@ -79,6 +80,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         commits_with_lsns: world.counter("commits_with_lsns"),
         fail_overs: 0,
         mirror_joins: 0,
+        nodes_lost: 0,
         violations,
     }
 }

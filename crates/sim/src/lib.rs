@@ -33,7 +33,7 @@ use msg::Directory;
 use node::SimNode;
 use std::cell::RefCell;
 use std::rc::Rc;
-use tutti_wire::{Item, NodeId};
+use tutti_wire::{Item, NodeId, Placement};
 use tutti_workload::{Bank, Workload};
 use world::{Addr, Faults, World};
 
@@ -66,6 +66,9 @@ pub struct SimConfig {
     /// `log-repl`: each node a primary and a mirror, two processes that crash, are cut
     /// off and fail over (docs/replication.md).
     pub replicated: bool,
+    /// With `replicated`, `ram-repl`: both copies in RAM, so every crash loses the
+    /// process's copy; the fault schedule never crashes the only copy holding a node.
+    pub in_ram: bool,
 }
 
 impl Default for SimConfig {
@@ -92,6 +95,7 @@ impl Default for SimConfig {
             backups: 2,
             managers: 3,
             replicated: false,
+            in_ram: false,
         }
     }
 }
@@ -135,6 +139,8 @@ pub struct Report {
     pub fail_overs: u64,
     /// `log-repl`: mirrors that joined a primary running without one (re-replication).
     pub mirror_joins: u64,
+    /// `ram-repl`: nodes both of whose copies were lost by the end.
+    pub nodes_lost: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -157,6 +163,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         managers: cfg.managers,
         epoch_interval_us: cfg.epoch_interval_us,
         replicated: cfg.replicated,
+        in_ram: cfg.in_ram,
     };
     let dir = spawn_cluster(
         &mut world,
@@ -210,8 +217,25 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         commits_with_lsns: world.counter("commits_with_lsns"),
         fail_overs: fail_overs(&dir),
         mirror_joins: world.counter("mirror_joins"),
+        nodes_lost: match cfg.replicated && cfg.in_ram {
+            true => nodes_lost(&world, &dir),
+            false => 0,
+        },
         violations,
     }
+}
+
+/// `ram-repl`: nodes neither of whose processes holds a copy at the end (both lost).
+fn nodes_lost(world: &World, dir: &Directory) -> u64 {
+    let managers = dir.managers.len() as u32;
+    let nodes = dir.nodes_len() as u32;
+    (1..=nodes)
+        .filter(|&id| {
+            let (primary, mirror) = (Addr(id - 1), Addr(nodes + managers + id - 1));
+            let holds = |a: Addr| world.is_up(a) && world.process::<SimNode>(a).holds_copy();
+            !holds(primary) && !holds(mirror)
+        })
+        .count() as u64
 }
 
 /// Nodes served by another process than their first primary at the end.
@@ -256,6 +280,8 @@ pub(crate) struct Servers {
     pub(crate) epoch_interval_us: u64,
     /// `log-repl`: each node a primary and a mirror.
     pub(crate) replicated: bool,
+    /// `ram-repl` (with `replicated`).
+    pub(crate) in_ram: bool,
 }
 
 /// Spawns memory nodes holding `images` (node i + 1 the i-th), the `servers`, and
@@ -272,6 +298,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
         managers,
         epoch_interval_us,
         replicated,
+        in_ram,
     } = *servers;
     let nodes = images.len() as u32;
     let dir = Rc::new(Directory::new(
@@ -280,7 +307,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
     ));
     // Mirrors come after the managers; the group starts with every node's placement, as
     // the primaries' first registrations make it.
-    let mirror_of = |id: NodeId| Addr(nodes + managers + u32::from(id) - 1);
+    let mirror_of = move |id: NodeId| Addr(nodes + managers + u32::from(id) - 1);
     let mut initial = tutti_manager::ManagerState::new(tutti_manager::Persisted::fresh(), 0);
     if replicated {
         for id in 1..=nodes as NodeId {
@@ -312,7 +339,8 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
                 image,
                 dir.clone(),
                 check.clone(),
-            ),
+            )
+            .in_ram(in_ram),
             false => SimNode::new(id, image, dir.clone(), check.clone()),
         };
         assert_eq!(world.spawn(Box::new(node), true), dir.node(id));
@@ -323,15 +351,71 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
     }
     if replicated {
         for (id, image) in (1..).zip(mirror_images) {
-            let mirror = SimNode::mirror(id, image, dir.clone(), check.clone());
+            let mirror = SimNode::mirror(id, image, dir.clone(), check.clone()).in_ram(in_ram);
             assert_eq!(world.spawn(Box::new(mirror), true), mirror_of(id));
         }
+    }
+    if replicated && in_ram {
+        world.guard_faults(copies_guard(dir.clone(), nodes, mirror_of));
     }
     for c in 0..clients {
         let client = SimClient::new(c as u64, client_cfg.clone(), workload.clone(), dir.clone());
         world.spawn(Box::new(client), false);
     }
     dir
+}
+
+/// `ram-repl` survives the loss of one copy while the managers see the other: a node
+/// process may crash, or be cut off, only if the node keeps a copy the managers can reach
+/// without it. Either it is named in none of the placements the managers that are up hold
+/// (committed or not: a majority of them is up, so the committed one is among them), or
+/// the other process is named in each of them too and holds its copy (up, serving or
+/// mirroring, not cut off). A copy lost while the other is cut off from the managers is
+/// beyond the mode (docs/replication.md): the managers may promote the lost copy on its
+/// last heartbeat, and the cut-off one, replaced, gives its copy up.
+fn copies_guard(
+    dir: Rc<Directory>,
+    nodes: u32,
+    mirror_of: impl Fn(NodeId) -> Addr + 'static,
+) -> crate::world::FaultGuard {
+    Rc::new(move |world: &World, victim: Addr| {
+        // The node's two processes: its first primary's and its first mirror's (the
+        // directory says which serves now).
+        let first_primary = |id: NodeId| Addr(u32::from(id) - 1);
+        let Some(id) = (1..=nodes as NodeId)
+            .find(|&id| first_primary(id) == victim || mirror_of(id) == victim)
+        else {
+            return true;
+        };
+        let other = if first_primary(id) == victim {
+            mirror_of(id)
+        } else {
+            first_primary(id)
+        };
+        let (victim_name, other_name) = (crate::msg::name_of(victim), crate::msg::name_of(other));
+        let named =
+            |p: &Placement, name: &str| p.primary == name || p.mirror.as_deref() == Some(name);
+        let other_holds = world.is_up(other)
+            && !world.is_cut(other)
+            && world.process::<SimNode>(other).holds_copy();
+        let states: Vec<_> = (dir.managers.iter())
+            .filter_map(|&m| world.process::<SimManager>(m).latest())
+            .collect();
+
+        if std::env::var_os("GUARD_DEBUG").is_some() {
+            eprintln!("GUARD {} victim {victim_name} other {other_name} holds {other_holds} placements {:?}", world.now_us(), states.iter().map(|s| s.placement(id)).collect::<Vec<_>>());
+        }
+        // A mirror its primary has found behind for long may be dropped any moment, on a
+        // report sent before the crash: the primary is then the only copy.
+        let now_ms = world.now_us() / 1000;
+        let behind_ms = (world.process::<SimNode>(victim).mirror_behind_ms(now_ms))
+            .max(world.process::<SimNode>(other).mirror_behind_ms(now_ms));
+        states.len() > dir.managers.len() / 2
+            && behind_ms < crate::manager::FAILOVER_TIMEOUT_MS / 2
+            && (states.iter())
+                .filter_map(|state| state.placement(id))
+                .all(|p| !named(&p, &victim_name) || (named(&p, &other_name) && other_holds))
+    })
 }
 
 /// The manager group once settled: a majority holds one state (the group's), and no node

@@ -15,7 +15,7 @@ use tutti_wire::{NodeId, Request, Response};
 /// A replicated node's primary or mirror silent this long is replaced or dropped: shorter
 /// than the real 1 s, so that a fair share of the simulated crashes (down 5–200 ms) and
 /// partitions end in a fail-over.
-const FAILOVER_TIMEOUT_MS: u64 = 100;
+pub(crate) const FAILOVER_TIMEOUT_MS: u64 = 100;
 
 /// The Raft clock's tick in the simulation: shorter than the real 50 ms, so that elections
 /// fit many times into a run's faults.

@@ -10,7 +10,7 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use tutti_memnode::mirror::{
-    decode_records, encode_records, seed_part, Mirror, Replicate, Standing,
+    decode_records, encode_records, named_but_empty, seed_part, Mirror, Replicate, Standing,
 };
 use tutti_memnode::participant::{Actions, Checkpoint, Config, Participant, Stage};
 use tutti_memnode::recovery::Stage2;
@@ -142,6 +142,8 @@ pub(crate) struct SimNode {
     checkpoint: Option<Checkpoint>,
     /// `log-repl` only.
     repl: Option<Repl>,
+    /// `ram-repl`: a crash loses this process's copy (log and image, both in RAM).
+    in_ram: bool,
     /// A promoted mirror's image as its page cache held it (not yet flushed): the node's
     /// recovery starts from it, a power loss drops it.
     page_cache: Option<Vec<u8>>,
@@ -208,8 +210,41 @@ impl SimNode {
             pending: BTreeMap::new(),
             checkpoint: None,
             repl: None,
+            in_ram: false,
             page_cache: None,
         }
+    }
+
+    /// `ram-repl`: this copy lives in its process's memory only.
+    pub(crate) fn in_ram(mut self, in_ram: bool) -> SimNode {
+        self.in_ram = in_ram;
+        if let Some(repl) = &mut self.repl {
+            repl.state = match std::mem::replace(&mut repl.state, ReplState::MirrorDown) {
+                ReplState::Primary(s) => ReplState::Primary(s.in_ram(in_ram)),
+                ReplState::Mirror(m) => ReplState::Mirror(m.in_ram(in_ram)),
+                other => other,
+            };
+        }
+        self
+    }
+
+    /// A replicated primary's account of how long its mirror has lacked a record (0: not
+    /// a primary, or nothing waits): the managers drop a mirror behind for the fail-over
+    /// timeout.
+    pub(crate) fn mirror_behind_ms(&self, now_ms: u64) -> u64 {
+        match self.repl.as_ref().map(|r| &r.state) {
+            Some(ReplState::Primary(s)) => s.behind_ms(now_ms),
+            _ => 0,
+        }
+    }
+
+    /// `ram-repl`: whether this process holds a copy of its node's data (serving it, or
+    /// mirroring it, or promoted), as opposed to down or outside the placement, empty.
+    pub(crate) fn holds_copy(&self) -> bool {
+        matches!(
+            self.repl.as_ref().map(|r| &r.state),
+            Some(ReplState::Primary(_) | ReplState::Mirror(_) | ReplState::Promoted(_))
+        )
     }
 
     /// Node `id`'s first primary at `me`, shipping to its mirror at `mirror` (`log-repl`).
@@ -644,6 +679,18 @@ impl SimNode {
             .map_or((0, 0), |m| (m.synced_next(), m.last_ack_ms()));
         let joined = self.repl.as_ref().and_then(|r| r.joining);
         let me = name_of(ctx.me());
+        let outside = matches!(
+            self.repl.as_ref().map(|r| &r.state),
+            Some(ReplState::Outside { .. })
+        );
+        if outside {
+            // As the real driver: a question, not a heartbeat. A copy that holds nothing
+            // must not look alive as the mirror a placement may still name.
+            let to = self.manager.addr();
+            let ask = Request::Placement { node: self.id };
+            self.request(ctx, to, Pending::Placement, ask);
+            return;
+        }
         // As the real driver: a join its primary gave up is abandoned, raising the epoch,
         // before the disk is emptied to join anew.
         let req = match joined {
@@ -676,6 +723,17 @@ impl SimNode {
         };
         let me = name_of(ctx.me());
         if let ReplState::Outside { asked_ms } = &mut repl.state {
+            if named_but_empty(&p, &me, false) {
+                // A `ram-repl` copy restarted empty: it waits to be dropped, then joins.
+                return;
+            }
+            if p.primary == me || p.mirror.as_deref() == Some(&me) {
+                // Only with `Bug::EmptyCopyServes` planted: it serves as named, empty.
+                let space = space_from(&vec![0; self.space_bytes as usize]);
+                let mirror = Mirror::new(self.id, space, self.floor, vec![], now);
+                repl.state = ReplState::Mirror(mirror.in_ram(self.in_ram));
+                return self.mirror_placement(ctx, Some(p));
+            }
             let primary = addr_named(&p.primary).filter(|_| p.primary != me);
             let due = asked_ms.is_none_or(|t| now >= t + 500);
             if let (Some(primary), None, true) = (primary, &p.mirror, due) {
@@ -711,6 +769,19 @@ impl SimNode {
             }
             Standing::Outside => self.retire(),
         }
+    }
+
+    /// `ram-repl`: the process died and its copy with it (the real one empties its tmpfs
+    /// directory at start): it comes back outside the placement, holding nothing, whatever
+    /// it was, and joins once the manager has named another copy.
+    fn lose_copy(&mut self, _ctx: &mut Ctx<'_>) {
+        self.retire();
+        self.synced.clear();
+        self.written.clear();
+        self.image = vec![0; self.space_bytes as usize];
+        self.page_cache = None;
+        self.pending.clear();
+        self.pending_truncate = None;
     }
 
     /// Replaced or dropped: answers nobody, and joins again as a new mirror.
@@ -866,7 +937,8 @@ impl SimNode {
                 self.floor = first_lsn;
                 self.next_lsn = next_lsn;
                 self.page_cache = None;
-                let mut mirror = Mirror::new(self.id, mirror_space, next_lsn, decoded, now);
+                let mut mirror =
+                    Mirror::new(self.id, mirror_space, next_lsn, decoded, now).in_ram(self.in_ram);
                 mirror.set_config_epoch(config_epoch);
                 let repl = self.repl.as_mut().expect("replicated");
                 repl.state = ReplState::Mirror(mirror);
@@ -1048,7 +1120,8 @@ impl SimNode {
     /// Both logs are equal (or the mirror is behind for good): recover as the primary.
     fn joined(&mut self, ctx: &mut Ctx<'_>, placement: Placement, behind: bool) {
         let session = self.repl.as_ref().map_or(0, |r| r.session);
-        let mut shipper = Shipper::new(self.id, session, placement, self.log_next());
+        let mut shipper =
+            Shipper::new(self.id, session, placement, self.log_next()).in_ram(self.in_ram);
         if behind {
             shipper.mark_behind(now_ms(ctx));
         }
@@ -1198,12 +1271,14 @@ impl Process for SimNode {
             match msg {
                 Msg::Req { id, req } => self.mirror_request(ctx, from, id, req),
                 Msg::Resp { id, resp } => match self.pending.remove(&id) {
-                    Some(Pending::MirrorHeartbeat) if !self.manager.not_leader(&resp) => {
+                    Some(Pending::MirrorHeartbeat | Pending::Placement)
+                        if !self.manager.not_leader(&resp) =>
+                    {
                         if let Response::Placement(p) = resp {
                             self.mirror_placement(ctx, p);
                         }
                     }
-                    Some(Pending::MirrorHeartbeat) => {}
+                    Some(Pending::MirrorHeartbeat | Pending::Placement) => {}
                     Some(pending @ (Pending::JoinMirror | Pending::ReadSeed { .. })) => {
                         self.seed_answer(ctx, from, pending, resp)
                     }
@@ -1319,7 +1394,10 @@ impl Process for SimNode {
         }
     }
 
-    fn on_crash(&mut self, _ctx: &mut Ctx<'_>, power_loss: bool) {
+    fn on_crash(&mut self, ctx: &mut Ctx<'_>, power_loss: bool) {
+        if self.in_ram {
+            return self.lose_copy(ctx);
+        }
         // What the process held in the page cache: the participant's space, a mirror's.
         let cache = match (&self.participant, self.mirror_space()) {
             (Some(p), _) => Some(p.space().read(0, self.space_bytes).to_vec()),
@@ -1372,7 +1450,9 @@ impl Process for SimNode {
                     self.next_lsn = next;
                     let space = space_from(&self.image);
                     let (records, now) = (self.synced.clone(), now_ms(ctx));
-                    repl.state = ReplState::Mirror(Mirror::new(self.id, space, next, records, now));
+                    let mirror =
+                        Mirror::new(self.id, space, next, records, now).in_ram(self.in_ram);
+                    repl.state = ReplState::Mirror(mirror);
                     self.schedule_timers(ctx);
                     return;
                 }

@@ -10,6 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
+use std::rc::Rc;
 use tutti_workload::Violation;
 
 /// A process's address in the world: the order in which it was spawned.
@@ -234,10 +235,16 @@ struct Slot {
     faulty: bool,
 }
 
+/// Whether the fault schedule may crash a process, or cut it off, now, given the world: a
+/// run's fault model beyond "any faulty process, any time" (`ram-repl` survives the loss
+/// of one copy of a node while the managers see the other, and no more).
+pub type FaultGuard = Rc<dyn Fn(&World, Addr) -> bool>;
+
 /// Processes, the network between them, and the faults.
 pub struct World {
     core: Core,
     slots: Vec<Slot>,
+    fault_guard: Option<FaultGuard>,
     events: u64,
     /// `TUTTI_SIM_TRACE=1` prints every event (for debugging one seed).
     print_trace: bool,
@@ -262,9 +269,32 @@ impl World {
                 pause_request: None,
             },
             slots: Vec::new(),
+            fault_guard: None,
             events: 0,
             print_trace: std::env::var_os("TUTTI_SIM_TRACE").is_some(),
         }
+    }
+
+    /// From now on the fault schedule crashes a process, or cuts it off, only if `guard`
+    /// allows it.
+    pub fn guard_faults(&mut self, guard: FaultGuard) {
+        self.fault_guard = Some(guard);
+    }
+
+    /// Whether the process at `addr` is up (not crashed).
+    pub fn is_up(&self, addr: Addr) -> bool {
+        self.slots[addr.0 as usize].up
+    }
+
+    /// Whether the process at `addr` is cut off from every other.
+    pub fn is_cut(&self, addr: Addr) -> bool {
+        self.core.cut.contains(&addr)
+    }
+
+    /// Whether the fault guard lets the schedule crash or cut off `addr` now.
+    fn spared(&self, addr: Addr) -> bool {
+        let guard = self.fault_guard.clone();
+        guard.is_some_and(|may| !may(self, addr))
     }
 
     /// The address the next spawned process gets.
@@ -435,7 +465,7 @@ impl World {
                     let victim = self.pick_faulty();
                     let power_loss = self.core.rng.gen_bool(0.5);
                     self.core.mix(u64::from(victim.0));
-                    if self.slots[victim.0 as usize].up {
+                    if self.slots[victim.0 as usize].up && !self.spared(victim) {
                         self.crash(victim, power_loss);
                         *self.core.counters.entry("crashes").or_default() += 1;
                     }
@@ -461,7 +491,9 @@ impl World {
                 }
             }
             Event::Cut(addr) => {
-                self.core.cut.insert(addr);
+                if !self.spared(addr) {
+                    self.core.cut.insert(addr);
+                }
             }
             Event::Restore(addr) => {
                 self.core.cut.remove(&addr);
@@ -523,7 +555,9 @@ impl World {
         let rng = &mut self.core.rng;
         if rng.gen_bool(0.5) {
             let victim = self.pick_faulty();
-            self.core.cut.insert(victim);
+            if !self.spared(victim) {
+                self.core.cut.insert(victim);
+            }
             let length = self.core.rng.gen_range(20_000..200_000);
             self.core.at(length, Event::Heal);
             return;

@@ -352,3 +352,27 @@ fn a_mirror_taking_over_within_the_old_primarys_lease_is_caught() {
     let found = first_failing_replicated(Bug::TakeOverWithinLease);
     assert!(found.is_some(), "not caught in 1,000 seeds");
 }
+
+/// `ram-repl`: a process restarted empty that serves as the primary or mirror the placement
+/// still names it, instead of waiting to be replaced and joining: the node's data is lost,
+/// which breaks a safety checker (not just liveness, which a lost node breaks without the
+/// bug in some seeds).
+#[test]
+fn an_empty_ram_copy_serving_is_caught() {
+    plant(Some(Bug::EmptyCopyServes));
+    let cfg = SimConfig {
+        replicated: true,
+        in_ram: true,
+        backups: 0,
+        ..SimConfig::default()
+    };
+    let found = (0..1000).find_map(|seed| {
+        let report = run(seed, &cfg);
+        (report.violations.iter())
+            .find(|v| v.kind != "liveness")
+            .map(|v| (seed, v.to_string()))
+    });
+    plant(None);
+    let (seed, detail) = found.expect("caught within 1,000 seeds");
+    eprintln!("seed {seed}: {detail}");
+}

@@ -12,7 +12,8 @@ pub(crate) struct SimArgs {
     from: u64,
     /// What to simulate: `bank` (minitransactions: transfers and audits under recovery),
     /// `bank-repl` (the same over `log-repl` nodes: each a primary and a mirror that crash,
-    /// are cut off and fail over),
+    /// are cut off and fail over), `bank-ram-repl` (over `ram-repl` nodes: every crash
+    /// loses that copy; a seed that loses a node reports it),
     /// `log` (the shared log: appenders and stream readers, the sequencer crashing) or
     /// `tango` (objects over the log: transactions across layered partitions, decision
     /// records, checkpoints, forget and trim) or `fs` (tutti-fs: creates, unlinks, renames,
@@ -25,6 +26,7 @@ pub(crate) struct SimArgs {
 pub(crate) enum SimWorkload {
     Bank,
     BankRepl,
+    BankRamRepl,
     Log,
     Tango,
     Fs,
@@ -41,6 +43,14 @@ impl SimWorkload {
                 };
                 tutti_sim::run(seed, &cfg)
             }
+            SimWorkload::BankRamRepl => {
+                let cfg = tutti_sim::SimConfig {
+                    replicated: true,
+                    in_ram: true,
+                    ..tutti_sim::SimConfig::default()
+                };
+                tutti_sim::run(seed, &cfg)
+            }
             SimWorkload::Log => tutti_sim::log::run(seed, &tutti_sim::log::LogSimConfig::default()),
             SimWorkload::Tango => {
                 tutti_sim::tango::run(seed, &tutti_sim::tango::TangoSimConfig::default())
@@ -53,6 +63,7 @@ impl SimWorkload {
         match self {
             SimWorkload::Bank => "bank",
             SimWorkload::BankRepl => "bank-repl",
+            SimWorkload::BankRamRepl => "bank-ram-repl",
             SimWorkload::Log => "log",
             SimWorkload::Tango => "tango",
             SimWorkload::Fs => "fs",
@@ -73,7 +84,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     );
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::default();
-    let totals: [AtomicU64; 6] = Default::default();
+    let totals: [AtomicU64; 7] = Default::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -91,16 +102,21 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
                     report.coordinator_crashes,
                     report.fail_overs,
                     report.mirror_joins,
+                    u64::from(report.nodes_lost > 0),
                 ]) {
                     total.fetch_add(n, Ordering::Relaxed);
                 }
                 if !report.violations.is_empty() {
-                    let text = report
+                    let mut text = report
                         .violations
                         .iter()
                         .map(ToString::to_string)
                         .collect::<Vec<_>>()
                         .join("; ");
+                    if report.nodes_lost > 0 {
+                        let lost = report.nodes_lost;
+                        text = format!("{lost} node(s) lost both copies; {text}");
+                    }
                     let mut failures = failures.lock().expect("failures poisoned");
                     failures.push((seed, text));
                     bar.set_message(format!("{} failing", failures.len()));
@@ -118,7 +134,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             a.from, first.events, first.trace_hash
         );
     }
-    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins] =
+    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost] =
         totals.map(|t| t.into_inner());
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
@@ -129,17 +145,22 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
         started.elapsed().as_secs_f64(),
         failures.len(),
         match a.workload {
-            SimWorkload::Bank | SimWorkload::BankRepl => "minitransactions",
+            SimWorkload::Bank | SimWorkload::BankRepl | SimWorkload::BankRamRepl => {
+                "minitransactions"
+            }
             SimWorkload::Log => "appends",
             SimWorkload::Tango => "transfers",
             SimWorkload::Fs => "file-system operations",
         }
     );
-    if a.workload == SimWorkload::BankRepl {
+    if matches!(a.workload, SimWorkload::BankRepl | SimWorkload::BankRamRepl) {
         println!(
             "{fail_overs} nodes served by another copy than their first primary at the end; \
              {mirror_joins} mirrors joined a primary running without one"
         );
+    }
+    if a.workload == SimWorkload::BankRamRepl {
+        println!("{lost} seeds lost a node (both copies; docs/replication.md, \"ram-repl\")");
     }
     for (seed, text) in &failures {
         println!(

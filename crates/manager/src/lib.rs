@@ -17,6 +17,9 @@ pub enum Bug {
     /// The leader replies at once, before the change the reply tells of is committed: a
     /// leader lost with it takes back what the group acknowledged.
     ReplyBeforeCommit,
+    /// A silent primary is failed over to a mirror heard from only before the primary fell
+    /// silent (`ManagerState::fail_over`): one that may have died since.
+    PromoteMirrorHeardBefore,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -391,8 +391,8 @@ impl ManagerState {
     }
 
     /// Changes the placement of every replicated node that lost a copy, as of `now_ms`:
-    /// a primary silent for `timeout_ms` whose mirror is heard from is replaced by the
-    /// mirror; a mirror silent that long, or that long behind by its primary's account,
+    /// a primary silent for `timeout_ms` whose mirror was heard from since is replaced by
+    /// the mirror; a mirror silent that long, or that long behind by its primary's account,
     /// is dropped, and the primary goes on alone. Each change raises the node's
     /// configuration epoch. With a snapshot, propose it: nobody hears of the new placement
     /// before it is committed.
@@ -404,11 +404,18 @@ impl ManagerState {
             let Some(mirror) = n.mirror.clone() else {
                 continue;
             };
-            let primary_silent = silent(self.last_seen_ms.get(&id));
-            let mirror_silent = silent(self.mirror_seen_ms.get(&id));
+            let primary_seen = self.last_seen_ms.get(&id).copied();
+            let primary_silent = silent(primary_seen.as_ref());
+            let mirror_seen = self.mirror_seen_ms.get(&id).copied();
+            let mirror_silent = silent(mirror_seen.as_ref());
+            // Heard from only before the primary fell silent, the mirror may have died with
+            // it, or since: a `ram-repl` mirror then restarts empty, and promoting it would
+            // replace the one copy left. It takes over once heard from after.
+            let mirror_outlived_primary = crate::planted(crate::Bug::PromoteMirrorHeardBefore)
+                || mirror_seen.is_some_and(|m| primary_seen.is_none_or(|p| m >= p + timeout_ms));
             let mirror_behind =
                 (self.mirror_behind_ms.get(&id)).is_some_and(|&ms| ms >= timeout_ms);
-            if primary_silent && !mirror_silent {
+            if primary_silent && !mirror_silent && mirror_outlived_primary {
                 tracing::warn!(node = id, old = %n.addr, new = %mirror, "primary silent: its mirror takes over");
                 n.addr = mirror;
                 n.mirror = None;
@@ -751,6 +758,24 @@ mod tests {
             "{late:?}"
         );
         assert!(written.is_none());
+    }
+
+    #[test]
+    fn a_mirror_heard_from_only_before_its_primary_fell_silent_is_not_promoted() {
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let _ = s.register(0, 1, "p:1".into(), 4096, true, false, Some("m:1".into()));
+        let _ = s.heartbeat(100, 1, vec![], vec![], 0, 0);
+        // The mirror's last word comes just after the primary's: both may be gone.
+        let _ = s.mirror_heartbeat(150, 1, "m:1");
+        assert!(
+            s.fail_over(1_100, 1_000).is_none(),
+            "the mirror may be dead too"
+        );
+        let _ = s.mirror_heartbeat(1_120, 1, "m:1");
+        let _ = s
+            .fail_over(1_150, 1_000)
+            .expect("alive after the primary fell silent");
+        assert_eq!(s.placement(1).unwrap().primary, "m:1");
     }
 
     #[test]

@@ -370,9 +370,8 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
 /// without it. Either it is named in none of the placements the managers that are up hold
 /// (committed or not: a majority of them is up, so the committed one is among them), or
 /// the other process is named in each of them too and holds its copy (up, serving or
-/// mirroring, not cut off). A copy lost while the other is cut off from the managers is
-/// beyond the mode (docs/replication.md): the managers may promote the lost copy on its
-/// last heartbeat, and the cut-off one, replaced, gives its copy up.
+/// mirroring, not cut off, not found behind by its primary). A copy lost while the other is
+/// cut off from the managers is beyond the mode (docs/replication.md, "`ram-repl`").
 fn copies_guard(
     dir: Rc<Directory>,
     nodes: u32,
@@ -401,10 +400,6 @@ fn copies_guard(
         let states: Vec<_> = (dir.managers.iter())
             .filter_map(|&m| world.process::<SimManager>(m).latest())
             .collect();
-
-        if std::env::var_os("GUARD_DEBUG").is_some() {
-            eprintln!("GUARD {} victim {victim_name} other {other_name} holds {other_holds} placements {:?}", world.now_us(), states.iter().map(|s| s.placement(id)).collect::<Vec<_>>());
-        }
         // A mirror its primary has found behind for long may be dropped any moment, on a
         // report sent before the crash: the primary is then the only copy.
         let now_ms = world.now_us() / 1000;

@@ -3,6 +3,7 @@
 //! format are in `tutti-backup`; this parses, calls and prints JSON.
 
 use super::args::ClusterArg;
+use super::out::outln;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
@@ -99,7 +100,7 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
                 "copy_ms": manifest.copy_ms,
                 "total_ms": start.elapsed().as_millis() as u64,
             });
-            println!("{out}");
+            outln!("{out}");
         }
         BackupCommand::Verify { dest } => {
             let manifest = tutti_backup::verify(&dest).map_err(|e| e.to_string())?;
@@ -112,7 +113,7 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
                 "nodes": manifest.nodes.iter().map(|n| n.id).collect::<Vec<_>>(),
                 "data_bytes": manifest.nodes.iter().map(|n| n.data_bytes).sum::<u64>(),
             });
-            println!("{out}");
+            outln!("{out}");
         }
         BackupCommand::Restore { dest, data } => {
             let restored = tutti_backup::restore(&dest, &data).map_err(|e| e.to_string())?;
@@ -123,7 +124,7 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
                 "restore_ms": restored.took.as_millis() as u64,
                 "start": format!("tutti up --data {} --nodes {}", restored.data.display(), restored.nodes.len()),
             });
-            println!("{out}");
+            outln!("{out}");
         }
     }
     Ok(())

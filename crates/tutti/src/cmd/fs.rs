@@ -3,6 +3,7 @@
 //! or with --background returns once the mount is ready.
 
 use super::args::{parse_size, shutdown_signal, ClusterArg};
+use super::out::outln;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -146,7 +147,7 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
             let vol = FileSystem::mkfs(&cluster, &a.name, &shape, force, deadline)
                 .await
                 .map_err(|e| e.to_string())?;
-            println!("{}", shape_json(&a.name, &vol));
+            outln!("{}", shape_json(&a.name, &vol));
             Ok(())
         }
         FsCommand::Grow { nodes } => {
@@ -170,7 +171,7 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
                 .filter(|n| !before.holds(*n))
                 .collect::<Vec<_>>()
                 .into();
-            println!("{out}");
+            outln!("{out}");
             Ok(())
         }
         FsCommand::Mount {
@@ -211,7 +212,7 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
                 "inodes": u.inodes,
                 "inodes_free": u.inodes_free,
             });
-            println!("{out}");
+            outln!("{out}");
             Ok(())
         }
     }
@@ -365,7 +366,7 @@ fn background(at: &Path, log: Option<&Path>) -> Result<(), String> {
     while Instant::now() < until {
         if mounted(at) {
             let out = json!({"mounted": parent, "pid": child.id(), "log": log});
-            println!("{out}");
+            outln!("{out}");
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
@@ -414,7 +415,7 @@ async fn fsck(fs: &FileSystem, repair: bool) -> Result<(), String> {
         "remaining": last.problems.iter().map(describe).collect::<Vec<_>>(),
         "seconds": started.elapsed().as_secs_f64(),
     });
-    println!("{out}");
+    outln!("{out}");
     if last.problems.is_empty() {
         Ok(())
     } else {
@@ -446,6 +447,6 @@ fn fsx(file: &Path, ops: u64, seed: u64, size_max: u64, fallocate: bool) -> Resu
         "full_checks": report.full_checks,
         "seconds": started.elapsed().as_secs_f64(),
     });
-    println!("{out}");
+    outln!("{out}");
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 use super::args::{parse_size, ClusterArg};
 use super::items::{hex, to_hex};
+use super::out::outln;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::time::Duration;
@@ -111,7 +112,7 @@ pub(crate) async fn run(a: LogArgs, dialer: &Dialer) -> Result<(), String> {
             let log = Log::create(&cluster, &name, &shape, opts)
                 .await
                 .map_err(e)?;
-            println!("{}", shape_json(&name, log.layout()));
+            outln!("{}", shape_json(&name, log.layout()));
         }
         LogCommand::Append {
             name,
@@ -121,7 +122,7 @@ pub(crate) async fn run(a: LogArgs, dialer: &Dialer) -> Result<(), String> {
             let payload = hex(&data)?;
             let log = Log::open(&cluster, &name, opts).await.map_err(e)?;
             let position = log.append(payload, &streams).await.map_err(e)?;
-            println!("{}", json!({ "position": position }));
+            outln!("{}", json!({ "position": position }));
         }
         LogCommand::Read {
             name,
@@ -142,7 +143,7 @@ pub(crate) async fn run(a: LogArgs, dialer: &Dialer) -> Result<(), String> {
                 }
                 _ => (vec![], String::new()),
             };
-            println!(
+            outln!(
                 "{}",
                 json!({
                     "position": position,
@@ -159,13 +160,13 @@ pub(crate) async fn run(a: LogArgs, dialer: &Dialer) -> Result<(), String> {
             } else {
                 log.check().await.map_err(e)?.tail
             };
-            println!("{}", json!({ "tail": tail }));
+            outln!("{}", json!({ "tail": tail }));
         }
         LogCommand::Stream { name, stream, from } => {
             let log = Log::open(&cluster, &name, opts).await.map_err(e)?;
             let mut reader = log.stream(stream, from);
             while let Some((position, payload)) = reader.readnext().await.map_err(e)? {
-                println!(
+                outln!(
                     "{}",
                     json!({ "position": position, "data": to_hex(&payload) })
                 );
@@ -174,7 +175,7 @@ pub(crate) async fn run(a: LogArgs, dialer: &Dialer) -> Result<(), String> {
         LogCommand::Trim { name, prefix } => {
             let log = Log::open(&cluster, &name, opts).await.map_err(e)?;
             log.trim(prefix).await.map_err(e)?;
-            println!("{}", json!({ "trim": prefix }));
+            outln!("{}", json!({ "trim": prefix }));
         }
         LogCommand::Stat { name } => {
             let log = Log::open(&cluster, &name, opts).await.map_err(e)?;
@@ -185,7 +186,7 @@ pub(crate) async fn run(a: LogArgs, dialer: &Dialer) -> Result<(), String> {
             out["trim"] = json!(max(|w| w.trim));
             out["tail"] = json!(stat.tail.tail);
             out["reserved_to"] = json!(max(|w| w.reserved_to));
-            println!("{out}");
+            outln!("{out}");
         }
     }
     // Appends, fills and trims leave decisions queued: send them before exiting.

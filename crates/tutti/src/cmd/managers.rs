@@ -2,6 +2,7 @@
 //! term, leader, log indexes), asked of every one of them, whichever leads.
 
 use super::args::{with_cluster_credentials, ClusterArg};
+use super::out::outln;
 use clap::Args;
 use std::time::Duration;
 use tutti_wire::{Connection, Dialer, ManagerStatus, Request, Response};
@@ -56,19 +57,32 @@ pub(crate) async fn run(a: ManagersArgs, dialer: &Dialer) -> Result<(), String> 
                 Err(e) => serde_json::json!({ "addr": addr, "error": e }),
             })
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        outln!("{}", serde_json::Value::Array(rows));
     } else {
-        println!(
+        outln!(
             "{:<22} {:>3} {:<13} {:>6} {:>10} {:>10} {:>10} {:>6}",
-            "manager", "id", "role", "term", "last", "commit", "applied", "epoch"
+            "manager",
+            "id",
+            "role",
+            "term",
+            "last",
+            "commit",
+            "applied",
+            "epoch"
         );
         for (addr, s) in addrs.iter().zip(&answers) {
             match s {
-                Ok(s) => println!(
+                Ok(s) => outln!(
                     "{addr:<22} {:>3} {:<13} {:>6} {:>10} {:>10} {:>10} {:>6}",
-                    s.id, s.role, s.term, s.last_index, s.commit, s.applied, s.epoch
+                    s.id,
+                    s.role,
+                    s.term,
+                    s.last_index,
+                    s.commit,
+                    s.applied,
+                    s.epoch
                 ),
-                Err(e) => println!("{addr:<22} unreachable: {e}"),
+                Err(e) => outln!("{addr:<22} unreachable: {e}"),
             }
         }
     }

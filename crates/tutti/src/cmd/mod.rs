@@ -17,6 +17,7 @@ pub(crate) mod node;
 pub(crate) mod ns;
 pub(crate) mod obj;
 pub(crate) mod objects_workload;
+pub(crate) mod out;
 pub(crate) mod sequencer;
 pub(crate) mod sim;
 pub(crate) mod stats;

@@ -4,6 +4,7 @@
 //! managers have it, with its placement (which process serves it, which mirrors it).
 
 use super::args::{with_cluster_credentials, ClusterArg};
+use super::out::outln;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
@@ -89,14 +90,12 @@ pub(crate) async fn run(a: NodeArgs, dialer: &Dialer) -> Result<(), String> {
         "metrics": node.metrics,
         "data": node.data,
     });
-    println!("{out}");
+    outln!("{out}");
     Ok(())
 }
 
 async fn list(cluster: &ClusterArg, dialer: &Dialer) -> Result<(), String> {
-    use std::io::Write;
     let c = cluster.connect(dialer).await?;
-    let mut stdout = std::io::stdout().lock();
     for n in c.nodes() {
         let ask = tutti_wire::Request::Placement { node: n.id };
         let placement = match c.ask_manager(&ask).await {
@@ -114,11 +113,7 @@ async fn list(cluster: &ClusterArg, dialer: &Dialer) -> Result<(), String> {
                 "mirror": p.mirror,
             })),
         });
-        match writeln!(stdout, "{out}") {
-            // Read by something that stopped reading (`| head`): done.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-            written => written.map_err(|e| format!("stdout: {e}"))?,
-        }
+        outln!("{out}");
     }
     Ok(())
 }

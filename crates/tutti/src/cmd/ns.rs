@@ -5,6 +5,7 @@
 use super::args::{shutdown_signal, ClusterArg};
 use super::items::{hex, to_hex};
 use super::obj::{err, host_named, open_log};
+use super::out::outln;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -96,7 +97,7 @@ fn failure(e: TangoError) -> String {
         TangoError::BadPath { path, .. } => (Code::BadArguments.name(), path.clone()),
         _ => return err(e),
     };
-    println!("{}", json!({ "error": code, "path": path }));
+    outln!("{}", json!({ "error": code, "path": path }));
     err(e)
 }
 
@@ -157,7 +158,7 @@ pub(crate) async fn run(a: NsArgs, dialer: &Dialer) -> Result<(), String> {
                 out["session_timeout_ms"] = json!(session_timeout_ms);
             }
             if let (Some(session), true) = (session, hold) {
-                println!("{out}");
+                outln!("{out}");
                 return hold_session(&t, ns, session).await;
             }
             out
@@ -181,7 +182,7 @@ pub(crate) async fn run(a: NsArgs, dialer: &Dialer) -> Result<(), String> {
         }
         NsCommand::Watch { path } => return watch(&t, ns, &path).await,
     };
-    println!("{out}");
+    outln!("{out}");
     Ok(())
 }
 
@@ -219,7 +220,7 @@ fn empty(command: NsCommand) -> Result<(), TangoError> {
             })
         }
     };
-    println!("{out}");
+    outln!("{out}");
     Ok(())
 }
 
@@ -234,7 +235,7 @@ async fn hold_session(t: &Tango, ns: NamespaceRef, session: Session) -> Result<(
             session.close(t, ns).await.map_err(err)
         }
         _ = &mut beating => {
-            println!("{}", json!({ "error": Code::SessionExpired.name(), "session": session.id }));
+            outln!("{}", json!({ "error": Code::SessionExpired.name(), "session": session.id }));
             Err(format!("session {} expired", session.id))
         }
     }
@@ -270,7 +271,7 @@ async fn watch(t: &Tango, ns: NamespaceRef, path: &str) -> Result<(), String> {
                 "path": change.path,
                 "position": change.position,
             });
-            println!("{line}");
+            outln!("{line}");
         }
         seen = now;
     }

@@ -4,6 +4,7 @@
 
 use super::args::ClusterArg;
 use super::items::{hex, to_hex};
+use super::out::outln;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use tutti_client::Cluster;
@@ -219,7 +220,7 @@ pub(crate) async fn run(a: ObjArgs, dialer: &Dialer) -> Result<(), String> {
             out
         }
     };
-    println!("{out}");
+    outln!("{out}");
     Ok(())
 }
 
@@ -302,7 +303,7 @@ async fn compact(log: Log) -> Result<Value, String> {
 
 async fn maintain(log: Log, every: Option<f64>) -> Result<(), String> {
     let Some(every) = every else {
-        println!("{}", compact(log).await?);
+        outln!("{}", compact(log).await?);
         return Ok(());
     };
     let period = std::time::Duration::try_from_secs_f64(every)
@@ -315,7 +316,7 @@ async fn maintain(log: Log, every: Option<f64>) -> Result<(), String> {
         // A round that fails (a node down, the deadline) is reported and tried again next
         // period: the log keeps its history meanwhile.
         match compact(log.clone()).await {
-            Ok(out) => println!("{out}"),
+            Ok(out) => outln!("{out}"),
             Err(e) => eprintln!("tutti: this round failed: {e}"),
         }
         tokio::select! {

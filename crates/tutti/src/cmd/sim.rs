@@ -1,5 +1,6 @@
 //! `tutti sim`: seeds of the deterministic simulation on every core.
 
+use super::out::outln;
 use clap::Args;
 
 #[derive(Args)]
@@ -129,16 +130,18 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     if a.seeds == 1 {
         let (first, second) = (a.workload.run(a.from), a.workload.run(a.from));
         let same = (first.trace_hash, first.events) == (second.trace_hash, second.events);
-        println!(
+        outln!(
             "seed {}: {} events, trace {:016x}, replayed identically: {same}",
-            a.from, first.events, first.trace_hash
+            a.from,
+            first.events,
+            first.trace_hash
         );
     }
     let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost] =
         totals.map(|t| t.into_inner());
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
-    println!(
+    outln!(
         "{} seeds from {} in {:.1} s: {} failing; {committed} {} committed, {unknown} with unknown outcome, {node_crashes} crashes of faulty processes, {coordinator_crashes} coordinator crashes",
         a.seeds,
         a.from,
@@ -154,16 +157,16 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
         }
     );
     if matches!(a.workload, SimWorkload::BankRepl | SimWorkload::BankRamRepl) {
-        println!(
+        outln!(
             "{fail_overs} nodes served by another copy than their first primary at the end; \
              {mirror_joins} mirrors joined a primary running without one"
         );
     }
     if a.workload == SimWorkload::BankRamRepl {
-        println!("{lost} seeds lost a node (both copies; docs/replication.md, \"ram-repl\")");
+        outln!("{lost} seeds lost a node (both copies; docs/replication.md, \"ram-repl\")");
     }
     for (seed, text) in &failures {
-        println!(
+        outln!(
             "seed {seed}: {text}\n  reproduce: {}",
             tutti_sim::reproduce_command(*seed, a.workload.name())
         );

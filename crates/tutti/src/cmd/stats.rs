@@ -1,6 +1,7 @@
 //! `tutti stats`: every memory node's load statistics, as a table or JSON.
 
 use super::args::ClusterArg;
+use super::out::outln;
 use clap::Args;
 use tutti_wire::Dialer;
 
@@ -38,10 +39,10 @@ pub(crate) async fn run(a: StatsArgs, dialer: &Dialer) -> Result<(), String> {
                 Err(e) => serde_json::json!({ "node": id, "error": e.to_string() }),
             })
             .collect();
-        println!("{}", serde_json::Value::Array(nodes));
+        outln!("{}", serde_json::Value::Array(nodes));
         return Ok(());
     }
-    println!(
+    outln!(
         "{:>4} {:<16} {:>6} {:>10} {:>10} {:>8} {:>8} {:>8} {:>12} {:>12}",
         "node",
         "class",
@@ -60,7 +61,7 @@ pub(crate) async fn run(a: StatsArgs, dialer: &Dialer) -> Result<(), String> {
                 for c in &s.classes {
                     for (w, l) in s.windows_s.iter().zip(&c.windows) {
                         let rate = l.committed as f64 / *w as f64;
-                        println!(
+                        outln!(
                             "{id:>4} {:<16} {:>5}s {:>10} {:>10} {:>8} {:>8} {:>8.1} {:>12} {:>12}",
                             c.class,
                             w,
@@ -74,9 +75,9 @@ pub(crate) async fn run(a: StatsArgs, dialer: &Dialer) -> Result<(), String> {
                         );
                     }
                 }
-                println!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={} log_sync_max_us={} rss_bytes={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live, s.log_sync.count(), s.log_records_appended, s.log_sync.max_us, s.rss_bytes);
+                outln!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={} log_sync_max_us={} rss_bytes={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live, s.log_sync.count(), s.log_records_appended, s.log_sync.max_us, s.rss_bytes);
             }
-            Err(e) => println!("{id:>4} unreachable: {e}"),
+            Err(e) => outln!("{id:>4} unreachable: {e}"),
         }
     }
     Ok(())

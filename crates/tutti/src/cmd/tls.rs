@@ -1,6 +1,7 @@
 //! `tutti tls new DIR`: a cluster's own certificate authority and a certificate signed by
 //! it, for `--tls-cert`, `--tls-key` and `--tls-ca`.
 
+use super::out::outln;
 use super::token::write_private;
 use clap::{Args, Subcommand};
 use rcgen::{
@@ -94,6 +95,6 @@ pub(crate) fn run(a: TlsArgs) -> Result<(), String> {
     let out = json!({
         "ca": ca_pem, "cert": cert_path, "key": key_path, "hosts": hosts, "new_ca": new_ca,
     });
-    println!("{out}");
+    outln!("{out}");
     Ok(())
 }

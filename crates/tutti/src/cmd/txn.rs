@@ -2,6 +2,7 @@
 
 use super::args::ClusterArg;
 use super::items::{parse_items, to_hex};
+use super::out::outln;
 use clap::Args;
 use tutti_wire::Dialer;
 
@@ -33,6 +34,6 @@ pub(crate) async fn run(a: TxnArgs, dialer: &Dialer) -> Result<(), String> {
         "reads": out.reads.iter().map(|r| to_hex(r)).collect::<Vec<_>>(),
         "failed_compares": out.failed_compares,
     });
-    println!("{json}");
+    outln!("{json}");
     Ok(())
 }

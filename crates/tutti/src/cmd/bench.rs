@@ -320,6 +320,7 @@ mod measure {
         BenchObjectsArgs, BenchObjectsClientArgs, BenchReplArgs, Layout2, ObjectsClientRole,
     };
     use crate::cmd::args::with_cluster_credentials;
+    use crate::cmd::out::noteln;
     use std::path::Path;
     use std::time::Duration;
     use tutti_bench::minitx::{client_connections, run_minitx, Access, MinitxBench, MinitxKind};
@@ -396,7 +397,7 @@ mod measure {
         let points = result?;
         suite::write(&cfg, &points, &command_line(None))?;
         suite::plot(&cfg.out)?;
-        println!(
+        noteln!(
             "{}",
             serde_json::to_string(&points).expect("points serialise")
         );
@@ -429,7 +430,7 @@ mod measure {
     /// The points as JSON on stdout, and where `results/NAME.json` and NAME's section of
     /// RESULTS.md were written.
     fn report_written(points: &[Point], out: &Path, name: &str) {
-        println!(
+        noteln!(
             "{}",
             serde_json::to_string(points).expect("points serialise")
         );
@@ -568,7 +569,7 @@ mod measure {
             max_rates: a.max_rate,
         };
         let results = tutti_bench::backup::run(&cfg).await?;
-        println!(
+        noteln!(
             "{}",
             serde_json::to_string(&results).map_err(|e| e.to_string())?
         );
@@ -611,7 +612,7 @@ mod measure {
         let mut print = print_fig16_point;
         let (points, summary) = tutti_bench::suite::replication(&cfg, &mut print).await?;
         let out = serde_json::json!({ "points": points, "summary": summary });
-        println!(
+        noteln!(
             "{}",
             serde_json::to_string_pretty(&out).expect("serialisable")
         );
@@ -643,7 +644,7 @@ mod measure {
         let duration = Duration::from_secs_f64(a.seconds);
         let points =
             tutti_bench::suite::physical_limits(scratch.path(), duration, &mut print).await?;
-        println!(
+        noteln!(
             "{}",
             serde_json::to_string_pretty(&points).expect("serialisable")
         );
@@ -714,7 +715,7 @@ mod measure {
             }
         }
         let json = serde_json::to_string_pretty(&points).expect("serialisable");
-        println!("{json}");
+        noteln!("{json}");
         if let Some(path) = a.out {
             std::fs::write(&path, &json).map_err(|e| format!("writing {}: {e}", path.display()))?;
         }

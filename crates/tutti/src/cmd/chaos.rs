@@ -1,6 +1,7 @@
 //! `tutti chaos`: failure injection against real processes, then verification and a report.
 
 use super::args::{parse_duration_s, parse_range, ModeArg};
+use super::out::noteln;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -171,17 +172,17 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
                 } else {
                     ""
                 };
-                println!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected{registers})");
+                noteln!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected{registers})");
             }
-            ChaosWorkload::Objects => println!("invariants: all hold (register and map history linearizable, money conserved over 8 maps, every account's balance its receipts', each transfer seen committed in the log and none seen aborted, nothing uncertain or locked, logs collected)"),
-            ChaosWorkload::Fs => println!("invariants: all hold (register files linearizable across mounts, every client's directory as its answers say, fsck clean once what killed mounts left is repaired, nothing uncertain or locked, logs collected)"),
-            ChaosWorkload::Log => println!("invariants: all hold (no two appends at one position, every acknowledged append at its position, every reader's stream in log order with each acknowledged append once, nothing uncertain or locked, logs collected)"),
+            ChaosWorkload::Objects => noteln!("invariants: all hold (register and map history linearizable, money conserved over 8 maps, every account's balance its receipts', each transfer seen committed in the log and none seen aborted, nothing uncertain or locked, logs collected)"),
+            ChaosWorkload::Fs => noteln!("invariants: all hold (register files linearizable across mounts, every client's directory as its answers say, fsck clean once what killed mounts left is repaired, nothing uncertain or locked, logs collected)"),
+            ChaosWorkload::Log => noteln!("invariants: all hold (no two appends at one position, every acknowledged append at its position, every reader's stream in log order with each acknowledged append once, nothing uncertain or locked, logs collected)"),
         }
         Ok(())
     } else {
         keep(scratch);
         for v in &report.violations {
-            println!("VIOLATION: {v}");
+            noteln!("VIOLATION: {v}");
         }
         Err(format!(
             "{} invariant violations; data and logs kept in {}",

@@ -1,7 +1,7 @@
-//! Standard output of the commands whose output other programs read (JSON lines, streams):
-//! a reader that stops reading (`tutti log stream ... | head`) ends the command quietly, as
-//! it ends `cat`, where `println!` would panic. Not for `up`, `chaos` or `bench`, which must
-//! stop the processes they started before they exit.
+//! Standard output of the commands: a reader that stops reading (`tutti log stream ... |
+//! head`) ends a command that only prints quietly, as it ends `cat`, where `println!` would
+//! panic; `up`, `chaos` and `bench`, which must stop the processes they started before they
+//! exit, go on without their output instead.
 
 use std::io::Write;
 
@@ -25,3 +25,18 @@ macro_rules! outln {
     };
 }
 pub(crate) use outln;
+
+/// Writes `text` and a newline to stdout if it can: a reader gone must not stop a command
+/// that has processes to stop before it exits.
+pub(crate) fn line_if_read(text: std::fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{text}").and_then(|()| stdout.flush());
+}
+
+/// `println!` through [`line_if_read`].
+macro_rules! noteln {
+    ($($arg:tt)*) => {
+        $crate::cmd::out::line_if_read(format_args!($($arg)*))
+    };
+}
+pub(crate) use noteln;

@@ -2,6 +2,7 @@
 //! processes), restarted when a child dies, until Ctrl-C or SIGTERM.
 
 use super::args::{parse_size, shutdown_signal, ModeArg};
+use super::out::noteln;
 use clap::Args;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -104,26 +105,26 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
         0 => format!("manager at {}", cluster.file.manager),
         n => format!("{n} managers at {}", cluster.file.manager),
     };
-    println!(
+    noteln!(
         "tutti: {} memory nodes ({} mode) up; {managers}",
         cluster.file.nodes.len(),
         cluster.file.mode,
     );
-    println!("tutti: logs sequenced at {}", cluster.file.sequencer);
-    println!(
+    noteln!("tutti: logs sequenced at {}", cluster.file.sequencer);
+    noteln!(
         "tutti: addresses in {}; logs in {}",
         cluster.dir.join("cluster.json").display(),
         cluster.dir.join("logs").display()
     );
     // Two minitransactions: one's reads see the state before its own writes.
-    println!(
+    noteln!(
         "tutti: try  tutti txn --cluster {0} write:1:0:68656c6c6f  then  tutti txn --cluster {0} read:1:0:5",
         cluster.file.manager
     );
     let session = match &a.fs {
         Some(at) => match super::fs::up_session(&cluster, a.size, at).await {
             Ok(s) => {
-                println!("tutti: file system mounted at {}", at.display());
+                noteln!("tutti: file system mounted at {}", at.display());
                 Some(s)
             }
             Err(e) => {
@@ -133,7 +134,7 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
         },
         None => None,
     };
-    println!("tutti: Ctrl-C stops the cluster");
+    noteln!("tutti: Ctrl-C stops the cluster");
     let mut failure = supervise(&mut cluster, &client).await.err();
     eprintln!("tutti: stopping");
     if let (Some(s), Some(at)) = (session, &a.fs) {
@@ -215,7 +216,7 @@ async fn supervise(cluster: &mut LocalCluster, client: &Cluster) -> Result<(), S
                 match cluster.adopt_new_nodes() {
                     Ok(added) => {
                         for n in added {
-                            println!("tutti: memory node {} added, at {}", n.id, n.addr);
+                            noteln!("tutti: memory node {} added, at {}", n.id, n.addr);
                         }
                     }
                     Err(e) => eprintln!("tutti: looking for added nodes: {e}"),

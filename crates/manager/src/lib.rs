@@ -17,9 +17,10 @@ pub enum Bug {
     /// The leader replies at once, before the change the reply tells of is committed: a
     /// leader lost with it takes back what the group acknowledged.
     ReplyBeforeCommit,
-    /// A silent primary is failed over to a mirror heard from only before the primary fell
-    /// silent (`ManagerState::fail_over`): one that may have died since.
-    PromoteMirrorHeardBefore,
+    /// A copy's silence is acted on with the other copy heard from only before that silence
+    /// began (`ManagerState::fail_over`): a silent primary is failed over to such a mirror,
+    /// or a silent mirror dropped for such a primary, which may have died since.
+    TrustOldHeartbeats,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -411,8 +411,12 @@ impl ManagerState {
             // Heard from only before the primary fell silent, the mirror may have died with
             // it, or since: a `ram-repl` mirror then restarts empty, and promoting it would
             // replace the one copy left. It takes over once heard from after.
-            let mirror_outlived_primary = crate::planted(crate::Bug::PromoteMirrorHeardBefore)
+            let mirror_outlived_primary = crate::planted(crate::Bug::TrustOldHeartbeats)
                 || mirror_seen.is_some_and(|m| primary_seen.is_none_or(|p| m >= p + timeout_ms));
+            // Likewise the other way: a primary heard from only before its mirror fell silent
+            // may have died since, and dropping the mirror then would leave the node no copy.
+            let primary_outlived_mirror = crate::planted(crate::Bug::TrustOldHeartbeats)
+                || primary_seen.is_some_and(|p| mirror_seen.is_none_or(|m| p >= m + timeout_ms));
             let mirror_behind =
                 (self.mirror_behind_ms.get(&id)).is_some_and(|&ms| ms >= timeout_ms);
             if primary_silent && !mirror_silent && mirror_outlived_primary {
@@ -421,7 +425,9 @@ impl ManagerState {
                 n.mirror = None;
                 // The new primary registers once recovered; it is not failed until then.
                 self.last_seen_ms.insert(id, now_ms);
-            } else if !primary_silent && (mirror_silent || mirror_behind) {
+            } else if !primary_silent
+                && ((mirror_silent && primary_outlived_mirror) || mirror_behind)
+            {
                 tracing::warn!(node = id, %mirror, "mirror lost: the primary goes on alone");
                 n.mirror = None;
             } else {
@@ -776,6 +782,23 @@ mod tests {
             .fail_over(1_150, 1_000)
             .expect("alive after the primary fell silent");
         assert_eq!(s.placement(1).unwrap().primary, "m:1");
+    }
+
+    #[test]
+    fn a_silent_mirror_is_dropped_only_for_a_primary_heard_from_since() {
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let _ = s.register(0, 1, "p:1".into(), 4096, true, false, Some("m:1".into()));
+        let _ = s.mirror_heartbeat(100, 1, "m:1");
+        let _ = s.heartbeat(1_050, 1, vec![], vec![], 0, 0);
+        assert!(
+            s.fail_over(1_100, 1_000).is_none(),
+            "the primary's last word came before the mirror's silence was long: it may be gone too"
+        );
+        let _ = s.heartbeat(1_120, 1, vec![], vec![], 0, 0);
+        let _ = s
+            .fail_over(1_150, 1_000)
+            .expect("the primary outlived the mirror's silence");
+        assert_eq!(s.placement(1).unwrap().mirror, None);
     }
 
     #[test]

@@ -335,7 +335,7 @@ fn a_primary_voting_before_its_mirror_acknowledged_is_caught() {
 /// planted bug), or the join rule's failure could not show.
 #[test]
 fn a_mirror_joining_before_it_caught_up_is_caught() {
-    tutti_manager::plant(Some(tutti_manager::Bug::PromoteMirrorHeardBefore));
+    tutti_manager::plant(Some(tutti_manager::Bug::TrustOldHeartbeats));
     let found = first_failing_replicated(Bug::JoinBeforeCaughtUp);
     tutti_manager::plant(None);
     let (seed, detail) = found.expect("caught within 1,000 seeds");

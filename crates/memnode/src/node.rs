@@ -138,16 +138,11 @@ struct Unsent {
 }
 
 impl Unsent {
-    /// Sends the unsent records, then `append`, then `truncate` to the writer. A replicated
-    /// primary ships them from here too, before its writer has even woken: the mirror's
-    /// copy is then made in parallel with this one's, not after it.
-    fn hand_over(
-        &mut self,
-        node: &Node,
-        log: &std::sync::mpsc::Sender<LogCmd>,
-        append: Vec<(Lsn, LogRecord)>,
-        truncate: Option<Lsn>,
-    ) {
+    /// Sends the unsent records, then `append`, then `truncate` to `node`'s writer. A
+    /// replicated primary ships them from here too, before its writer has even woken: the
+    /// mirror's copy is then made in parallel with this one's, not after it.
+    fn hand_over(&mut self, node: &Node, append: Vec<(Lsn, LogRecord)>, truncate: Option<Lsn>) {
+        let Some(log) = &node.log else { return };
         let mut records = std::mem::take(&mut self.records);
         records.extend(append);
         if let Some(&(first, _)) = records.first() {
@@ -256,9 +251,9 @@ impl Node {
         let replies = {
             let mut p = self.participant.lock().expect("participant poisoned");
             let acts = f(&mut p, self.now_ms());
-            if let Some(log) = &self.log {
+            if self.log.is_some() {
                 let mut unsent = self.unsent.lock().expect("unsent poisoned");
-                unsent.hand_over(self, log, acts.append, acts.truncate_below);
+                unsent.hand_over(self, acts.append, acts.truncate_below);
             }
             acts.replies
         };
@@ -276,11 +271,11 @@ impl Node {
         let replies = {
             let mut p = self.participant.lock().expect("participant poisoned");
             let acts = f(&mut p, self.now_ms());
-            if let Some(log) = &self.log {
+            if self.log.is_some() {
                 let mut unsent = self.unsent.lock().expect("unsent poisoned");
                 unsent.records.extend(acts.append);
                 if acts.truncate_below.is_some() {
-                    unsent.hand_over(self, log, Vec::new(), acts.truncate_below);
+                    unsent.hand_over(self, Vec::new(), acts.truncate_below);
                 } else if !unsent.records.is_empty() && !unsent.handover_scheduled {
                     unsent.handover_scheduled = true;
                     // Runs once the tasks ready now, this connection's among them, yield.
@@ -294,10 +289,10 @@ impl Node {
     }
 
     fn hand_over_unsent(&self) {
-        if let Some(log) = &self.log {
+        if self.log.is_some() {
             let mut unsent = self.unsent.lock().expect("unsent poisoned");
             unsent.handover_scheduled = false;
-            unsent.hand_over(self, log, Vec::new(), None);
+            unsent.hand_over(self, Vec::new(), None);
         }
     }
 
@@ -314,7 +309,7 @@ impl Node {
         {
             // Under the lock: the cue must follow the records handed over before it.
             let mut unsent = self.unsent.lock().expect("unsent poisoned");
-            unsent.hand_over(self, log, Vec::new(), None);
+            unsent.hand_over(self, Vec::new(), None);
             log.send(LogCmd::Sync(tx)).map_err(|_| ())?;
         }
         rx.await.map_err(|_| ())

@@ -227,21 +227,26 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
 
 /// `ram-repl`: nodes neither of whose processes holds a copy at the end (both lost).
 fn nodes_lost(world: &World, dir: &Directory) -> u64 {
-    let managers = dir.managers.len() as u32;
-    let nodes = dir.nodes_len() as u32;
-    (1..=nodes)
-        .filter(|&id| {
-            let (primary, mirror) = (Addr(id - 1), Addr(nodes + managers + id - 1));
-            let holds = |a: Addr| world.is_up(a) && world.process::<SimNode>(a).holds_copy();
-            !holds(primary) && !holds(mirror)
-        })
+    let holds = |a: Addr| world.is_up(a) && world.process::<SimNode>(a).holds_copy();
+    (1..=dir.nodes_len() as NodeId)
+        .filter(|&id| !holds(first_primary(id)) && !holds(first_mirror(dir, id)))
         .count() as u64
+}
+
+/// Where node `id`'s first primary runs: the nodes come first.
+fn first_primary(id: NodeId) -> Addr {
+    Addr(u32::from(id) - 1)
+}
+
+/// Where a replicated node `id`'s first mirror runs: after the nodes and the managers.
+fn first_mirror(dir: &Directory, id: NodeId) -> Addr {
+    Addr((dir.nodes_len() + dir.managers.len()) as u32 + u32::from(id) - 1)
 }
 
 /// Nodes served by another process than their first primary at the end.
 fn fail_overs(dir: &Directory) -> u64 {
     (1..=dir.nodes_len() as NodeId)
-        .filter(|&id| dir.node(id) != Addr(u32::from(id) - 1))
+        .filter(|&id| dir.node(id) != first_primary(id))
         .count() as u64
 }
 
@@ -307,7 +312,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
     ));
     // Mirrors come after the managers; the group starts with every node's placement, as
     // the primaries' first registrations make it.
-    let mirror_of = move |id: NodeId| Addr(nodes + managers + u32::from(id) - 1);
+    let mirror_of = |id: NodeId| first_mirror(&dir, id);
     let mut initial = tutti_manager::ManagerState::new(tutti_manager::Persisted::fresh(), 0);
     if replicated {
         for id in 1..=nodes as NodeId {
@@ -356,7 +361,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
         }
     }
     if replicated && in_ram {
-        world.guard_faults(copies_guard(dir.clone(), nodes, mirror_of));
+        world.guard_faults(copies_guard(dir.clone()));
     }
     for c in 0..clients {
         let client = SimClient::new(c as u64, client_cfg.clone(), workload.clone(), dir.clone());
@@ -372,22 +377,17 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
 /// the other process is named in each of them too and holds its copy (up, serving or
 /// mirroring, not cut off, not found behind by its primary). A copy lost while the other is
 /// cut off from the managers is beyond the mode (docs/replication.md, "`ram-repl`").
-fn copies_guard(
-    dir: Rc<Directory>,
-    nodes: u32,
-    mirror_of: impl Fn(NodeId) -> Addr + 'static,
-) -> crate::world::FaultGuard {
+fn copies_guard(dir: Rc<Directory>) -> crate::world::FaultGuard {
     Rc::new(move |world: &World, victim: Addr| {
         // The node's two processes: its first primary's and its first mirror's (the
         // directory says which serves now).
-        let first_primary = |id: NodeId| Addr(u32::from(id) - 1);
-        let Some(id) = (1..=nodes as NodeId)
-            .find(|&id| first_primary(id) == victim || mirror_of(id) == victim)
+        let Some(id) = (1..=dir.nodes_len() as NodeId)
+            .find(|&id| first_primary(id) == victim || first_mirror(&dir, id) == victim)
         else {
             return true;
         };
         let other = if first_primary(id) == victim {
-            mirror_of(id)
+            first_mirror(&dir, id)
         } else {
             first_primary(id)
         };

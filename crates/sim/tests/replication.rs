@@ -4,12 +4,17 @@
 
 use tutti_sim::{run, SimConfig};
 
-#[test]
-fn replicated_seeds_pass_every_checker() {
-    let seeds: u64 = std::env::var("TUTTI_SIM_SEEDS")
+/// Seeds to run: `TUTTI_SIM_SEEDS`, 500 by default.
+fn seeds() -> u64 {
+    std::env::var("TUTTI_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(500);
+        .unwrap_or(500)
+}
+
+#[test]
+fn replicated_seeds_pass_every_checker() {
+    let seeds = seeds();
     let cfg = SimConfig {
         replicated: true,
         ..SimConfig::default()
@@ -41,10 +46,7 @@ fn replicated_seeds_pass_every_checker() {
 /// "`ram-repl`"). Those seeds are counted, not failed.
 #[test]
 fn ram_replicated_seeds_break_no_safety_checker() {
-    let seeds: u64 = std::env::var("TUTTI_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(500);
+    let seeds = seeds();
     let cfg = SimConfig {
         replicated: true,
         in_ram: true,

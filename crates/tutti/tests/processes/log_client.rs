@@ -2,7 +2,7 @@
 //! and `tutti sequencer`, the sequencer killed (-9) and restarted under load; holes filled;
 //! every bad input refused with its own error.
 
-mod common;
+use crate::common;
 
 use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,7 +3,7 @@
 //! different clients; checkpoints, forget and trim; a writer that dies between its commit
 //! record and its decision record; bad input refused with its own error.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! A coordinator that dies between the phases, and bad input of every kind, against real
 //! memory node processes.
 
-mod common;
+use crate::common;
 
 use rand::{Rng, RngCore};
 use std::io::{Read, Write};

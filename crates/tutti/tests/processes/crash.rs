@@ -6,7 +6,7 @@
 //! uncertain, no lock is held, garbage collection shrinks the redo log, and Porcupine finds
 //! the register history linearizable (and a corrupted copy of it not).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 use tutti_client::Cluster;

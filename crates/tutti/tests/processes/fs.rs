@@ -5,7 +5,7 @@
 //! -9 leaves only what `fsck --repair` frees; a memory node restarted under a mount makes
 //! it wait, not fail.
 
-mod common;
+use crate::common;
 
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;

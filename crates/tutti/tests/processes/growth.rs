@@ -1,7 +1,7 @@
 //! Online growth (Sinfonia §4.10): a memory node added while clients run is used by them
 //! within seconds, without a restart, and the load on the other nodes never stalls.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! the mounts, each client's directory holds what its answers said, and fsck finds nothing
 //! once what killed mounts left is repaired.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 use tutti_harness::chaos::ChaosWorkload;

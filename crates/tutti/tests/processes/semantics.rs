@@ -1,7 +1,7 @@
 //! Random sequences of minitransactions over a real cluster give exactly the results of a
 //! single-threaded reference model, for every item kind, in `ram` and `log` modes.
 
-mod common;
+use crate::common;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};

@@ -3,7 +3,7 @@
 //! runs. The total never changes, no balance goes negative, and every client's counter
 //! (updated in the same minitransaction) equals the transfers it saw commit.
 
-mod common;
+use crate::common;
 
 use rand::SeedableRng;
 use std::time::{Duration, Instant};

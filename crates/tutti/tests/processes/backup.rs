@@ -7,7 +7,7 @@
 //! but is not one; a file system backed up while written restores to one that fsck finds
 //! whole; a damaged backup is refused.
 
-mod common;
+use crate::common;
 
 use rand::{Rng, RngCore, SeedableRng};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! The shared log's minitransactions against real memory nodes and a real manager: the
 //! nodes, not the log's clients, enforce write-once positions, epochs and trims.
 
-mod common;
+use crate::common;
 
 use tutti_client::Cluster;
 use tutti_log::minitxs::{self, Refusal};

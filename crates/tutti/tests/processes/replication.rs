@@ -7,7 +7,7 @@
 //! mirror started again joins as well. At the end nothing a client saw commit is lost and
 //! money is conserved.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 use tutti_harness::chaos::{self, Clients};

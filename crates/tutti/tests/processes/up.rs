@@ -1,7 +1,7 @@
 //! `tutti up` end to end: starts a cluster, serves `tutti txn`, stops every child on
 //! SIGTERM, and comes back on the same data directory with the data intact.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,7 @@
 
 #![cfg(feature = "bench")]
 
-mod common;
+use crate::common;
 
 use tutti_bench::Point;
 

@@ -6,7 +6,7 @@
 //! each) holds every acknowledged append of its range once, in log order; and the same
 //! check fails on the run's history with one entry taken out of a reading.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 use tutti_harness::chaos::ChaosWorkload;

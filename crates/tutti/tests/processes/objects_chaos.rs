@@ -7,7 +7,7 @@
 //! what its receipts say, and every transfer a client saw commit is in the log and none it
 //! saw abort is (the check's own failures: `objects_workload`'s unit tests).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 use tutti_harness::chaos::ChaosWorkload;

@@ -4,7 +4,7 @@
 //! memory nodes' heartbeats, the recovery coordinator and the clients follow it; and at the
 //! end nothing a client saw commit is lost and money is conserved.
 
-mod common;
+use crate::common;
 
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! paused; one-shot watches in log order; a subtree moved between namespaces in one
 //! transaction, never seen half done; a ledger whose fenced writer cannot add.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 use tutti_log::Log;

@@ -17,10 +17,13 @@ pub enum Bug {
     /// The leader replies at once, before the change the reply tells of is committed: a
     /// leader lost with it takes back what the group acknowledged.
     ReplyBeforeCommit,
-    /// A copy's silence is acted on with the other copy heard from only before that silence
-    /// began (`ManagerState::fail_over`): a silent primary is failed over to such a mirror,
-    /// or a silent mirror dropped for such a primary, which may have died since.
+    /// A silent primary is failed over to a mirror heard from only before that silence
+    /// began (`ManagerState::fail_over`), which may have died since.
     TrustOldHeartbeats,
+    /// A mirror silent towards the managers is dropped while its primary is heard from,
+    /// although the primary does not report it behind: the primary may have died since it
+    /// sent what was heard, and the mirror holds the only copy left.
+    DropSilentMirror,
 }
 
 tutti_wire::planted_bugs!(Bug);
@@ -60,7 +63,8 @@ pub struct ManagerConfig {
     pub id: u64,
     pub epoch_period_ms: u64,
     pub failure_timeout_ms: u64,
-    /// A replicated node's primary or mirror silent this long is replaced or dropped.
+    /// A replicated node's primary silent this long is replaced by its mirror; a mirror
+    /// its primary reports failing it this long is dropped.
     pub failover_timeout_ms: u64,
     pub frame_bytes_max: usize,
     /// How it reaches the memory nodes and the other managers (routes through a proxy

@@ -25,7 +25,8 @@ pub struct ReplicaConfig {
     /// Every manager's address, in Raft id order.
     pub peers: Vec<String>,
     pub failure_timeout_ms: u64,
-    /// A replicated node's primary or mirror silent this long is replaced or dropped.
+    /// A replicated node's primary silent this long is replaced by its mirror; a mirror
+    /// its primary reports failing it this long is dropped.
     pub failover_timeout_ms: u64,
     /// Ticks without a leader before a follower stands (raft randomizes it up to twice
     /// this, unless `fixed_election` holds).

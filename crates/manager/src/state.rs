@@ -392,8 +392,8 @@ impl ManagerState {
 
     /// Changes the placement of every replicated node that lost a copy, as of `now_ms`:
     /// a primary silent for `timeout_ms` whose mirror was heard from since is replaced by
-    /// the mirror; a mirror silent that long, or that long behind by its primary's account,
-    /// is dropped, and the primary goes on alone. Each change raises the node's
+    /// the mirror; a mirror that long behind by its primary's account is dropped, and the
+    /// primary goes on alone. Each change raises the node's
     /// configuration epoch. With a snapshot, propose it: nobody hears of the new placement
     /// before it is committed.
     pub fn fail_over(&mut self, now_ms: u64, timeout_ms: u64) -> Option<Persisted> {
@@ -413,21 +413,21 @@ impl ManagerState {
             // replace the one copy left. It takes over once heard from after.
             let mirror_outlived_primary = crate::planted(crate::Bug::TrustOldHeartbeats)
                 || mirror_seen.is_some_and(|m| primary_seen.is_none_or(|p| m >= p + timeout_ms));
-            // Likewise the other way: a primary heard from only before its mirror fell silent
-            // may have died since, and dropping the mirror then would leave the node no copy.
-            let primary_outlived_mirror = crate::planted(crate::Bug::TrustOldHeartbeats)
-                || primary_seen.is_some_and(|p| mirror_seen.is_none_or(|m| p >= m + timeout_ms));
-            let mirror_behind =
-                (self.mirror_behind_ms.get(&id)).is_some_and(|&ms| ms >= timeout_ms);
+            // A mirror is dropped only on its primary's word: the primary, not the managers,
+            // knows whether the copy keeps up. A mirror silent towards the managers (cut off,
+            // or its heartbeats going to a former leader) may still hold every record, and a
+            // primary heartbeat that arrives late (held in a partition) may come from a
+            // primary killed since; dropping the mirror on both would leave the node no copy.
+            let mirror_behind = (self.mirror_behind_ms.get(&id))
+                .is_some_and(|&ms| ms >= timeout_ms)
+                || (crate::planted(crate::Bug::DropSilentMirror) && mirror_silent);
             if primary_silent && !mirror_silent && mirror_outlived_primary {
                 tracing::warn!(node = id, old = %n.addr, new = %mirror, "primary silent: its mirror takes over");
                 n.addr = mirror;
                 n.mirror = None;
                 // The new primary registers once recovered; it is not failed until then.
                 self.last_seen_ms.insert(id, now_ms);
-            } else if !primary_silent
-                && ((mirror_silent && primary_outlived_mirror) || mirror_behind)
-            {
+            } else if !primary_silent && mirror_behind {
                 tracing::warn!(node = id, %mirror, "mirror lost: the primary goes on alone");
                 n.mirror = None;
             } else {
@@ -743,10 +743,10 @@ mod tests {
     fn a_join_given_up_can_no_longer_be_named() {
         let mut s = ManagerState::new(Persisted::fresh(), 1);
         let _ = s.register(0, 1, "p:1".into(), 4096, true, false, Some("m:1".into()));
-        let _ = s.heartbeat(2_000, 1, vec![], vec![], 0, 0);
+        let _ = s.heartbeat(2_000, 1, vec![], vec![], 0, 2_000);
         let _ = s
             .fail_over(2_000, 1_000)
-            .expect("the silent mirror dropped");
+            .expect("the mirror its primary reports behind dropped");
         let (given_up, written) = s.abandon_join(1, 2, "m:1");
         assert!(
             matches!(given_up, Response::Placement(Some(p)) if p.config_epoch == 3 && p.mirror.is_none())
@@ -785,19 +785,23 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_mirror_is_dropped_only_for_a_primary_heard_from_since() {
+    fn a_mirror_is_dropped_only_on_its_primarys_report() {
         let mut s = ManagerState::new(Persisted::fresh(), 1);
         let _ = s.register(0, 1, "p:1".into(), 4096, true, false, Some("m:1".into()));
         let _ = s.mirror_heartbeat(100, 1, "m:1");
-        let _ = s.heartbeat(1_050, 1, vec![], vec![], 0, 0);
+        for now in (200..=2_000).step_by(100) {
+            let _ = s.heartbeat(now, 1, vec![], vec![], 0, 0);
+        }
         assert!(
-            s.fail_over(1_100, 1_000).is_none(),
-            "the primary's last word came before the mirror's silence was long: it may be gone too"
+            s.fail_over(2_000, 1_000).is_none(),
+            "silent towards the managers, but keeping up with its primary"
         );
-        let _ = s.heartbeat(1_120, 1, vec![], vec![], 0, 0);
+        let _ = s.heartbeat(2_100, 1, vec![], vec![], 0, 999);
+        assert!(s.fail_over(2_100, 1_000).is_none(), "not behind for long");
+        let _ = s.heartbeat(2_200, 1, vec![], vec![], 0, 1_000);
         let _ = s
-            .fail_over(1_150, 1_000)
-            .expect("the primary outlived the mirror's silence");
+            .fail_over(2_200, 1_000)
+            .expect("behind for the fail-over timeout");
         assert_eq!(s.placement(1).unwrap().mirror, None);
     }
 
@@ -812,15 +816,16 @@ mod tests {
         let first = placement.expect("replicated");
         assert_eq!((first.config_epoch, first.mirror), (1, mirror.clone()));
         let _ = s.register(0, 2, "q:1".into(), 4096, true, false, Some("n:1".into()));
-        // Node 2's mirror stays silent; node 1's primary does.
+        // Node 2's mirror fails its primary; node 1's primary stays silent.
         for now in (100..=1_000).step_by(100) {
             let _ = s.mirror_heartbeat(now, 1, "m:1");
-            let _ = s.heartbeat(now, 2, vec![], vec![], 0, 0);
+            let _ = s.heartbeat(now, 2, vec![], vec![], 0, now - 1);
         }
         assert!(
             s.fail_over(999, 1_000).is_none(),
-            "nothing silent for 1 s yet"
+            "nothing silent or behind for 1 s yet"
         );
+        let _ = s.heartbeat(1_000, 2, vec![], vec![], 0, 1_000);
         let written = s.fail_over(1_000, 1_000).expect("two changes");
         assert_eq!(&written, s.persisted());
         let one = s.placement(1).unwrap();
@@ -893,10 +898,10 @@ mod tests {
             s.fail_over(5_900, 1_000).is_none(),
             "heard from at its naming"
         );
-        let _ = s.heartbeat(6_000, 1, vec![], vec![], 0, 0);
+        let _ = s.heartbeat(6_000, 1, vec![], vec![], 0, 1_000);
         assert!(
             s.fail_over(6_000, 1_000).is_some(),
-            "then dropped once silent"
+            "then dropped once its primary reports it behind"
         );
         assert_eq!(s.placement(1).unwrap().mirror, None);
         let restarted = ManagerState::new(s.persisted().clone(), 2);

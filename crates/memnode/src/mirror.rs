@@ -68,8 +68,8 @@ impl Standing {
 /// Whether a mirror-role process holding no copy of the node (a `ram-repl` process
 /// restarted: its copy died with its predecessor) is named primary or mirror by `p`. It
 /// must not serve as either, which would serve or acknowledge without the node's data: it
-/// waits for the manager to drop it (a silent mirror) or to fail the node over to the other
-/// copy (a silent primary), then joins like any copy outside the placement.
+/// waits for the manager to drop it (its primary reports it behind) or to fail the node over
+/// to the other copy (a silent primary), then joins like any copy outside the placement.
 pub fn named_but_empty(p: &Placement, me: &str, holds_copy: bool) -> bool {
     let named = p.primary == me || p.mirror.as_deref() == Some(me);
     named && !holds_copy && !planted(Bug::EmptyCopyServes)

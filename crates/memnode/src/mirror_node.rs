@@ -20,8 +20,8 @@ use tutti_wire::{
     SEED_READ_BYTES_MAX,
 };
 
-/// How often a mirror tells the manager it is alive (the manager drops a mirror silent for
-/// its fail-over timeout, 1 s by default).
+/// How often a mirror tells the manager it is alive (the manager fails a silent primary over
+/// only to a mirror heard from since).
 const MIRROR_HEARTBEAT: Duration = Duration::from_millis(100);
 
 /// How the mirror's time as a mirror ended.

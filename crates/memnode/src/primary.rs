@@ -65,7 +65,8 @@ pub(crate) async fn register(managers: &Managers, req: &Request) -> Result<Regis
 /// never acknowledged here) are appended to the log, and the records this log holds past
 /// the mirror's are sent to it, so that both copies hold the same records before recovery
 /// answers anyone. Returns the placement as it ended up (the manager drops a mirror that
-/// does not answer) and whether the mirror lacks records this log no longer holds.
+/// does not answer, once told: records only it holds were never acknowledged) and whether
+/// the mirror lacks records this log no longer holds.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn adopt_mirror_tail(
     node_id: NodeId,
@@ -79,6 +80,7 @@ pub(crate) async fn adopt_mirror_tail(
     records: &mut Vec<(Lsn, LogRecord)>,
 ) -> Result<(Registered, bool), NodeError> {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+    let asking_since = std::time::Instant::now();
     loop {
         let Some(mirror) = registered.placement.mirror.clone() else {
             return Ok((registered, false));
@@ -167,7 +169,19 @@ pub(crate) async fn adopt_mirror_tail(
             Err(e) => tracing::warn!(%mirror, "asking the mirror for its tail: {e}"),
         }
         backoff.pause().await;
-        // The manager drops a mirror silent for its fail-over timeout: ask again.
+        // The manager drops a mirror only on its primary's report (`Shipper::behind_ms`):
+        // report this one unanswering, as a serving primary's heartbeat would, and ask
+        // for the placement again.
+        let report = Request::Heartbeat {
+            node: node_id,
+            uncertain: vec![],
+            applied: vec![],
+            applied_below: 0,
+            mirror_behind_ms: asking_since.elapsed().as_millis() as u64,
+        };
+        if let Err(e) = managers.call(&report, Duration::from_secs(5)).await {
+            tracing::warn!("reporting the mirror unanswering: {e}");
+        }
         registered = register(managers, register_req).await?;
     }
 }
@@ -184,6 +198,9 @@ pub(crate) async fn ship(node: Arc<Node>) {
             node.ship_wakeup.notified().await;
             continue;
         };
+        // Unreachable counts as unanswered: the manager hears of a mirror it cannot connect to.
+        let now = node.now_ms();
+        node.with_shipper(|s| s.sending(now));
         let conn = match connect(&mirror, node.cfg.frame_bytes_max, &node.cfg.dialer).await {
             Ok(c) => c,
             Err(e) => {
@@ -278,7 +295,8 @@ async fn ship_on(
             () = node.ship_wakeup.notified() => false,
             _ = renewal.tick() => true,
         };
-        let requests = node.with_shipper(|s| s.to_send(heartbeat && in_flight.is_empty()));
+        let now = node.now_ms();
+        let requests = node.with_shipper(|s| s.to_send(now, heartbeat && in_flight.is_empty()));
         for req in requests {
             let sent_ms = node.now_ms();
             let pending: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =

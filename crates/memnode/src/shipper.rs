@@ -88,6 +88,9 @@ pub struct Shipper<R> {
     resent_from: Option<Lsn>,
     /// Since when the mirror has lacked records this primary no longer holds.
     behind_since_ms: Option<u64>,
+    /// When the first message since the mirror's latest acknowledgement was sent (or
+    /// tried: the driver could not connect).
+    unanswered_since_ms: Option<u64>,
     /// Replies may leave until then (the driver's clock); none before the first
     /// acknowledgement.
     lease_until_ms: u64,
@@ -122,6 +125,7 @@ impl<R> Shipper<R> {
             truncate_below: 0,
             resent_from: None,
             behind_since_ms: None,
+            unanswered_since_ms: None,
             lease_until_ms: 0,
             held: Vec::new(),
             pushed_next: next_lsn,
@@ -259,6 +263,7 @@ impl<R> Shipper<R> {
         self.sent = 0;
         self.resent_from = None;
         self.behind_since_ms = None;
+        self.unanswered_since_ms = None;
         self.mirror_next = mirror_next;
     }
 
@@ -316,19 +321,27 @@ impl<R> Shipper<R> {
         }
     }
 
-    /// How long the oldest record the mirror has not acknowledged has waited (0: none
-    /// waits, or no mirror in the placement): the manager drops a mirror behind for its
-    /// fail-over timeout.
+    /// How long the placement's mirror has failed this primary (0: it has not, or there is
+    /// no mirror in the placement): since the oldest record it has not acknowledged was
+    /// handed over, since it was found lacking records this primary no longer holds, or
+    /// since the first message it left unanswered (an idle primary's lease renewals). The
+    /// manager drops a mirror behind for its fail-over timeout, and only on this report.
     pub fn behind_ms(&self, now_ms: u64) -> u64 {
         if self.placement.mirror.is_none() {
             return 0;
         }
         let oldest = self.unacked.front().map(|b| b.pushed_ms);
-        oldest
-            .into_iter()
+        (oldest.into_iter())
             .chain(self.behind_since_ms)
+            .chain(self.unanswered_since_ms)
             .min()
             .map_or(0, |t| now_ms.saturating_sub(t))
+    }
+
+    /// A message to the mirror is sent, or tried, at `now_ms`: unanswered until the mirror
+    /// acknowledges one.
+    pub fn sending(&mut self, now_ms: u64) {
+        self.unanswered_since_ms.get_or_insert(now_ms);
     }
 
     /// Every record below `next` is on this primary's disk.
@@ -380,15 +393,18 @@ impl<R> Shipper<R> {
         }
     }
 
-    /// The messages not sent on this connection yet; with none, an empty one when
-    /// `heartbeat` (it renews the lease and carries the truncation point).
-    pub fn to_send(&mut self, heartbeat: bool) -> Vec<Request> {
-        let out: Vec<Request> = (self.unacked.iter().skip(self.sent))
+    /// The messages not sent on this connection yet, sent at `now_ms`; with none, an empty
+    /// one when `heartbeat` (it renews the lease and carries the truncation point).
+    pub fn to_send(&mut self, now_ms: u64, heartbeat: bool) -> Vec<Request> {
+        let mut out: Vec<Request> = (self.unacked.iter().skip(self.sent))
             .map(|b| self.request(Some(b)))
             .collect();
         self.sent = self.unacked.len();
         if out.is_empty() && heartbeat && self.target().is_some() {
-            return vec![self.request(None)];
+            out.push(self.request(None));
+        }
+        if !out.is_empty() {
+            self.sending(now_ms);
         }
         out
     }
@@ -408,6 +424,7 @@ impl<R> Shipper<R> {
                     self.unacked.pop_front();
                 }
                 self.sent = self.sent.saturating_sub(before - self.unacked.len());
+                self.unanswered_since_ms = None;
                 self.lease_until_ms = self.lease_until_ms.max(sent_ms + PRIMARY_LEASE_MS);
                 if let Some(j) = &mut self.joiner {
                     j.heard_ms = j.heard_ms.max(sent_ms);
@@ -434,7 +451,7 @@ impl<R> Shipper<R> {
                 }
                 self.resent_from = Some(next_lsn);
                 self.sent = 0;
-                Shipped::Resend(self.to_send(false))
+                Shipped::Resend(self.to_send(sent_ms, false))
             }
             Err((ErrorCode::StaleConfig, message)) => Shipped::Stale(message),
             Ok(_) | Err(_) => Shipped::Nothing,
@@ -481,6 +498,28 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_primary_reports_a_mirror_that_stops_answering_behind() {
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1);
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0);
+        assert_eq!(s.behind_ms(1_000), 0, "nothing asked of it yet");
+        let renewal = s.to_send(100, true);
+        assert_eq!(s.behind_ms(150), 50, "a renewal unanswered");
+        let reply = deliver(&mut m, 100, &renewal[0]);
+        s.on_reply(100, Ok(reply));
+        assert_eq!(s.behind_ms(150), 0, "answered");
+        let lost = s.to_send(200, true);
+        assert_eq!(lost.len(), 1);
+        s.to_send(300, true);
+        assert_eq!(
+            s.behind_ms(700),
+            500,
+            "silent since the first unanswered renewal"
+        );
+        s.sending(800);
+        assert_eq!(s.behind_ms(900), 700, "nor reached since");
+    }
+
+    #[test]
     fn records_count_durable_only_once_on_both_disks_and_reach_the_mirrors_image() {
         let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1);
         let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0);
@@ -491,7 +530,7 @@ mod tests {
         s.push(0, 1, 2, encode_records(&records));
         assert_eq!(s.on_local_synced(3), 1, "not on the mirror yet");
         assert!(!s.lease_valid(0), "no lease before an acknowledgement");
-        let sent = s.to_send(true);
+        let sent = s.to_send(0, true);
         assert_eq!(sent.len(), 1);
         let reply = deliver(&mut m, 5, &sent[0]);
         assert!(matches!(
@@ -511,7 +550,7 @@ mod tests {
             commit: true,
         };
         s.push(0, 3, 1, encode_records(&[(3, decided)]));
-        let sent = s.to_send(true);
+        let sent = s.to_send(0, true);
         let _ = deliver(&mut m, 6, &sent[0]);
         assert_eq!(m.space().read(8, 4), &[9; 4]);
     }
@@ -523,7 +562,7 @@ mod tests {
             Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0).in_ram(true);
         s.push(0, 1, 1, encode_records(&[(1, prepare(1, vec![1], 0, 7))]));
         assert_eq!(s.durable_next(), 1, "not on the mirror yet");
-        let sent = s.to_send(true);
+        let sent = s.to_send(0, true);
         let (_, msg) = Replicate::of(&sent[0]).expect("a Replicate");
         let acts = m.on_replicate(5, 0, 1, msg);
         assert!(acts.append.is_some(), "still written to the tmpfs");
@@ -549,7 +588,7 @@ mod tests {
         let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0);
         s.push(0, 1, 1, encode_records(&[(1, prepare(1, vec![1], 0, 1))]));
         s.push(0, 2, 1, encode_records(&[(2, prepare(2, vec![1], 0, 2))]));
-        let sent = s.to_send(false);
+        let sent = s.to_send(0, false);
         // The first message is lost: the second finds a gap.
         let gap = deliver(&mut m, 1, &sent[1]);
         assert!(matches!(gap, Response::ReplicaGap { next_lsn: 1 }));
@@ -565,7 +604,7 @@ mod tests {
         assert_eq!(s.durable_next(), 3);
         assert_eq!(m.space().read(0, 4), &[2; 4], "applied in lsn order");
         m.promote(2);
-        let refused = deliver(&mut m, 3, &s.to_send(true)[0]);
+        let refused = deliver(&mut m, 3, &s.to_send(0, true)[0]);
         let Response::Error { code, message } = refused else {
             panic!("{refused:?}")
         };
@@ -704,7 +743,7 @@ mod tests {
         // Seeded with the records below 3 (and the image), the joiner is a mirror.
         let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 3, vec![], 20);
         assert!(s.joiner_heard(15, join));
-        let sent = s.to_send(true);
+        let sent = s.to_send(0, true);
         let reply = deliver(&mut m, 20, &sent[0]);
         assert!(matches!(
             s.on_reply(20, Ok(reply)),
@@ -728,7 +767,7 @@ mod tests {
         })
         .unwrap();
         assert!(s.joiner_to_name().is_none());
-        let sent = s.to_send(false);
+        let sent = s.to_send(0, false);
         assert_eq!(sent.len(), 1, "what was in flight stands: only lsn 4 goes");
         let reply = deliver(&mut m, 30, &sent[0]);
         assert!(matches!(
@@ -782,7 +821,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.durable_next(), 2);
         assert!(s.lease_valid(0));
-        assert!(s.to_send(true).is_empty());
+        assert!(s.to_send(0, true).is_empty());
         let replaced = s.set_placement(Placement {
             config_epoch: 3,
             primary: "m".into(),

@@ -12,8 +12,8 @@ use std::rc::Rc;
 use tutti_manager::{Actions, Persisted, Recovery, RecoveryBatch, Replica, ReplicaConfig};
 use tutti_wire::{NodeId, Request, Response};
 
-/// A replicated node's primary or mirror silent this long is replaced or dropped: shorter
-/// than the real 1 s, so that a fair share of the simulated crashes (down 5–200 ms) and
+/// A replicated node's primary silent this long is replaced, and a mirror its primary
+/// reports behind this long dropped: shorter than the real 500 ms, so that a fair share of the simulated crashes (down 5–200 ms) and
 /// partitions end in a fail-over.
 pub(crate) const FAILOVER_TIMEOUT_MS: u64 = 100;
 

@@ -56,6 +56,9 @@ enum Pending {
     /// A joining primary's registration, its ask for the mirror's tail, and the records it
     /// sent the mirror because it lacked them (up to `upto`).
     Register,
+    /// A joining primary reports its mirror unanswering (`Heartbeat`), as
+    /// `memnode::primary::adopt_mirror_tail` does.
+    MirrorReport,
     Tail {
         from: Lsn,
     },
@@ -99,6 +102,8 @@ enum ReplState {
     /// equal first.
     Joining {
         placement: Option<Placement>,
+        /// Since when it has asked the placement's mirror for its tail, unanswered.
+        asking_since_ms: Option<u64>,
     },
     Mirror(Mirror<Addr>),
     /// Named primary, waiting out the old primary's lease.
@@ -147,6 +152,9 @@ pub(crate) struct SimNode {
     /// A promoted mirror's image as its page cache held it (not yet flushed): the node's
     /// recovery starts from it, a power loss drops it.
     page_cache: Option<Vec<u8>>,
+    /// The mirror's lag in the latest heartbeat sent: the managers may act on it after
+    /// the mirror caught up, or this process died.
+    reported_behind_ms: u64,
 }
 
 /// Tids per checkpoint step: few, so that a checkpoint here spans several events and
@@ -212,6 +220,7 @@ impl SimNode {
             repl: None,
             in_ram: false,
             page_cache: None,
+            reported_behind_ms: 0,
         }
     }
 
@@ -228,14 +237,15 @@ impl SimNode {
         self
     }
 
-    /// A replicated primary's account of how long its mirror has lacked a record (0: not
-    /// a primary, or nothing waits): the managers drop a mirror behind for the fail-over
-    /// timeout.
+    /// A replicated primary's account of how long its mirror has failed it (0: not a
+    /// primary, or it has not), now or in its latest heartbeat: the managers drop a mirror
+    /// behind for the fail-over timeout.
     pub(crate) fn mirror_behind_ms(&self, now_ms: u64) -> u64 {
-        match self.repl.as_ref().map(|r| &r.state) {
+        let now = match self.repl.as_ref().map(|r| &r.state) {
             Some(ReplState::Primary(s)) => s.behind_ms(now_ms),
             _ => 0,
-        }
+        };
+        now.max(self.reported_behind_ms)
     }
 
     /// `ram-repl`: whether this process holds a copy of its node's data (serving it, or
@@ -394,7 +404,7 @@ impl SimNode {
         else {
             return;
         };
-        for req in s.to_send(renew) {
+        for req in s.to_send(now_ms(ctx), renew) {
             let id = ctx.new_id();
             let sent_ms = now_ms(ctx);
             self.pending.insert(
@@ -518,6 +528,7 @@ impl SimNode {
         }
         let report = self.up().heartbeat(now);
         let mirror_behind_ms = self.shipper().map_or(0, |s| s.behind_ms(now));
+        self.reported_behind_ms = mirror_behind_ms;
         let req = Request::Heartbeat {
             node: self.id,
             uncertain: report.uncertain,
@@ -1001,7 +1012,10 @@ impl SimNode {
             return;
         }
         self.page_cache = Some(m.space().read(0, self.space_bytes).to_vec());
-        repl.state = ReplState::Joining { placement: None };
+        repl.state = ReplState::Joining {
+            placement: None,
+            asking_since_ms: None,
+        };
         repl.session = ctx.now_us();
         repl.promoted = true;
         let upto = self.next_lsn - 1;
@@ -1017,7 +1031,10 @@ impl SimNode {
         self.pending.retain(|_, p| {
             !matches!(
                 p,
-                Pending::Register | Pending::Tail { .. } | Pending::Lacking { .. }
+                Pending::Register
+                    | Pending::MirrorReport
+                    | Pending::Tail { .. }
+                    | Pending::Lacking { .. }
             )
         });
         let req = Request::Register {
@@ -1029,6 +1046,29 @@ impl SimNode {
             mirror: None,
         };
         let to = self.manager.addr();
+        // The mirror left the last ask unanswered: the manager drops it only once told.
+        if let Some(Repl {
+            state:
+                ReplState::Joining {
+                    placement: Some(p),
+                    asking_since_ms: Some(since),
+                },
+            ..
+        }) = &self.repl
+        {
+            if p.mirror.is_some() {
+                let behind = now_ms(ctx).saturating_sub(*since);
+                self.reported_behind_ms = behind;
+                let report = Request::Heartbeat {
+                    node: self.id,
+                    uncertain: vec![],
+                    applied: vec![],
+                    applied_below: 0,
+                    mirror_behind_ms: behind,
+                };
+                self.request(ctx, to, Pending::MirrorReport, report);
+            }
+        }
         self.request(ctx, to, Pending::Register, req);
         ctx.set_timer(30_000, NodeTimer::Join);
     }
@@ -1036,7 +1076,11 @@ impl SimNode {
     /// The answers of a joining primary's steps (`memnode::primary::adopt_mirror_tail`).
     fn join_answer(&mut self, ctx: &mut Ctx<'_>, pending: Pending, resp: Response) {
         let Some(Repl {
-            state: ReplState::Joining { placement },
+            state:
+                ReplState::Joining {
+                    placement,
+                    asking_since_ms,
+                },
             ..
         }) = &mut self.repl
         else {
@@ -1061,6 +1105,7 @@ impl SimNode {
                 match p.mirror.as_deref().and_then(addr_named) {
                     None => self.joined(ctx, p, false),
                     Some(mirror) => {
+                        asking_since_ms.get_or_insert(now_ms(ctx));
                         let from = self.log_next();
                         let ask = Request::ReplicaTail {
                             node: self.id,
@@ -1129,7 +1174,10 @@ impl SimNode {
         self.pending.retain(|_, p| {
             !matches!(
                 p,
-                Pending::Register | Pending::Tail { .. } | Pending::Lacking { .. }
+                Pending::Register
+                    | Pending::MirrorReport
+                    | Pending::Tail { .. }
+                    | Pending::Lacking { .. }
             )
         });
         self.recover(ctx);
@@ -1343,6 +1391,9 @@ impl Process for SimNode {
                     }
                 }
                 Some(Pending::Stage2 { index }) => self.stage2_answer(ctx, index, resp),
+                Some(Pending::MirrorReport) => {
+                    self.manager.not_leader(&resp);
+                }
                 Some(Pending::Replicate {
                     sent_ms,
                     generation,
@@ -1416,9 +1467,10 @@ impl Process for SimNode {
         }
         if let Some(repl) = &mut self.repl {
             repl.state = match std::mem::replace(&mut repl.state, ReplState::MirrorDown) {
-                ReplState::Primary(_) | ReplState::Joining { .. } => {
-                    ReplState::Joining { placement: None }
-                }
+                ReplState::Primary(_) | ReplState::Joining { .. } => ReplState::Joining {
+                    placement: None,
+                    asking_since_ms: None,
+                },
                 // A mirror that was still joining keeps what its seed left on disk: once up
                 // again, it serves as a mirror if the placement names it or is still the
                 // one it joined, and empties its disk and joins anew if not, as the real

@@ -41,7 +41,7 @@ fn replicated_seeds_pass_every_checker() {
 /// `ram-repl`: every crash loses the process's copy; the restarted process waits until the
 /// manager names another copy, then joins (the schedule never crashes or cuts off a node's
 /// last reachable copy). No seed may break safety. A seed may lose a node (and then not
-/// settle): the managers can promote a mirror that died after its last heartbeat, when its
+/// settle): the managers can promote a mirror that died just after its heartbeat, when its
 /// primary looked silent; the replaced primary then gives its copy up (docs/replication.md,
 /// "`ram-repl`"). Those seeds are counted, not failed.
 #[test]

@@ -152,9 +152,9 @@ pub(crate) struct SimNode {
     /// A promoted mirror's image as its page cache held it (not yet flushed): the node's
     /// recovery starts from it, a power loss drops it.
     page_cache: Option<Vec<u8>>,
-    /// The mirror's lag in the latest heartbeat sent: the managers may act on it after
-    /// the mirror caught up, or this process died.
-    reported_behind_ms: u64,
+    /// The mirror's lag in the latest heartbeat sent, and when it was sent: the managers
+    /// may act on it after the mirror caught up, or this process died.
+    reported_behind: (u64, u64),
 }
 
 /// Tids per checkpoint step: few, so that a checkpoint here spans several events and
@@ -220,7 +220,7 @@ impl SimNode {
             repl: None,
             in_ram: false,
             page_cache: None,
-            reported_behind_ms: 0,
+            reported_behind: (0, 0),
         }
     }
 
@@ -245,7 +245,11 @@ impl SimNode {
             Some(ReplState::Primary(s)) => s.behind_ms(now_ms),
             _ => 0,
         };
-        now.max(self.reported_behind_ms)
+        // The managers act on a report only while they hear from its sender, so an old one
+        // (a process that stopped reporting: crashed, or a mirror now) no longer counts.
+        let (sent_ms, reported) = self.reported_behind;
+        let recent = now_ms < sent_ms + 10 * crate::manager::FAILOVER_TIMEOUT_MS;
+        now.max(if recent { reported } else { 0 })
     }
 
     /// `ram-repl`: whether this process holds a copy of its node's data (serving it, or
@@ -528,7 +532,7 @@ impl SimNode {
         }
         let report = self.up().heartbeat(now);
         let mirror_behind_ms = self.shipper().map_or(0, |s| s.behind_ms(now));
-        self.reported_behind_ms = mirror_behind_ms;
+        self.reported_behind = (now, mirror_behind_ms);
         let req = Request::Heartbeat {
             node: self.id,
             uncertain: report.uncertain,
@@ -1057,8 +1061,9 @@ impl SimNode {
         }) = &self.repl
         {
             if p.mirror.is_some() {
-                let behind = now_ms(ctx).saturating_sub(*since);
-                self.reported_behind_ms = behind;
+                let now = now_ms(ctx);
+                let behind = now.saturating_sub(*since);
+                self.reported_behind = (now, behind);
                 let report = Request::Heartbeat {
                     node: self.id,
                     uncertain: vec![],

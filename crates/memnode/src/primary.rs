@@ -172,13 +172,8 @@ pub(crate) async fn adopt_mirror_tail(
         // The manager drops a mirror only on its primary's report (`Shipper::behind_ms`):
         // report this one unanswering, as a serving primary's heartbeat would, and ask
         // for the placement again.
-        let report = Request::Heartbeat {
-            node: node_id,
-            uncertain: vec![],
-            applied: vec![],
-            applied_below: 0,
-            mirror_behind_ms: asking_since.elapsed().as_millis() as u64,
-        };
+        let behind_ms = asking_since.elapsed().as_millis() as u64;
+        let report = crate::shipper::mirror_unanswering(node_id, behind_ms);
         if let Err(e) = managers.call(&report, Duration::from_secs(5)).await {
             tracing::warn!("reporting the mirror unanswering: {e}");
         }

@@ -42,6 +42,20 @@ pub enum Shipped {
 /// read) before the primary gives up on it and stops keeping records for it.
 pub const JOINER_PATIENCE_MS: u64 = 5_000;
 
+/// The report of a primary not serving yet (`primary::adopt_mirror_tail`) that its mirror
+/// has left it unanswered for `behind_ms`: the manager drops a mirror only on its primary's
+/// report. A `Heartbeat` with nothing else to tell (an `applied_below` of 0 moves nothing:
+/// the nodes keep the highest relayed).
+pub fn mirror_unanswering(node: NodeId, behind_ms: u64) -> Request {
+    Request::Heartbeat {
+        node,
+        uncertain: vec![],
+        applied: vec![],
+        applied_below: 0,
+        mirror_behind_ms: behind_ms,
+    }
+}
+
 /// A mirror joining a primary that runs without one (re-replication, docs/replication.md).
 struct Joiner {
     addr: String,

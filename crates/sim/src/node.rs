@@ -1064,13 +1064,7 @@ impl SimNode {
                 let now = now_ms(ctx);
                 let behind = now.saturating_sub(*since);
                 self.reported_behind = (now, behind);
-                let report = Request::Heartbeat {
-                    node: self.id,
-                    uncertain: vec![],
-                    applied: vec![],
-                    applied_below: 0,
-                    mirror_behind_ms: behind,
-                };
+                let report = tutti_memnode::shipper::mirror_unanswering(self.id, behind);
                 self.request(ctx, to, Pending::MirrorReport, report);
             }
         }

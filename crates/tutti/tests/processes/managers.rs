@@ -8,7 +8,7 @@ use crate::common;
 
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
-use tutti_harness::chaos::{self, Clients};
+use tutti_harness::chaos;
 use tutti_wire::{Request, Response};
 
 const CLIENTS: u64 = 6;
@@ -29,19 +29,8 @@ fn the_manager_group_survives_kills_of_its_leader_under_load() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let rt = common::runtime();
     let _in_rt = rt.enter();
-    let mut c = common::start_with_managers("managers", 4, 3, "log", chaos::NODE_FLAGS, &[]);
-    let cluster = rt.block_on(async {
-        let cluster = common::ready(&c).await;
-        tutti_harness::workload::setup(&cluster, &chaos::bank(CLIENTS))
-            .await
-            .unwrap();
-        cluster
-    });
-    let addrs: Vec<(u64, String)> = (c.local.file.manager_entries().into_iter())
-        .map(|m| (m.id, m.addr))
-        .collect();
-    let mut clients = Clients::new(&common::exe(), &c.local.file.manager, &c.local.dir, CLIENTS);
-    clients.start_all().unwrap();
+    let (mut c, cluster, addrs, mut clients) =
+        common::bank_under_managers(&rt, "managers", "log", CLIENTS);
     let mut failovers = Vec::new();
     for round in 0..4 {
         std::thread::sleep(Duration::from_millis(rng.gen_range(500..1500)));

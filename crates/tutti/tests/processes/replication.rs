@@ -10,7 +10,7 @@
 use crate::common;
 
 use std::time::{Duration, Instant};
-use tutti_harness::chaos::{self, Clients};
+use tutti_harness::chaos;
 use tutti_wire::{Placement, Request, Response};
 
 const CLIENTS: u64 = 6;
@@ -68,20 +68,8 @@ async fn until_served(cluster: &tutti_client::Cluster, id: u16, round: u64) -> D
 fn a_node_serves_through_the_loss_of_its_primary_or_its_mirror() {
     let rt = common::runtime();
     let _in_rt = rt.enter();
-    let mut c =
-        common::start_with_managers("replication", 4, 3, "log-repl", chaos::NODE_FLAGS, &[]);
-    let cluster = rt.block_on(async {
-        let cluster = common::ready(&c).await;
-        tutti_harness::workload::setup(&cluster, &chaos::bank(CLIENTS))
-            .await
-            .unwrap();
-        cluster
-    });
-    let managers: Vec<(u64, String)> = (c.local.file.manager_entries().into_iter())
-        .map(|m| (m.id, m.addr))
-        .collect();
-    let mut clients = Clients::new(&common::exe(), &c.local.file.manager, &c.local.dir, CLIENTS);
-    clients.start_all().unwrap();
+    let (mut c, cluster, managers, mut clients) =
+        common::bank_under_managers(&rt, "replication", "log-repl", CLIENTS);
     let mut failovers = Vec::new();
     // Node 1 loses its primary; node 2 its primary and the managers' leader at once.
     for (round, id) in [(0u64, 1u16), (1, 2)] {

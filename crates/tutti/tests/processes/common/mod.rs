@@ -98,6 +98,37 @@ pub fn start_with_managers(
     }
 }
 
+/// 4 nodes in `mode` under a group of 3 managers, the bank set up for `clients` clients:
+/// the cluster, a client of it, the managers' ids and addresses, and the bank's client
+/// processes, started.
+pub fn bank_under_managers(
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    mode: &str,
+    clients: u64,
+) -> (
+    TestCluster,
+    Cluster,
+    Vec<(u64, String)>,
+    tutti_harness::chaos::Clients,
+) {
+    let c = start_with_managers(name, 4, 3, mode, tutti_harness::chaos::NODE_FLAGS, &[]);
+    let cluster = rt.block_on(async {
+        let cluster = ready(&c).await;
+        tutti_harness::workload::setup(&cluster, &tutti_harness::chaos::bank(clients))
+            .await
+            .unwrap();
+        cluster
+    });
+    let managers = (c.local.file.manager_entries().into_iter())
+        .map(|m| (m.id, m.addr))
+        .collect();
+    let mut processes =
+        tutti_harness::chaos::Clients::new(&exe(), &c.local.file.manager, &c.local.dir, clients);
+    processes.start_all().unwrap();
+    (c, cluster, managers, processes)
+}
+
 pub async fn ready(c: &TestCluster) -> Cluster {
     c.local
         .wait_ready(Duration::from_secs(60))

@@ -14,8 +14,12 @@ use tutti_wire::{NodeId, Request, Response};
 pub struct CreateOptions {
     /// How long the cut waits for locks to drain at the nodes, per attempt.
     pub lock_timeout: Duration,
-    /// Attempts at a cut before giving up (locks that did not drain, another backup).
+    /// Attempts before giving up: an attempt ends without a backup when locks do not drain,
+    /// another backup holds a node, or a node is lost under it (a restart loses its cut).
     pub attempts: u32,
+    /// How long an attempt waits for every memory node to be up and answering (a node
+    /// restarting, or failing over to its mirror) before the backup gives up.
+    pub node_wait: Duration,
     /// How long one request to a node may take.
     pub call_timeout: Duration,
     /// Print progress to standard error every few seconds.
@@ -34,6 +38,7 @@ impl Default for CreateOptions {
         CreateOptions {
             lock_timeout: Duration::from_secs(5),
             attempts: 3,
+            node_wait: Duration::from_secs(20),
             call_timeout: Duration::from_secs(10),
             progress: false,
             max_bytes_per_s: None,
@@ -47,6 +52,10 @@ const ATTEMPT_PAUSE: Duration = Duration::from_secs(1);
 /// Pause after another backup was found holding a node: long enough for the cut of one
 /// that went away to lapse.
 const BUSY_PAUSE: Duration = Duration::from_millis(tutti_wire::BACKUP_CUT_LEASE_MS + 1_000);
+/// How often a node that is down is looked at again.
+const NODE_POLL: Duration = Duration::from_millis(250);
+/// How long a node that is up has to answer.
+const NODE_PING: Duration = Duration::from_secs(1);
 /// How often progress is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -62,7 +71,7 @@ pub async fn create(
         None => None,
     };
     let claimed = crate::Destination::claim(dest, "a backup goes into a new or empty directory")?;
-    let result = attempts(cluster, dest, opts, base).await;
+    let result = attempts(cluster, &claimed, opts, base).await;
     if result.is_err() {
         claimed.undo();
     }
@@ -89,44 +98,90 @@ fn base_of(path: &Path) -> Result<(u64, Base), Error> {
 
 async fn attempts(
     cluster: &Cluster,
-    dest: &Path,
+    dest: &crate::Destination<'_>,
     opts: &CreateOptions,
     base: Option<(u64, Base)>,
 ) -> Result<Manifest, Error> {
-    let nodes = cluster.nodes();
-    if let Some(down) = nodes.iter().find(|n| !n.alive) {
-        return Err(Error::Cluster(format!(
-            "memory node {} is down: a backup needs every node",
-            down.id
-        )));
-    }
-    let ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
     let mut attempt = 1;
     loop {
-        let pause = match attempt_once(cluster, dest, &ids, opts, base.clone()).await {
+        let ids = every_node_up(cluster, opts.node_wait).await?;
+        let pause = match attempt_once(cluster, dest.dir, &ids, opts, base.clone()).await {
             Ok(manifest) => return Ok(manifest),
             Err(Attempt::Failed(e)) => return Err(e),
-            Err(Attempt::NoCut(e)) if attempt == opts.attempts => {
-                return Err(Error::Cluster(e.to_string()))
+            Err(Attempt::Again(e)) if attempt == opts.attempts => {
+                let tries = opts.attempts;
+                return Err(Error::Cluster(match e {
+                    BackupError::NoCut(_) | BackupError::Busy(_) => format!("{e} ({tries} tries)"),
+                    BackupError::Failed(_) => format!("backup failed: {e} ({tries} tries)"),
+                }));
             }
-            Err(Attempt::NoCut(e @ BackupError::Busy(_))) => {
+            Err(Attempt::Again(e @ BackupError::Busy(_))) => {
                 eprintln!("backup: {e}; waiting {BUSY_PAUSE:?} for it to end or lapse");
                 BUSY_PAUSE
             }
-            Err(Attempt::NoCut(e)) => {
+            Err(Attempt::Again(e)) => {
                 eprintln!("backup: {e}; trying again in {ATTEMPT_PAUSE:?}");
                 ATTEMPT_PAUSE
             }
         };
+        dest.empty();
         tokio::time::sleep(pause).await;
         attempt += 1;
     }
 }
 
+/// The memory nodes' ids, once the managers list every node alive and each says it serves:
+/// a node restarting, recovering or failing over is waited for, up to `wait`.
+async fn every_node_up(cluster: &Cluster, wait: Duration) -> Result<Vec<NodeId>, Error> {
+    let deadline = Instant::now() + wait;
+    let mut waiting_for = None;
+    loop {
+        let down = match cluster.ask_manager(&Request::Directory).await {
+            Ok(Response::Directory(d)) => match d.nodes.iter().find(|n| !n.alive) {
+                Some(n) => format!("memory node {} is down", n.id),
+                None => {
+                    let ids: Vec<NodeId> = d.nodes.iter().map(|n| n.id).collect();
+                    match first_silent(cluster, &ids).await {
+                        Some(why) => why,
+                        None => return Ok(ids),
+                    }
+                }
+            },
+            Ok(other) => format!("the manager answered {other:?}"),
+            Err(e) => format!("the managers: {e}"),
+        };
+        if Instant::now() >= deadline {
+            return Err(Error::Cluster(format!(
+                "{down} (waited {wait:?}): a backup needs every node"
+            )));
+        }
+        if waiting_for.as_ref() != Some(&down) {
+            eprintln!("backup: {down}; waiting up to {wait:?}");
+            waiting_for = Some(down);
+        }
+        tokio::time::sleep(NODE_POLL).await;
+    }
+}
+
+/// Why the first of `ids` that does not serve (does not answer, or is recovering) does not.
+async fn first_silent(cluster: &Cluster, ids: &[NodeId]) -> Option<String> {
+    for &id in ids {
+        match cluster.call_node(id, &Request::Stats, NODE_PING).await {
+            Ok(Response::Stats(s)) if s.serving => {}
+            Ok(Response::Stats(_)) => return Some(format!("memory node {id} is recovering")),
+            Ok(other) => return Some(format!("memory node {id} answered {other:?}")),
+            Err(e) => return Some(format!("memory node {id} does not answer: {e}")),
+        }
+    }
+    None
+}
+
 /// How an attempt at a backup failed.
 enum Attempt {
-    /// Before the cut: nothing was kept, and another attempt may succeed.
-    NoCut(BackupError),
+    /// Nothing was kept that a later attempt could use, and one may succeed: no cut (locks
+    /// that did not drain, another backup), or a node lost under the backup.
+    Again(BackupError),
+    /// What another attempt would not change (the destination's disk).
     Failed(Error),
 }
 
@@ -177,17 +232,14 @@ async fn attempt_once(
                 Ok((r, w)) => (regions, writers) = (r, w),
                 Err(e) => {
                     end_everywhere(cluster, ids, id, opts.call_timeout).await;
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
         if let Some(done) = acts.done.take() {
             match done {
                 Ok(_) => break,
-                Err(e @ (BackupError::NoCut(_) | BackupError::Busy(_))) => {
-                    return Err(Attempt::NoCut(e))
-                }
-                Err(e) => return Err(Error::Cluster(format!("backup failed: {e}")).into()),
+                Err(e) => return Err(Attempt::Again(e)),
             }
         }
         let (node, req) = acts.call.take().expect("a call until done");
@@ -228,11 +280,18 @@ async fn cut_taken(
     dest: &Path,
     id: u64,
     images: Vec<CutImage>,
-) -> Result<(Vec<tutti_wire::RegionInfo>, Writers), Error> {
+) -> Result<(Vec<tutti_wire::RegionInfo>, Writers), Attempt> {
+    // The managers may be failing over: another attempt may find them.
     let regions = match cluster.ask_manager(&Request::Regions).await {
         Ok(Response::Regions(r)) => r,
-        Ok(other) => return Err(Error::Cluster(format!("the manager answered {other:?}"))),
-        Err(e) => return Err(Error::Cluster(format!("reading the regions: {e}"))),
+        Ok(other) => {
+            let why = format!("the manager answered {other:?}");
+            return Err(Attempt::Again(BackupError::Failed(why)));
+        }
+        Err(e) => {
+            let why = format!("reading the regions: {e}");
+            return Err(Attempt::Again(BackupError::Failed(why)));
+        }
     };
     let mut writers = BTreeMap::new();
     for i in images {

@@ -66,7 +66,14 @@ impl<'a> Destination<'a> {
     fn undo(&self) {
         if self.made {
             let _ = std::fs::remove_dir_all(self.dir);
-        } else if let Ok(entries) = std::fs::read_dir(self.dir) {
+        } else {
+            self.empty();
+        }
+    }
+
+    /// Removes what was written there, keeping the directory.
+    fn empty(&self) {
+        if let Ok(entries) = std::fs::read_dir(self.dir) {
             for entry in entries.flatten() {
                 let path = entry.path();
                 let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));

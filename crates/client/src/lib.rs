@@ -236,7 +236,16 @@ impl Cluster {
         req: &Request,
         timeout: Duration,
     ) -> Result<Response, RpcError> {
-        match self.conn(node).await?.call_within(req, timeout).await {
+        let conn = match self.conn(node).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                // The node may be served at another address now (a fail-over): the next
+                // call looks it up again.
+                self.refresh_directory().await;
+                return Err(e);
+            }
+        };
+        match conn.call_within(req, timeout).await {
             Err(RpcError::Remote { code, message, .. }) => Ok(Response::Error { code, message }),
             other => other,
         }

@@ -3,8 +3,8 @@
 //! restored afterwards, with `tutti backup restore`, into a cluster of its own whose bank
 //! must be a cut: every transfer a client saw commit before the backup began is in it, each
 //! counter lies between that and the client's possible commits at the end, and the money is
-//! all there (`Bank::check_cut`). A backup that fails (a node killed under it) must leave no
-//! backup behind.
+//! all there (`Bank::check_cut`). A backup that fails (it gave up its attempts) must leave
+//! no backup behind. Each backup's standard error is kept beside it (`backup-N.err`).
 
 use crate::chaos::{bank, Clients, Terminator};
 use crate::local::{Layout, LocalCluster, LocalError, LOOPBACK};
@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tutti_workload::Workload;
+
+/// Attempts each backup may make: a node is killed every second or two, and each kill
+/// during an attempt ends it (`tutti backup create`'s default, 3, is for a calmer cluster).
+const ATTEMPTS: &str = "10";
 
 /// A backup process under way: where it writes, and each client's transfers seen committed
 /// when it started.
@@ -76,13 +80,18 @@ impl Backups {
         }
         self.counts.started += 1;
         let dest = self.dir.join(format!("backup-{}", self.counts.started));
+        let err = dest.with_extension("err");
+        let stderr = std::fs::File::create(&err).map_err(|source| LocalError::Io {
+            what: format!("create {}", err.display()),
+            source,
+        })?;
         let child = Command::new(&self.exe)
             .args(["backup", "create"])
             .arg(&dest)
-            .args(["--max-rate", "0"])
+            .args(["--max-rate", "0", "--attempts", ATTEMPTS])
             .args(&self.flags)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .map_err(|source| LocalError::Io {
                 what: "start tutti backup create".into(),

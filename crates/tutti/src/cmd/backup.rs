@@ -35,10 +35,16 @@ enum BackupCommand {
         /// fences come down; it is tried again, up to --attempts times).
         #[arg(long, default_value_t = 5_000)]
         lock_timeout_ms: u64,
-        /// Attempts at a cut before giving up: locks that did not drain, or another backup
-        /// holding a node (then the next attempt waits 11 s for its cut to lapse).
+        /// Attempts before giving up. An attempt ends without a backup when locks do not
+        /// drain, when another backup holds a node (the next attempt then waits 11 s for its
+        /// cut to lapse), or when a node is lost under it (a node that restarts loses its cut;
+        /// the next attempt starts over, 1 s later, once every node is back).
         #[arg(long, default_value_t = 3)]
         attempts: u32,
+        /// How long each attempt waits for every memory node to be up and answering (one
+        /// restarting, or failing over to its mirror) before the backup gives up.
+        #[arg(long, default_value_t = 20)]
+        node_wait_s: u64,
         /// Store at most this many bytes per second (suffixes K, M, G; 0: as fast as it
         /// goes), so that the copy leaves the cluster's disk and CPUs to it. Measured on a
         /// 4-node cluster under load: unlimited (250-320 MiB/s) cost 42-50 % of its
@@ -74,6 +80,7 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
             cluster,
             lock_timeout_ms,
             attempts,
+            node_wait_s,
             max_rate,
             since,
         } => {
@@ -82,6 +89,7 @@ pub(crate) async fn run(a: BackupArgs, dialer: &Dialer) -> Result<(), String> {
             let opts = tutti_backup::CreateOptions {
                 lock_timeout: Duration::from_millis(lock_timeout_ms),
                 attempts: attempts.max(1),
+                node_wait: Duration::from_secs(node_wait_s),
                 progress: true,
                 max_bytes_per_s: (max_rate > 0).then_some(max_rate),
                 since,

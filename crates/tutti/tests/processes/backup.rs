@@ -3,8 +3,8 @@
 //! a cluster where the money is all there and every client's counter is a prefix of that
 //! client's transfers; a log made
 //! before the backup reads back from the restored cluster; backups killed with `kill -9` at
-//! random points, or losing a node, leave the cluster serving and no backup that verifies
-//! but is not one; a file system backed up while written restores to one that fsck finds
+//! random points leave the cluster serving and no backup that verifies but is not one; one
+//! that loses a node's cut starts over once the node is back, or gives up if it stays down; a file system backed up while written restores to one that fsck finds
 //! whole; a damaged backup is refused.
 
 use crate::common;
@@ -273,7 +273,7 @@ fn backups_killed_at_random_points_or_losing_a_node_leave_the_cluster_serving() 
         .collect();
     let load = bank_load(&rt, &cluster, &stop, &ops, &counts);
     let scratch = common::scratch("backup-kill-dest");
-    let backup = |dest: &std::path::Path| {
+    let backup = |dest: &std::path::Path, flags: &[&str]| {
         Command::new(common::exe())
             .args([
                 "backup",
@@ -282,15 +282,23 @@ fn backups_killed_at_random_points_or_losing_a_node_leave_the_cluster_serving() 
                 "--cluster",
                 &dir,
             ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .args(flags)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap()
+    };
+    let copy_begun = |dest: &std::path::Path| {
+        let until = Instant::now() + Duration::from_secs(30);
+        while !dest.join("node-1.image").exists() {
+            assert!(Instant::now() < until, "the copy never began");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     };
     let (mut finished, mut cut_short) = (0, 0);
     for round in 0..8 {
         let dest = scratch.join(format!("killed-{round}"));
-        let mut child = backup(&dest);
+        let mut child = backup(&dest, &[]);
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..400)));
         child.kill().unwrap();
         child.wait().unwrap();
@@ -317,19 +325,41 @@ fn backups_killed_at_random_points_or_losing_a_node_leave_the_cluster_serving() 
     }
     eprintln!("backups killed: {cut_short} before their manifest, {finished} after");
 
-    // A node killed while the images are copied: the backup fails and removes its files.
+    // A node killed while the images are copied loses its cut: that attempt ends and its
+    // files go; the next one waits for the node to come back and makes the backup.
     let dest = scratch.join("node-lost");
-    let mut child = backup(&dest);
-    let until = Instant::now() + Duration::from_secs(30);
-    while !dest.join("node-1.image").exists() {
-        assert!(Instant::now() < until, "the copy never began");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let child = backup(&dest, &[]);
+    copy_begun(&dest);
     c.local.kill_node(3);
-    let status = child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    c.local.restart("node-3").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("node 3"), "the lost cut is told: {stderr}");
+    let made: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(made["data_bytes"].as_u64().unwrap() >> 20, 3 * 24, "{made}");
+    assert_eq!(
+        tutti_json(&["backup", "verify", dest.to_str().unwrap()])["ok"],
+        true
+    );
     assert!(
-        !status.success(),
-        "a backup that lost a node's cut succeeded"
+        progresses(&ops, 50),
+        "the bank stalled after node 3 came back"
+    );
+
+    // A node that stays down: the backup waits for it as long as it is told, then gives up
+    // and removes its files.
+    let dest = scratch.join("node-down");
+    let child = backup(&dest, &["--node-wait-s", "2"]);
+    copy_begun(&dest);
+    c.local.kill_node(3);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a backup without node 3 succeeded");
+    assert!(
+        stderr.contains("memory node 3") && stderr.contains("a backup needs every node"),
+        "{stderr}"
     );
     assert!(!dest.exists(), "a failed backup left {}", dest.display());
     c.local.restart("node-3").unwrap();

@@ -24,6 +24,10 @@ pub enum Bug {
     /// although the primary does not report it behind: the primary may have died since it
     /// sent what was heard, and the mirror holds the only copy left.
     DropSilentMirror,
+    /// A replaced `ram-repl` primary that kept its copy is named again although the copy
+    /// that replaced it registered (and may have served since): what that one committed is
+    /// lost.
+    RenameRegisteredFormer,
 }
 
 tutti_wire::planted_bugs!(Bug);

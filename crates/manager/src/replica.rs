@@ -286,6 +286,11 @@ impl<R> Replica<R> {
                 mirror,
             } => state.abandon_join(node, config_epoch, &mirror),
             Request::Placement { node } => (Response::Placement(state.placement(node)), None),
+            Request::FormerPrimary {
+                node,
+                addr,
+                config_epoch,
+            } => (state.former_primary(now_ms, node, addr, config_epoch), None),
             Request::MirrorHeartbeat { node, addr, .. } => {
                 (state.mirror_heartbeat(now_ms, node, &addr), None)
             }

@@ -84,6 +84,7 @@ impl Persisted {
                         durable: true,
                         config_epoch: 0,
                         mirror: None,
+                        unregistered: false,
                     };
                     (*id, node)
                 })
@@ -107,13 +108,37 @@ struct PersistedNode {
     /// A replicated node's mirror, while it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mirror: Option<String>,
+    /// The primary was named by a fail-over and has not registered under this placement
+    /// yet: it has served nothing, so the copy it replaced may be named again if it never
+    /// does (`ManagerState::fail_over`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    unregistered: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// A replaced `ram-repl` primary that kept its copy, as it last told.
+struct Former {
+    addr: String,
+    /// The configuration it served under: its copy holds the node's data as of then.
+    config_epoch: u64,
+    seen_ms: u64,
+}
+
 impl PersistedNode {
+    /// Whether the replaced primary at `addr`, which served under `config_epoch`, may be
+    /// named primary again: this placement is the one that replaced it (one epoch up), and
+    /// its primary has not registered under it, so it has served nothing the replaced copy
+    /// lacks (every record the promoted mirror held, its primary had shipped to it).
+    fn may_name_again(&self, addr: &str, config_epoch: u64) -> bool {
+        self.config_epoch == config_epoch + 1
+            && self.addr != addr
+            && self.mirror.is_none()
+            && (self.unregistered || crate::planted(crate::Bug::RenameRegisteredFormer))
+    }
+
     fn placement(&self) -> Option<Placement> {
         (self.config_epoch > 0).then(|| Placement {
             config_epoch: self.config_epoch,
@@ -156,6 +181,9 @@ pub struct ManagerState {
     /// last said the mirror had kept records unacknowledged.
     mirror_seen_ms: HashMap<NodeId, u64>,
     mirror_behind_ms: HashMap<NodeId, u64>,
+    /// Replaced `ram-repl` primaries that kept their copy, as they last told
+    /// (`Request::FormerPrimary`), while the placement that replaced them may need them.
+    formers: HashMap<NodeId, Former>,
     rebooted: HashSet<NodeId>,
     /// Multi-participant tids some participants reported applied, and which ones did.
     applied: FxHashMap<Tid, Awaited>,
@@ -179,6 +207,7 @@ impl ManagerState {
             last_seen_ms: HashMap::new(),
             mirror_seen_ms: HashMap::new(),
             mirror_behind_ms: HashMap::new(),
+            formers: HashMap::new(),
             rebooted: HashSet::new(),
             applied: FxHashMap::default(),
             applied_older: FxHashMap::default(),
@@ -265,6 +294,7 @@ impl ManagerState {
             durable,
             config_epoch,
             mirror,
+            unregistered: false,
         };
         let changed = self.persisted.nodes.get(&node) != Some(&entry);
         if changed {
@@ -324,7 +354,40 @@ impl ManagerState {
         if placement.as_ref().and_then(|p| p.mirror.as_deref()) == Some(addr) {
             self.mirror_seen_ms.insert(node, now_ms);
         }
+        if placement.as_ref().is_some_and(|p| p.primary == addr) {
+            // Promoted, waiting out the old primary's lease before it registers: alive.
+            self.last_seen_ms.insert(node, now_ms);
+        }
         Response::Placement(placement)
+    }
+
+    /// `Request::FormerPrimary`: the process at `addr`, replaced as `node`'s primary, holds
+    /// the node's data as of `config_epoch`. Noted while the placement that replaced it may
+    /// still need it; replies whether it is to keep its copy.
+    pub fn former_primary(
+        &mut self,
+        now_ms: u64,
+        node: NodeId,
+        addr: String,
+        config_epoch: u64,
+    ) -> Response {
+        let Some(n) = self.persisted.nodes.get(&node) else {
+            return Response::FormerCopy {
+                placement: None,
+                keep: false,
+            };
+        };
+        let keep = n.may_name_again(&addr, config_epoch);
+        let placement = n.placement();
+        if keep {
+            let former = Former {
+                addr,
+                config_epoch,
+                seen_ms: now_ms,
+            };
+            self.formers.insert(node, former);
+        }
+        Response::FormerCopy { placement, keep }
     }
 
     /// `Request::AddMirror`: the primary of `node` under `config_epoch`, at `primary`, has
@@ -393,19 +456,43 @@ impl ManagerState {
     /// Changes the placement of every replicated node that lost a copy, as of `now_ms`:
     /// a primary silent for `timeout_ms` whose mirror was heard from since is replaced by
     /// the mirror; a mirror that long behind by its primary's account is dropped, and the
-    /// primary goes on alone. Each change raises the node's
+    /// primary goes on alone; a primary named by a fail-over that never registered, silent
+    /// that long, is replaced by the copy it replaced if that one kept its data and was
+    /// heard from since. Each change raises the node's
     /// configuration epoch. With a snapshot, propose it: nobody hears of the new placement
     /// before it is committed.
     pub fn fail_over(&mut self, now_ms: u64, timeout_ms: u64) -> Option<Persisted> {
-        let silent =
-            |seen: Option<&u64>| seen.is_none_or(|&t| now_ms.saturating_sub(t) >= timeout_ms);
+        let silent_for =
+            |seen: Option<&u64>, ms: u64| seen.is_none_or(|&t| now_ms.saturating_sub(t) >= ms);
+        let silent = |seen: Option<&u64>| silent_for(seen, timeout_ms);
         let mut changed = false;
         for (&id, n) in self.persisted.nodes.iter_mut() {
-            let Some(mirror) = n.mirror.clone() else {
-                continue;
-            };
             let primary_seen = self.last_seen_ms.get(&id).copied();
             let primary_silent = silent(primary_seen.as_ref());
+            let Some(mirror) = n.mirror.clone() else {
+                // A promoted mirror that died before it registered (a `ram-repl` one then
+                // restarts empty): the primary it replaced, alive and holding the node's
+                // data, serves again rather than the node being lost.
+                // The promoted copy heartbeats until it registers (as a mirror while it
+                // waits out the old primary's lease): silent for twice the timeout, it is
+                // taken for gone.
+                let promoted_silent = silent_for(primary_seen.as_ref(), 2 * timeout_ms);
+                let former = (self.formers.get(&id)).filter(|f| {
+                    n.may_name_again(&f.addr, f.config_epoch)
+                        && promoted_silent
+                        && primary_seen.is_none_or(|p| f.seen_ms >= p + timeout_ms)
+                });
+                if let Some(f) = former {
+                    tracing::warn!(node = id, silent = %n.addr, former = %f.addr, "a promoted copy never registered: the copy it replaced serves again");
+                    n.addr = f.addr.clone();
+                    n.unregistered = true;
+                    n.config_epoch += 1;
+                    self.last_seen_ms.insert(id, now_ms);
+                    self.formers.remove(&id);
+                    changed = true;
+                }
+                continue;
+            };
             let mirror_seen = self.mirror_seen_ms.get(&id).copied();
             let mirror_silent = silent(mirror_seen.as_ref());
             // Heard from only before the primary fell silent, the mirror may have died with
@@ -425,8 +512,10 @@ impl ManagerState {
                 tracing::warn!(node = id, old = %n.addr, new = %mirror, "primary silent: its mirror takes over");
                 n.addr = mirror;
                 n.mirror = None;
+                n.unregistered = true;
                 // The new primary registers once recovered; it is not failed until then.
                 self.last_seen_ms.insert(id, now_ms);
+                self.formers.remove(&id);
             } else if !primary_silent && mirror_behind {
                 tracing::warn!(node = id, %mirror, "mirror lost: the primary goes on alone");
                 n.mirror = None;

@@ -24,10 +24,14 @@ use tutti_wire::{
 /// only to a mirror heard from since).
 const MIRROR_HEARTBEAT: Duration = Duration::from_millis(100);
 
+/// How long a promoted mirror's heartbeat may hold up its take-over.
+const PROMOTED_BEAT_TIMEOUT: Duration = Duration::from_millis(20);
+
 /// How the mirror's time as a mirror ended.
 pub(crate) enum Ended {
-    /// The manager named it primary, and the old primary's lease has run out.
-    Promoted,
+    /// The manager named it primary under that configuration epoch, and the old primary's
+    /// lease has run out.
+    Promoted(u64),
     /// Shut down.
     Stopped,
 }
@@ -117,17 +121,62 @@ pub(crate) async fn run(
         .clone()
         .ok_or_else(|| NodeError::Config("a mirror needs --data DIR".into()))?;
     let _lock = open_data_dir(&data, cfg)?;
-    // A `ram-repl` copy dies with its process: what a predecessor left is not the node's.
+    // A `ram-repl` copy dies with its process: what a predecessor left is not the node's,
+    // unless it was a primary that stopped on being replaced and left its copy to this
+    // process, which holds it while the managers may name it primary again.
     let mut holds_copy = !cfg.volatile;
+    let mut former = None;
     if cfg.volatile {
-        empty_copy(&data)?;
+        former = take_former_marker(&data);
+        match former {
+            Some(config_epoch) => {
+                holds_copy = true;
+                tracing::warn!(
+                    node = cfg.id,
+                    config_epoch,
+                    "holding the copy a replaced primary left here while the managers may \
+                     name it primary again"
+                );
+            }
+            None => empty_copy(&data)?,
+        }
     }
     let mut listener = Some(listener);
     let mut told_empty = false;
     loop {
-        let placement = tokio::select! {
-            p = placement_of(cfg, &managers) => p,
-            () = shutdown.as_mut() => return Ok(Ended::Stopped),
+        let placement = match former {
+            Some(config_epoch) => {
+                let (placement, keep) = tokio::select! {
+                    answer = ask_as_former(cfg, &managers, &addr, config_epoch) => answer,
+                    () = shutdown.as_mut() => return Ok(Ended::Stopped),
+                };
+                if placement.primary == addr {
+                    tracing::warn!(
+                        node = cfg.id,
+                        config_epoch = placement.config_epoch,
+                        "named primary again: serving the copy a replaced primary left"
+                    );
+                    former = None;
+                } else if keep {
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                        () = shutdown.as_mut() => return Ok(Ended::Stopped),
+                    }
+                } else {
+                    tracing::info!(
+                        node = cfg.id,
+                        "the copy that replaced the primary serves: letting this one go"
+                    );
+                    former = None;
+                    empty_copy(&data)?;
+                    holds_copy = false;
+                }
+                placement
+            }
+            None => tokio::select! {
+                p = placement_of(cfg, &managers) => p,
+                () = shutdown.as_mut() => return Ok(Ended::Stopped),
+            },
         };
         let named = placement.primary == addr || placement.mirror.as_deref() == Some(&addr);
         if named_but_empty(&placement, &addr, holds_copy) {
@@ -221,6 +270,59 @@ async fn placement_of(cfg: &NodeConfig, managers: &Managers) -> Placement {
     }
 }
 
+/// A former primary's question to the managers, asked until they answer: the placement,
+/// and whether to keep the copy (`Request::FormerPrimary`).
+async fn ask_as_former(
+    cfg: &NodeConfig,
+    managers: &Managers,
+    addr: &str,
+    config_epoch: u64,
+) -> (Placement, bool) {
+    let ask = Request::FormerPrimary {
+        node: cfg.id,
+        addr: addr.to_string(),
+        config_epoch,
+    };
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+    loop {
+        match managers.call(&ask, Duration::from_secs(5)).await {
+            Ok(Response::FormerCopy {
+                placement: Some(p),
+                keep,
+            }) => return (p, keep),
+            other => tracing::debug!(node = cfg.id, "asking as the former primary: {other:?}"),
+        }
+        backoff.pause().await;
+    }
+}
+
+/// What a replaced `ram-repl` primary leaves in its data directory (`former.json`) as it
+/// stops: the configuration epoch it served under. The process started next in its place
+/// keeps the copy instead of emptying it, and tells the managers
+/// (`Request::FormerPrimary`). Read once: the copy then dies with that process.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FormerMarker {
+    config_epoch: u64,
+}
+
+const FORMER_MARKER: &str = "former.json";
+
+pub(crate) fn write_former_marker(data: &Path, config_epoch: u64) -> Result<(), NodeError> {
+    let tmp = data.join("former.json.tmp");
+    let bytes = serde_json::to_vec(&FormerMarker { config_epoch })
+        .map_err(|e| NodeError::Config(e.to_string()))?;
+    std::fs::write(&tmp, bytes).map_err(io("write former.json"))?;
+    std::fs::rename(&tmp, data.join(FORMER_MARKER)).map_err(io("rename former.json"))
+}
+
+/// The former primary's configuration epoch, if one left its copy here; the marker goes.
+fn take_former_marker(data: &Path) -> Option<u64> {
+    let path = data.join(FORMER_MARKER);
+    let marker: Option<FormerMarker> = serde_json::from_slice(&std::fs::read(&path).ok()?).ok();
+    let _ = std::fs::remove_file(&path);
+    marker.map(|m| m.config_epoch)
+}
+
 /// How a mirror process starts serving as one.
 enum Start {
     /// The placement names it mirror (or primary: it is promoted at once).
@@ -295,6 +397,7 @@ impl From<RpcError> for SeedError {
 pub(crate) fn empty_copy(data: &Path) -> Result<(), NodeError> {
     for stale in [
         data.join(JOIN_MARKER),
+        data.join(FORMER_MARKER),
         data.join(IMAGE_FILE),
         data.join("log"),
     ] {
@@ -583,15 +686,28 @@ async fn heartbeat_until_promoted(
                     config_epoch = p.config_epoch,
                     "named primary: waiting out the old primary's lease"
                 );
+                let beat = Request::MirrorHeartbeat {
+                    node: node.cfg.id,
+                    addr: addr.to_string(),
+                    next_lsn,
+                };
+                let mut next_beat = Instant::now();
                 while !node
                     .mirror
                     .lock()
                     .expect("mirror poisoned")
                     .may_take_over(node.now_ms())
                 {
+                    // Heard alive meanwhile: the managers name the copy this one replaced
+                    // again only if it falls silent before it registers.
+                    if Instant::now() >= next_beat {
+                        next_beat = Instant::now() + MIRROR_HEARTBEAT;
+                        let call = managers.call(&beat, PROMOTED_BEAT_TIMEOUT);
+                        let _ = tokio::time::timeout(PROMOTED_BEAT_TIMEOUT, call).await;
+                    }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                return Ok(Some(Ended::Promoted));
+                return Ok(Some(Ended::Promoted(p.config_epoch)));
             }
             Standing::Mirror => {
                 if joined.take().is_some() {

@@ -219,9 +219,18 @@ impl Node {
         self.release_held();
     }
 
-    /// Another copy serves this node now: stop at once, answering nobody.
+    /// Another copy serves this node now: stop at once, answering nobody. A `ram-repl`
+    /// primary leaves its copy to the process started next in its place: the copy that
+    /// replaced it may die before it serves, and this one is then the node's only copy
+    /// (`mirror_node::write_former_marker`).
     pub(crate) fn replaced(&self, why: &str) -> ! {
         tracing::error!("this primary was replaced ({why}); stopping");
+        if let (true, Some(data), Some(_)) = (self.cfg.volatile, &self.cfg.data, &self.shipper) {
+            let config_epoch = self.with_shipper(|s| s.placement().config_epoch);
+            if let Err(e) = crate::mirror_node::write_former_marker(data, config_epoch) {
+                tracing::error!("leaving this copy for the next process: {e}");
+            }
+        }
         std::process::exit(EXIT_REPLACED);
     }
 
@@ -407,18 +416,22 @@ pub async fn run(
             .map_err(NodeError::Config)
     };
     let mut shutdown = std::pin::pin!(shutdown);
-    let (listener, promoted) = match cfg.role {
-        Role::Primary => (listener, false),
+    // The configuration epoch that named this process primary, if it was a mirror.
+    let (listener, promoted_in) = match cfg.role {
+        Role::Primary => (listener, None),
         Role::Mirror => {
             let ended =
                 crate::mirror_node::run(&cfg, listener, parse_managers()?, shutdown.as_mut())
                     .await?;
             match ended {
                 crate::mirror_node::Ended::Stopped => return stopped(&cfg),
-                crate::mirror_node::Ended::Promoted => (rebind(listening).await?, true),
+                crate::mirror_node::Ended::Promoted(named_in) => {
+                    (rebind(listening).await?, Some(named_in))
+                }
             }
         }
     };
+    let promoted = promoted_in.is_some();
     let listen_addr = listening.to_string();
     let managers = parse_managers()?;
     let replicated = cfg.mirror.is_some() || promoted;
@@ -452,7 +465,22 @@ pub async fn run(
             let (mut log, mut records) = (recovered.log, recovered.records);
             if replicated {
                 let req = register_request(&cfg, &listen_addr, rebooted);
-                let first = crate::primary::register(&managers, &req).await?;
+                let first = match crate::primary::register(&managers, &req).await {
+                    // A `ram-repl` copy promoted and replaced before it registered keeps its
+                    // copy for the managers, as a replaced primary does.
+                    Err(NodeError::Replaced(why)) => {
+                        if let (true, Some(named_in)) = (cfg.volatile, promoted_in) {
+                            if let Err(e) = crate::mirror_node::write_former_marker(&data, named_in)
+                            {
+                                tracing::error!("leaving this copy for the next process: {e}");
+                            }
+                        }
+                        return Err(NodeError::Replaced(why));
+                    }
+                    first => first?,
+                };
+                let config_epoch = first.placement.config_epoch;
+                tracing::info!(config_epoch, "registered with the managers");
                 // This process, as the mirror tells it from an earlier one: later processes
                 // start later.
                 let session = std::time::SystemTime::now()

@@ -515,6 +515,7 @@ impl<R> Participant<R> {
             | Request::AddMirror { .. }
             | Request::AbandonJoin { .. }
             | Request::Placement { .. }
+            | Request::FormerPrimary { .. }
             | Request::Directory
             | Request::Heartbeat { .. }
             | Request::CreateRegion { .. }

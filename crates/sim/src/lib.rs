@@ -141,6 +141,9 @@ pub struct Report {
     pub mirror_joins: u64,
     /// `ram-repl`: nodes both of whose copies were lost by the end.
     pub nodes_lost: u64,
+    /// `ram-repl`: replaced primaries named primary again, holding the copy they kept (the
+    /// copy that replaced them died before it registered).
+    pub formers_named_again: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -217,6 +220,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         commits_with_lsns: world.counter("commits_with_lsns"),
         fail_overs: fail_overs(&dir),
         mirror_joins: world.counter("mirror_joins"),
+        formers_named_again: world.counter("formers_named_again"),
         nodes_lost: match cfg.replicated && cfg.in_ram {
             true => nodes_lost(&world, &dir),
             false => 0,
@@ -373,9 +377,10 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
 /// `ram-repl` survives the loss of one copy while the managers see the other: a node
 /// process may crash, or be cut off, only if the node keeps a copy the managers can reach
 /// without it. Either it is named in none of the placements the managers that are up hold
-/// (committed or not: a majority of them is up, so the committed one is among them), or
-/// the other process is named in each of them too and holds its copy (up, serving or
-/// mirroring, not cut off, not found behind by its primary). A copy lost while the other is
+/// (committed or not: a majority of them is up, so the committed one is among them) and
+/// holds no copy the other lacks (a replaced primary that kept its copy), or the other
+/// process is named in each of them too and holds its copy (up, serving or mirroring, not
+/// cut off, not found behind by its primary). A copy lost while the other is
 /// cut off from the managers is beyond the mode (docs/replication.md, "`ram-repl`").
 fn copies_guard(dir: Rc<Directory>) -> crate::world::FaultGuard {
     Rc::new(move |world: &World, victim: Addr| {
@@ -405,7 +410,11 @@ fn copies_guard(dir: Rc<Directory>) -> crate::world::FaultGuard {
         let now_ms = world.now_us() / 1000;
         let behind_ms = (world.process::<SimNode>(victim).mirror_behind_ms(now_ms))
             .max(world.process::<SimNode>(other).mirror_behind_ms(now_ms));
-        states.len() > dir.managers.len() / 2
+        // A replaced primary holding the copy it kept is named nowhere, and may be the
+        // node's only copy (the one that replaced it died before serving).
+        let former_alone = world.process::<SimNode>(victim).is_former() && !other_holds;
+        !former_alone
+            && states.len() > dir.managers.len() / 2
             && behind_ms < crate::manager::FAILOVER_TIMEOUT_MS / 2
             && (states.iter())
                 .filter_map(|state| state.placement(id))

@@ -245,6 +245,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         commits_with_lsns: world.counter("commits_with_lsns"),
         fail_overs: 0,
         mirror_joins: 0,
+        formers_named_again: 0,
         nodes_lost: 0,
         violations,
     }

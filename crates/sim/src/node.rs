@@ -91,8 +91,9 @@ struct Repl {
     joining: Option<u64>,
     /// A primary's seed for its joiner: the join, and the records encoded.
     seed: Option<(u64, Vec<u8>)>,
-    /// A mirror named primary, until its recovery starts (`Stage2::after_promotion`).
-    promoted: bool,
+    /// A mirror named primary (under that configuration epoch), until its recovery starts
+    /// (`Stage2::after_promotion`).
+    promoted: Option<u64>,
 }
 
 enum ReplState {
@@ -113,8 +114,11 @@ enum ReplState {
     /// Replaced, or dropped from the placement: answers nobody, and joins the node's
     /// primary as its new mirror once the placement has none (`memnode::mirror_node`),
     /// its disk emptied and filled from the primary's seed. `asked_ms`: when it last asked.
+    /// `former`: a replaced `ram-repl` primary that kept its copy, holding the node's data
+    /// as of that configuration epoch while the managers may name it primary again.
     Outside {
         asked_ms: Option<u64>,
+        former: Option<u64>,
     },
 }
 
@@ -257,7 +261,26 @@ impl SimNode {
     pub(crate) fn holds_copy(&self) -> bool {
         matches!(
             self.repl.as_ref().map(|r| &r.state),
-            Some(ReplState::Primary(_) | ReplState::Mirror(_) | ReplState::Promoted(_))
+            Some(
+                ReplState::Primary(_)
+                    | ReplState::Mirror(_)
+                    | ReplState::Promoted(_)
+                    | ReplState::Outside {
+                        former: Some(_),
+                        ..
+                    }
+            )
+        )
+    }
+
+    /// `ram-repl`: a replaced primary holding the copy it kept, named in no placement.
+    pub(crate) fn is_former(&self) -> bool {
+        matches!(
+            self.repl.as_ref().map(|r| &r.state),
+            Some(ReplState::Outside {
+                former: Some(_),
+                ..
+            })
         )
     }
 
@@ -281,7 +304,7 @@ impl SimNode {
             session: 1,
             joining: None,
             seed: None,
-            promoted: false,
+            promoted: None,
         });
         node
     }
@@ -302,7 +325,7 @@ impl SimNode {
             session: 0,
             joining: None,
             seed: None,
-            promoted: false,
+            promoted: None,
         });
         node
     }
@@ -584,7 +607,7 @@ impl SimNode {
         let promoted = self
             .repl
             .as_mut()
-            .is_some_and(|r| std::mem::take(&mut r.promoted));
+            .is_some_and(|r| r.promoted.take().is_some());
         let (stage2, queries) = match promoted {
             true => Stage2::after_promotion(self.id, undecided),
             false => Stage2::start(self.id, undecided),
@@ -700,9 +723,20 @@ impl SimNode {
         );
         if outside {
             // As the real driver: a question, not a heartbeat. A copy that holds nothing
-            // must not look alive as the mirror a placement may still name.
+            // must not look alive as the mirror a placement may still name; a former
+            // primary says what it holds.
             let to = self.manager.addr();
-            let ask = Request::Placement { node: self.id };
+            let ask = match self.repl.as_ref().map(|r| &r.state) {
+                Some(ReplState::Outside {
+                    former: Some(config_epoch),
+                    ..
+                }) => Request::FormerPrimary {
+                    node: self.id,
+                    addr: me,
+                    config_epoch: *config_epoch,
+                },
+                _ => Request::Placement { node: self.id },
+            };
             self.request(ctx, to, Pending::Placement, ask);
             return;
         }
@@ -737,7 +771,7 @@ impl SimNode {
             return;
         };
         let me = name_of(ctx.me());
-        if let ReplState::Outside { asked_ms } = &mut repl.state {
+        if let ReplState::Outside { asked_ms, .. } = &mut repl.state {
             if named_but_empty(&p, &me, false) {
                 // A `ram-repl` copy restarted empty: it waits to be dropped, then joins.
                 return;
@@ -799,6 +833,53 @@ impl SimNode {
         self.pending_truncate = None;
     }
 
+    /// A former primary's answer from the managers (`memnode::mirror_node` does the same):
+    /// named primary again, it serves the copy it kept, as a process of the mirror role
+    /// named primary does; no longer needed, it lets the copy go and joins like any copy
+    /// outside the placement.
+    fn former_answer(&mut self, ctx: &mut Ctx<'_>, placement: Option<Placement>, keep: bool) {
+        let now = now_ms(ctx);
+        let me = name_of(ctx.me());
+        let Some(p) = placement else { return };
+        if !self.is_former() {
+            return;
+        }
+        if p.primary == me {
+            ctx.count("formers_named_again", 1);
+            let next = self.log_next();
+            self.next_lsn = next;
+            let space = space_from(&self.image);
+            let mirror = Mirror::new(self.id, space, next, self.synced.clone(), now);
+            let repl = self.repl.as_mut().expect("replicated");
+            repl.state = ReplState::Mirror(mirror.in_ram(self.in_ram));
+            self.mirror_placement(ctx, Some(p));
+        } else if !keep {
+            self.lose_copy(ctx);
+        }
+    }
+
+    /// `ram-repl`: a replaced primary stops, and the process started in its place keeps
+    /// the copy it left on the tmpfs (its log, and its image as the participant had it),
+    /// holding the node's data as of `config_epoch` (`memnode::node::Node::replaced`).
+    fn retire_keeping_copy(&mut self, config_epoch: u64) {
+        if let Some(p) = &self.participant {
+            self.image = p.space().read(0, self.space_bytes).to_vec();
+        } else if let Some(cache) = self.page_cache.take() {
+            self.image = cache;
+        }
+        self.synced.append(&mut self.written);
+        self.page_cache = None;
+        self.pending_truncate = None;
+        self.pending.clear();
+        self.retire();
+        if let Some(repl) = &mut self.repl {
+            repl.state = ReplState::Outside {
+                asked_ms: None,
+                former: Some(config_epoch),
+            };
+        }
+    }
+
     /// Replaced or dropped: answers nobody, and joins again as a new mirror.
     fn retire(&mut self) {
         self.participant = None;
@@ -806,7 +887,10 @@ impl SimNode {
         self.checkpoint = None;
         self.sync_in_flight = None;
         if let Some(repl) = &mut self.repl {
-            repl.state = ReplState::Outside { asked_ms: None };
+            repl.state = ReplState::Outside {
+                asked_ms: None,
+                former: None,
+            };
             repl.joining = None;
             repl.seed = None;
         }
@@ -991,8 +1075,12 @@ impl SimNode {
     fn primary_placement(&mut self, ctx: &mut Ctx<'_>, placement: Placement) {
         let now = now_ms(ctx);
         let Some(s) = self.shipper() else { return };
+        let config_epoch = s.placement().config_epoch;
         if s.set_placement(placement).is_err() {
-            self.retire();
+            match self.in_ram {
+                true => self.retire_keeping_copy(config_epoch),
+                false => self.retire(),
+            }
             return;
         }
         // Without a mirror now, what waited for it is durable.
@@ -1015,13 +1103,14 @@ impl SimNode {
             ctx.set_timer(10_000, NodeTimer::TakeOver);
             return;
         }
+        let named_in = m.config_epoch();
         self.page_cache = Some(m.space().read(0, self.space_bytes).to_vec());
         repl.state = ReplState::Joining {
             placement: None,
             asking_since_ms: None,
         };
         repl.session = ctx.now_us();
-        repl.promoted = true;
+        repl.promoted = Some(named_in);
         let upto = self.next_lsn - 1;
         self.make_durable(upto);
         self.sync_in_flight = None;
@@ -1080,6 +1169,7 @@ impl SimNode {
                     placement,
                     asking_since_ms,
                 },
+            promoted,
             ..
         }) = &mut self.repl
         else {
@@ -1090,7 +1180,12 @@ impl SimNode {
             ..
         } = resp
         {
-            self.retire();
+            // A `ram-repl` copy promoted and replaced before it registered keeps its copy,
+            // as a replaced primary does (`memnode::node`).
+            match (self.in_ram, *promoted) {
+                (true, Some(named_in)) => self.retire_keeping_copy(named_in),
+                _ => self.retire(),
+            }
             return;
         }
         match (pending, resp) {
@@ -1321,8 +1416,12 @@ impl Process for SimNode {
                     Some(Pending::MirrorHeartbeat | Pending::Placement)
                         if !self.manager.not_leader(&resp) =>
                     {
-                        if let Response::Placement(p) = resp {
-                            self.mirror_placement(ctx, p);
+                        match resp {
+                            Response::Placement(p) => self.mirror_placement(ctx, p),
+                            Response::FormerCopy { placement, keep } => {
+                                self.former_answer(ctx, placement, keep)
+                            }
+                            _ => {}
                         }
                     }
                     Some(Pending::MirrorHeartbeat | Pending::Placement) => {}
@@ -1419,8 +1518,9 @@ impl Process for SimNode {
                     self.heartbeat(ctx);
                 } else if matches!(
                     self.repl.as_ref().map(|r| &r.state),
-                    Some(ReplState::Mirror(_) | ReplState::Outside { .. })
+                    Some(ReplState::Mirror(_) | ReplState::Promoted(_) | ReplState::Outside { .. })
                 ) {
+                    // A promoted one too, until it takes over: the managers hear it alive.
                     self.mirror_heartbeat(ctx);
                 }
             }
@@ -1477,7 +1577,10 @@ impl Process for SimNode {
                 ReplState::Mirror(_) | ReplState::Promoted(_) | ReplState::MirrorDown => {
                     ReplState::MirrorDown
                 }
-                ReplState::Outside { .. } => ReplState::Outside { asked_ms: None },
+                ReplState::Outside { .. } => ReplState::Outside {
+                    asked_ms: None,
+                    former: None,
+                },
             };
             // `joining` stays: the real mirror's join.json.
             repl.seed = None;
@@ -1549,6 +1652,9 @@ impl Process for SimNode {
             Some(ReplState::Mirror(_)) => " (mirror)",
             Some(ReplState::Promoted(_)) => " (promoted, waiting out the lease)",
             Some(ReplState::MirrorDown) => " (mirror, down)",
+            Some(ReplState::Outside {
+                former: Some(_), ..
+            }) => " (former primary, holding its copy)",
             Some(ReplState::Outside { .. }) => " (outside the placement, joining)",
         };
         match &self.participant {

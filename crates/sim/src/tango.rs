@@ -127,6 +127,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
         commits_with_lsns: 0,
         fail_overs: 0,
         mirror_joins: 0,
+        formers_named_again: 0,
         nodes_lost: 0,
         violations,
     }

@@ -593,6 +593,17 @@ pub enum Request {
     /// Manager → manager, one-way: a message of the Raft group that holds the manager's
     /// durable state (an `eraftpb::Message` in protobuf, as the `raft` crate encodes it).
     Raft(Vec<u8>),
+    /// A replaced `ram-repl` primary that kept its copy (it stopped and started again as a
+    /// process of the mirror role, its data directory untouched) → manager, every 200 ms
+    /// instead of `Placement`: the process at `addr` holds the node's data as of
+    /// `config_epoch`, the configuration it served under. Replies `FormerCopy`. While the
+    /// copy that replaced it has not registered, the managers may name this one primary
+    /// again (docs/replication.md, "A replaced copy keeps its data").
+    FormerPrimary {
+        node: NodeId,
+        addr: String,
+        config_epoch: u64,
+    },
 }
 
 /// How long a memory node keeps a backup's fence without hearing `BackupLock` again: a
@@ -772,6 +783,14 @@ pub enum Response {
     /// instead. Nothing of the request was done.
     NotLeader {
         leader: Option<String>,
+    },
+    /// `FormerPrimary`: the node's placement as committed, and whether the former primary
+    /// is to keep its copy (`keep`: the placement is the one that replaced it, and its
+    /// primary has not registered under it); without `keep`, and not named, it empties its
+    /// data directory and joins like any copy outside the placement.
+    FormerCopy {
+        placement: Option<Placement>,
+        keep: bool,
     },
 }
 

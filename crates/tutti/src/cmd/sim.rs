@@ -85,7 +85,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     );
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::default();
-    let totals: [AtomicU64; 7] = Default::default();
+    let totals: [AtomicU64; 8] = Default::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -104,6 +104,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
                     report.fail_overs,
                     report.mirror_joins,
                     u64::from(report.nodes_lost > 0),
+                    report.formers_named_again,
                 ]) {
                     total.fetch_add(n, Ordering::Relaxed);
                 }
@@ -137,7 +138,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             first.trace_hash
         );
     }
-    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost] =
+    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers] =
         totals.map(|t| t.into_inner());
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
@@ -163,7 +164,11 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
         );
     }
     if a.workload == SimWorkload::BankRamRepl {
-        outln!("{lost} seeds lost a node (both copies; docs/replication.md, \"ram-repl\")");
+        outln!(
+            "{lost} seeds lost a node (both copies; docs/replication.md, \"ram-repl\"); \
+             {formers} replaced primaries named again (the copy that replaced them died \
+             before it registered)"
+        );
     }
     for (seed, text) in &failures {
         outln!(

@@ -501,3 +501,79 @@ fn a_ram_repl_node_survives_the_loss_of_each_copy_in_turn() {
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(stderr.contains("held a ram-repl cluster"), "{stderr}");
 }
+
+/// `ram-repl`: a mirror promoted and killed before it registers restarts empty, and the
+/// primary it replaced (stopped, not dead: SIGSTOP here, a process cut off in life) learns
+/// it was replaced on waking. It leaves its copy to the process `tutti up` starts in its
+/// place, which tells the managers; they name it primary again, and what was written before
+/// either event is read back. The kill must land between the promotion and the
+/// registration (about 100 ms): an attempt whose mirror registered first is told by its log
+/// and run again on a new cluster.
+#[test]
+fn a_replaced_ram_repl_primary_serves_again_when_its_successor_dies_before_registering() {
+    let rt = common::runtime();
+    for attempt in 1..=3 {
+        let data = common::scratch("up-ram-repl-former");
+        let (mut child, manager) = up_with(&data, &["--mode", "ram-repl"]);
+        assert_eq!(txn(&manager, &["write:1:0:68656c6c6f"])["committed"], true);
+        let primary = until_role(&data, "node-1", "primary");
+        let mirror = until_role(&data, "node-1-mirror", "mirror");
+        let file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
+        let mirror_addr = (file["processes"].as_array().unwrap().iter())
+            .find(|p| p["name"] == "node-1-mirror")
+            .and_then(|p| p["addr"].as_str())
+            .unwrap()
+            .to_string();
+        let managers = tutti_wire::Managers::parse(
+            &manager,
+            tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+            tutti_wire::Dialer::default(),
+        )
+        .unwrap();
+        // SAFETY: kill(2) on processes of this test's cluster.
+        unsafe { libc::kill(primary as i32, libc::SIGSTOP) };
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ask = tutti_wire::Request::Placement { node: 1 };
+            let answer = rt.block_on(managers.call(&ask, Duration::from_secs(1)));
+            if let Ok(tutti_wire::Response::Placement(Some(p))) = answer {
+                if p.primary == mirror_addr {
+                    break;
+                }
+            }
+            assert!(Instant::now() < until, "the mirror was never promoted");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(mirror as i32, libc::SIGKILL) };
+        unsafe { libc::kill(primary as i32, libc::SIGCONT) };
+        let mirror_log = std::fs::read_to_string(data.join("logs/node-1-mirror.log")).unwrap();
+        if mirror_log.contains("registered with the managers") {
+            eprintln!("attempt {attempt}: the promoted mirror registered before it was killed");
+            sigterm_and_wait(&mut child);
+            continue;
+        }
+        // The old primary's process, started again in its place, is named primary again.
+        let until = Instant::now() + Duration::from_secs(30);
+        while !matches!(processes(&data).get("node-1"),
+            Some((role, Some(pid))) if role == "primary" && *pid != primary)
+        {
+            assert!(Instant::now() < until, "{:?}", processes(&data));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = txn(&manager, &["read:1:0:5"]);
+        assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
+        let log = std::fs::read_to_string(data.join("logs/node-1.log")).unwrap();
+        assert!(
+            log.contains("named primary again: serving the copy a replaced primary left"),
+            "{log}"
+        );
+        // The mirror, started again empty, joins it.
+        until_role(&data, "node-1-mirror", "mirror");
+        assert_eq!(txn(&manager, &["write:1:8:01"])["committed"], true);
+        assert_eq!(stop_and_count_children(&mut child, &data), 0);
+        return;
+    }
+    panic!("in 3 attempts, the promoted mirror registered before it was killed");
+}

@@ -457,8 +457,8 @@ impl ManagerState {
     /// a primary silent for `timeout_ms` whose mirror was heard from since is replaced by
     /// the mirror; a mirror that long behind by its primary's account is dropped, and the
     /// primary goes on alone; a primary named by a fail-over that never registered, silent
-    /// that long, is replaced by the copy it replaced if that one kept its data and was
-    /// heard from since. Each change raises the node's
+    /// twice that long, is replaced by the copy it replaced if that one kept its data and
+    /// was heard from since. Each change raises the node's
     /// configuration epoch. With a snapshot, propose it: nobody hears of the new placement
     /// before it is committed.
     pub fn fail_over(&mut self, now_ms: u64, timeout_ms: u64) -> Option<Persisted> {
@@ -999,5 +999,61 @@ mod tests {
             s.placement(1),
             "placements are durable"
         );
+    }
+
+    /// Node 1 with primary P and mirror M (epoch 1), then M promoted (epoch 2) at `t`.
+    fn promoted_at(t: u64) -> ManagerState {
+        const P: &str = "10.0.0.1:1";
+        const M: &str = "10.0.0.2:1";
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let _ = s.register(0, 1, P.into(), 4096, true, false, Some(M.into()));
+        assert_eq!(s.placement(1).unwrap().config_epoch, 1);
+        s.mirror_heartbeat(t - 1, 1, M);
+        assert!(s.fail_over(t, 500).is_some(), "P silent: M promoted");
+        assert_eq!(s.placement(1).unwrap().primary, M);
+        s
+    }
+
+    #[test]
+    fn a_replaced_primary_is_named_again_only_while_its_successor_never_registered() {
+        const P: &str = "10.0.0.1:1";
+        const M: &str = "10.0.0.2:1";
+        let keep = |r: Response| match r {
+            Response::FormerCopy { keep, .. } => keep,
+            other => panic!("{other:?}"),
+        };
+        // M never registers and falls silent: P, heard from since, serves again.
+        let mut s = promoted_at(1_000);
+        assert!(keep(s.former_primary(1_100, 1, P.into(), 1)));
+        assert!(
+            !keep(s.former_primary(1_100, 1, P.into(), 0)),
+            "not the copy replaced"
+        );
+        assert!(
+            s.fail_over(1_900, 500).is_none(),
+            "M silent for less than twice the timeout"
+        );
+        assert!(keep(s.former_primary(1_950, 1, P.into(), 1)));
+        let written = s.fail_over(2_000, 500).expect("P named again");
+        let p = written.placement(1).unwrap();
+        assert_eq!((p.primary.as_str(), p.config_epoch, p.mirror), (P, 3, None));
+        // M registered: P lets its copy go, and is never named again.
+        let mut s = promoted_at(1_000);
+        assert!(keep(s.former_primary(1_100, 1, P.into(), 1)));
+        let (_, written) = s.register(1_200, 1, M.into(), 4096, true, true, None);
+        assert!(
+            written.is_some(),
+            "the registration is committed before the reply"
+        );
+        assert!(!keep(s.former_primary(1_300, 1, P.into(), 1)));
+        assert!(s.fail_over(5_000, 500).is_none());
+        assert_eq!(s.placement(1).unwrap().primary, M);
+        // M heartbeats while it waits out the lease: alive, P is not named.
+        let mut s = promoted_at(1_000);
+        for t in (1_100..3_000).step_by(100) {
+            s.mirror_heartbeat(t, 1, M);
+            assert!(keep(s.former_primary(t, 1, P.into(), 1)));
+            assert!(s.fail_over(t, 500).is_none(), "at {t}");
+        }
     }
 }

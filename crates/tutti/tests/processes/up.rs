@@ -7,12 +7,44 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn up(data: &std::path::Path) -> (Child, String) {
+fn up(data: &std::path::Path) -> (Up, String) {
     up_with(data, &[])
 }
 
+/// A running `tutti up`, stopped (SIGTERM, then SIGKILL) when dropped: a test that fails
+/// leaves no cluster running behind it.
+struct Up(Child);
+
+impl std::ops::Deref for Up {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Up {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let until = Instant::now() + Duration::from_secs(15);
+            while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// `up`, with more flags.
-fn up_with(data: &std::path::Path, flags: &[&str]) -> (Child, String) {
+fn up_with(data: &std::path::Path, flags: &[&str]) -> (Up, String) {
     let mut child = Command::new(common::exe())
         .args(["up", "--nodes", "2", "--size", "16M", "--data"])
         .arg(data)
@@ -26,7 +58,7 @@ fn up_with(data: &std::path::Path, flags: &[&str]) -> (Child, String) {
     let manager = first.rsplit(' ').next().unwrap().to_string();
     assert!(first.contains("up; manager at"), "{first}");
     std::thread::spawn(move || for _ in lines {});
-    (child, manager)
+    (Up(child), manager)
 }
 
 fn txn(cluster: &str, items: &[&str]) -> serde_json::Value {

@@ -307,12 +307,17 @@ struct FormerMarker {
 
 const FORMER_MARKER: &str = "former.json";
 
-pub(crate) fn write_former_marker(data: &Path, config_epoch: u64) -> Result<(), NodeError> {
+/// Leaves the copy in `data` to the process started next on it (the marker above), as
+/// of `config_epoch`; a failure is logged (that process then empties the copy).
+pub(crate) fn leave_copy(data: &Path, config_epoch: u64) {
     let tmp = data.join("former.json.tmp");
-    let bytes = serde_json::to_vec(&FormerMarker { config_epoch })
-        .map_err(|e| NodeError::Config(e.to_string()))?;
-    std::fs::write(&tmp, bytes).map_err(io("write former.json"))?;
-    std::fs::rename(&tmp, data.join(FORMER_MARKER)).map_err(io("rename former.json"))
+    let written = serde_json::to_vec(&FormerMarker { config_epoch })
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| std::fs::write(&tmp, bytes).map_err(|e| e.to_string()))
+        .and_then(|()| std::fs::rename(&tmp, data.join(FORMER_MARKER)).map_err(|e| e.to_string()));
+    if let Err(e) = written {
+        tracing::error!("leaving this copy for the next process: writing former.json: {e}");
+    }
 }
 
 /// The former primary's configuration epoch, if one left its copy here; the marker goes.

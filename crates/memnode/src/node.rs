@@ -222,14 +222,12 @@ impl Node {
     /// Another copy serves this node now: stop at once, answering nobody. A `ram-repl`
     /// primary leaves its copy to the process started next in its place: the copy that
     /// replaced it may die before it serves, and this one is then the node's only copy
-    /// (`mirror_node::write_former_marker`).
+    /// (`mirror_node::leave_copy`).
     pub(crate) fn replaced(&self, why: &str) -> ! {
         tracing::error!("this primary was replaced ({why}); stopping");
         if let (true, Some(data), Some(_)) = (self.cfg.volatile, &self.cfg.data, &self.shipper) {
             let config_epoch = self.with_shipper(|s| s.placement().config_epoch);
-            if let Err(e) = crate::mirror_node::write_former_marker(data, config_epoch) {
-                tracing::error!("leaving this copy for the next process: {e}");
-            }
+            crate::mirror_node::leave_copy(data, config_epoch);
         }
         std::process::exit(EXIT_REPLACED);
     }
@@ -470,10 +468,7 @@ pub async fn run(
                     // copy for the managers, as a replaced primary does.
                     Err(NodeError::Replaced(why)) => {
                         if let (true, Some(named_in)) = (cfg.volatile, promoted_in) {
-                            if let Err(e) = crate::mirror_node::write_former_marker(&data, named_in)
-                            {
-                                tracing::error!("leaving this copy for the next process: {e}");
-                            }
+                            crate::mirror_node::leave_copy(&data, named_in);
                         }
                         return Err(NodeError::Replaced(why));
                     }

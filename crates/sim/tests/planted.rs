@@ -360,6 +360,28 @@ fn a_mirror_taking_over_within_the_old_primarys_lease_is_caught() {
     assert!(found.is_some(), "not caught in 1,000 seeds");
 }
 
+/// `ram-repl` nodes, the manager group, no backups.
+fn ram_repl() -> SimConfig {
+    SimConfig {
+        replicated: true,
+        in_ram: true,
+        backups: 0,
+        ..SimConfig::default()
+    }
+}
+
+/// The first of 1,000 `ram-repl` seeds that breaks a safety checker (not just liveness,
+/// which a lost node breaks), and what broke.
+fn first_safety_failure_in_ram_repl() -> Option<(u64, String)> {
+    let cfg = ram_repl();
+    (0..1000).find_map(|seed| {
+        let report = run(seed, &cfg);
+        (report.violations.iter())
+            .find(|v| v.kind != "liveness")
+            .map(|v| (seed, v.to_string()))
+    })
+}
+
 /// `ram-repl`: a process restarted empty that serves as the primary or mirror the placement
 /// still names it, instead of waiting to be replaced and joining: the node's data is lost,
 /// which breaks a safety checker (not just liveness, which a lost node breaks without the
@@ -367,18 +389,7 @@ fn a_mirror_taking_over_within_the_old_primarys_lease_is_caught() {
 #[test]
 fn an_empty_ram_copy_serving_is_caught() {
     plant(Some(Bug::EmptyCopyServes));
-    let cfg = SimConfig {
-        replicated: true,
-        in_ram: true,
-        backups: 0,
-        ..SimConfig::default()
-    };
-    let found = (0..1000).find_map(|seed| {
-        let report = run(seed, &cfg);
-        (report.violations.iter())
-            .find(|v| v.kind != "liveness")
-            .map(|v| (seed, v.to_string()))
-    });
+    let found = first_safety_failure_in_ram_repl();
     plant(None);
     let (seed, detail) = found.expect("caught within 1,000 seeds");
     eprintln!("seed {seed}: {detail}");
@@ -394,12 +405,7 @@ fn an_empty_ram_copy_serving_is_caught() {
 /// liveness only, so seeds are counted.)
 #[test]
 fn the_managers_old_fail_over_rules_lose_nodes() {
-    let cfg = SimConfig {
-        replicated: true,
-        in_ram: true,
-        backups: 0,
-        ..SimConfig::default()
-    };
+    let cfg = ram_repl();
     // Seeds that lost a node, and replaced primaries named again (their successor died
     // before it registered: a node that would have been lost but for the copy kept).
     let losing = || {
@@ -435,18 +441,7 @@ fn the_managers_old_fail_over_rules_lose_nodes() {
 #[test]
 fn naming_a_former_primary_again_after_its_successor_registered_is_caught() {
     tutti_manager::plant(Some(tutti_manager::Bug::RenameRegisteredFormer));
-    let cfg = SimConfig {
-        replicated: true,
-        in_ram: true,
-        backups: 0,
-        ..SimConfig::default()
-    };
-    let found = (0..1000).find_map(|seed| {
-        let report = run(seed, &cfg);
-        (report.violations.iter())
-            .find(|v| v.kind != "liveness")
-            .map(|v| (seed, v.to_string()))
-    });
+    let found = first_safety_failure_in_ram_repl();
     tutti_manager::plant(None);
     let (seed, detail) = found.expect("caught within 1,000 seeds");
     eprintln!("seed {seed}: {detail}");

@@ -475,12 +475,14 @@ impl ManagerState {
                 // data, serves again rather than the node being lost.
                 // The promoted copy heartbeats until it registers (as a mirror while it
                 // waits out the old primary's lease): silent for twice the timeout, it is
-                // taken for gone.
+                // taken for gone. The former must have been heard from within the timeout
+                // too: one silent since may have died (a `ram-repl` one restarts empty).
                 let promoted_silent = silent_for(primary_seen.as_ref(), 2 * timeout_ms);
                 let former = (self.formers.get(&id)).filter(|f| {
                     n.may_name_again(&f.addr, f.config_epoch)
                         && promoted_silent
                         && primary_seen.is_none_or(|p| f.seen_ms >= p + timeout_ms)
+                        && !silent(Some(&f.seen_ms))
                 });
                 if let Some(f) = former {
                     tracing::warn!(node = id, silent = %n.addr, former = %f.addr, "a promoted copy never registered: the copy it replaced serves again");
@@ -1033,8 +1035,12 @@ mod tests {
             s.fail_over(1_900, 500).is_none(),
             "M silent for less than twice the timeout"
         );
-        assert!(keep(s.former_primary(1_950, 1, P.into(), 1)));
-        let written = s.fail_over(2_000, 500).expect("P named again");
+        assert!(
+            s.fail_over(2_500, 500).is_none(),
+            "P not heard from within the timeout: it may have died since"
+        );
+        assert!(keep(s.former_primary(2_950, 1, P.into(), 1)));
+        let written = s.fail_over(3_000, 500).expect("P named again");
         let p = written.placement(1).unwrap();
         assert_eq!((p.primary.as_str(), p.config_epoch, p.mirror), (P, 3, None));
         // M registered: P lets its copy go, and is never named again.

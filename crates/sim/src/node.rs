@@ -846,16 +846,22 @@ impl SimNode {
         }
         if p.primary == me {
             ctx.count("formers_named_again", 1);
-            let next = self.log_next();
-            self.next_lsn = next;
-            let space = space_from(&self.image);
-            let mirror = Mirror::new(self.id, space, next, self.synced.clone(), now);
+            let mirror = self.mirror_from_disk(now);
             let repl = self.repl.as_mut().expect("replicated");
-            repl.state = ReplState::Mirror(mirror.in_ram(self.in_ram));
+            repl.state = ReplState::Mirror(mirror);
             self.mirror_placement(ctx, Some(p));
         } else if !keep {
             self.lose_copy(ctx);
         }
+    }
+
+    /// A mirror over what this process holds: its image and its synced records, the next
+    /// record after them.
+    fn mirror_from_disk(&mut self, now_ms: u64) -> Mirror<Addr> {
+        let next = self.log_next();
+        self.next_lsn = next;
+        let space = space_from(&self.image);
+        Mirror::new(self.id, space, next, self.synced.clone(), now_ms).in_ram(self.in_ram)
     }
 
     /// `ram-repl`: a replaced primary stops, and the process started in its place keeps
@@ -1600,12 +1606,8 @@ impl Process for SimNode {
                     return;
                 }
                 ReplState::MirrorDown => {
-                    let next = self.synced.last().map_or(self.floor, |(lsn, _)| lsn + 1);
-                    self.next_lsn = next;
-                    let space = space_from(&self.image);
-                    let (records, now) = (self.synced.clone(), now_ms(ctx));
-                    let mirror =
-                        Mirror::new(self.id, space, next, records, now).in_ram(self.in_ram);
+                    let mirror = self.mirror_from_disk(now_ms(ctx));
+                    let repl = self.repl.as_mut().expect("replicated");
                     repl.state = ReplState::Mirror(mirror);
                     self.schedule_timers(ctx);
                     return;

@@ -16,6 +16,7 @@ pub mod namespace;
 pub mod objects;
 pub mod partitions;
 pub mod peers;
+pub mod replication;
 pub mod suite;
 pub mod transactions;
 pub mod views;
@@ -23,6 +24,15 @@ pub mod views;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+/// The sections of RESULTS.md each suite writes from a run of its own (begin and end
+/// markers): `tutti bench all` keeps them when it writes the rest.
+pub const SUITE_SECTIONS: [(&str, &str); 4] = [
+    (log::SECTION_BEGIN, log::SECTION_END),
+    (objects::SECTION_BEGIN, objects::SECTION_END),
+    (fs::SECTION_BEGIN, fs::SECTION_END),
+    (replication::SECTION_BEGIN, replication::SECTION_END),
+];
 
 /// One measured point, in the record format shared by every benchmark.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

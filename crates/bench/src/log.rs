@@ -672,11 +672,6 @@ pub async fn run(
 pub const SECTION_BEGIN: &str = "<!-- tutti bench log -->";
 pub const SECTION_END: &str = "<!-- /tutti bench log -->";
 
-/// `md` with its log section (if any) replaced by `section`, or `section` appended.
-pub fn splice(md: &str, section: &str) -> String {
-    splice_between(md, SECTION_BEGIN, SECTION_END, section)
-}
-
 /// `md` with what lies from `begin` to `end` (markers included) replaced by `section`, or
 /// `section` appended if it has no such part.
 pub fn splice_between(md: &str, begin: &str, end: &str, section: &str) -> String {
@@ -686,10 +681,10 @@ pub fn splice_between(md: &str, begin: &str, end: &str, section: &str) -> String
     }
 }
 
-/// The log section of `md`, markers included, if it has one.
-pub fn section_of(md: &str) -> Option<&str> {
-    let (b, e) = (md.find(SECTION_BEGIN)?, md.find(SECTION_END)?);
-    (b < e).then(|| &md[b..e + SECTION_END.len()])
+/// The part of `md` from `begin` to `end`, markers included, if it has one.
+pub fn section_between<'a>(md: &'a str, begin: &str, end: &str) -> Option<&'a str> {
+    let (b, e) = (md.find(begin)?, md.find(end)?);
+    (b < e).then(|| &md[b..e + end.len()])
 }
 
 fn find<'a>(
@@ -910,11 +905,12 @@ mod tests {
     fn the_section_is_replaced_in_place_or_appended() {
         let section = format!("{SECTION_BEGIN}\nnew\n{SECTION_END}");
         let md = format!("# r\n\n{SECTION_BEGIN}\nold\n{SECTION_END}\n## after\n");
+        let splice = |md: &str| splice_between(md, SECTION_BEGIN, SECTION_END, &section);
+        assert_eq!(splice(&md), format!("# r\n\n{section}\n## after\n"));
+        assert_eq!(splice("# r\n"), format!("# r\n{section}\n"));
         assert_eq!(
-            splice(&md, &section),
-            format!("# r\n\n{section}\n## after\n")
+            section_between(&md, SECTION_BEGIN, SECTION_END),
+            Some(&md[5..md.len() - 10])
         );
-        assert_eq!(splice("# r\n", &section), format!("# r\n{section}\n"));
-        assert_eq!(section_of(&md), Some(&md[5..md.len() - 10]));
     }
 }

@@ -599,7 +599,7 @@ pub fn plot(out: &Path) -> Result<(), String> {
 }
 
 /// Writes one JSON file per experiment under `out/results/` and `out/RESULTS.md` (keeping
-/// the shared log's section of an earlier `tutti bench log`).
+/// the sections other suites wrote there: `tutti bench log`, `objects`, `fs`, `repl`).
 pub fn write(cfg: &SuiteConfig, points: &[Point], command: &str) -> Result<(), String> {
     let results = cfg.out.join("results");
     std::fs::create_dir_all(&results).map_err(|e| format!("{}: {e}", results.display()))?;
@@ -614,10 +614,12 @@ pub fn write(cfg: &SuiteConfig, points: &[Point], command: &str) -> Result<(), S
     }
     let mut md = results_md(cfg, points, command);
     let path = cfg.out.join("RESULTS.md");
-    // The log's section comes from its own run (`tutti bench log`): kept as it is.
+    // The other suites' sections come from their own runs: kept as they are.
     let before = std::fs::read_to_string(&path).unwrap_or_default();
-    if let Some(section) = crate::log::section_of(&before) {
-        md = crate::log::splice(&md, section);
+    for (begin, end) in crate::SUITE_SECTIONS {
+        if let Some(section) = crate::log::section_between(&before, begin, end) {
+            md = crate::log::splice_between(&md, begin, end, section);
+        }
     }
     std::fs::write(&path, md).map_err(|e| format!("{}: {e}", path.display()))
 }

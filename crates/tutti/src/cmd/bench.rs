@@ -58,7 +58,8 @@ pub(crate) enum BenchCommand {
     /// Fig. 18 (scaling) in the four modes at 1, 2 and 4 nodes; then Fig. 16 on etcd (one
     /// member, started here), all in one run. Prints the points as JSON, then the ratios at
     /// 64 outstanding against the targets (each replicated mode ≥ 0.7 × its unreplicated
-    /// one, `log-repl` ≥ 10 × etcd).
+    /// one, `log-repl` ≥ 10 × etcd). Writes results/repl.json and the replicated modes'
+    /// section of RESULTS.md under --out.
     Repl(BenchReplArgs),
 }
 
@@ -98,6 +99,9 @@ pub(crate) struct BenchReplArgs {
     /// shared and noisy).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Where results/ and RESULTS.md are written (default: bench/ of the source tree).
+    #[arg(long, default_value_os_t = tutti_harness::source_tree().join("bench"))]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -610,11 +614,19 @@ mod measure {
             no_peers: false,
         };
         let mut print = print_fig16_point;
-        let (points, summary) = tutti_bench::suite::replication(&cfg, &mut print).await?;
+        let result = tutti_bench::suite::replication(&cfg, &mut print).await;
+        drop(scratch);
+        let (points, summary) = result?;
+        tutti_bench::replication::write(&a.out, &points, &summary, &command_line(None))?;
         let out = serde_json::json!({ "points": points, "summary": summary });
         noteln!(
             "{}",
             serde_json::to_string_pretty(&out).expect("serialisable")
+        );
+        eprintln!(
+            "bench: wrote {} and the repl section of {}",
+            a.out.join("results/repl.json").display(),
+            a.out.join("RESULTS.md").display()
         );
         eprintln!(
             "bench: log-repl / log at 64 outstanding: {} (1 node), {} (4 nodes, spread 2); \

@@ -1,0 +1,173 @@
+//! The replicated modes' section of RESULTS.md (`tutti bench repl`): Fig. 16 at every
+//! outstanding count and Fig. 18's scaling in `log`, `log-repl`, `ram` and `ram-repl`, etcd
+//! beside them, and issue 18's ratios at 64 outstanding against their targets.
+
+use crate::log::write_results;
+use crate::suite::{ReplicationSummary, HEADLINE_OUTSTANDING};
+use crate::Point;
+use std::fmt::Write;
+use std::path::Path;
+
+pub const SECTION_BEGIN: &str = "<!-- tutti bench repl -->";
+pub const SECTION_END: &str = "<!-- /tutti bench repl -->";
+
+const MODES: [&str; 4] = ["log", "log-repl", "ram", "ram-repl"];
+
+fn point<'a>(
+    points: &'a [Point],
+    experiment: &str,
+    mode: &str,
+    nodes: usize,
+    outstanding: Option<usize>,
+) -> Option<&'a Point> {
+    points.iter().find(|p| {
+        p.experiment == experiment
+            && p.system == "tutti"
+            && p.mode == mode
+            && p.nodes == nodes
+            && outstanding.is_none_or(|o| p.outstanding == o)
+    })
+}
+
+fn cell(p: Option<&Point>) -> String {
+    p.map_or("–".into(), |p| format!("{:.0}", p.throughput_per_s))
+}
+
+fn ratio_row(md: &mut String, what: &str, value: f64, target: f64) {
+    let met = if value >= target { "met" } else { "not met" };
+    let _ = writeln!(md, "| {what} | {value:.2} | ≥ {target} | {met} |");
+}
+
+/// The section, markers included.
+pub fn section(points: &[Point], summary: &ReplicationSummary, command: &str) -> String {
+    let mut md = format!("{SECTION_BEGIN}\n## Replicated memory nodes (`tutti bench repl`)\n\n");
+    let _ = writeln!(
+        md,
+        "`{command}`: each mode on a cluster of its own started here (`log-repl` and \
+         `ram-repl`: every memory node a primary process and a mirror process), 3 \
+         compare-and-swaps per minitransaction over 50,000 items per node, minitransactions \
+         per second; at {HEADLINE_OUTSTANDING} outstanding the median of several runs. etcd: \
+         one member on the local disk (fsync), the same transactions. Sinfonia reports \
+         LOG-REPL at 0.83 × LOG.\n"
+    );
+    let mut outstanding: Vec<usize> = (points.iter())
+        .filter(|p| p.experiment == "fig16")
+        .map(|p| p.outstanding)
+        .collect();
+    outstanding.sort_unstable();
+    outstanding.dedup();
+    for (nodes, title) in [
+        (1, "one node (one phase)"),
+        (4, "four nodes, each minitransaction over two (two phases)"),
+    ] {
+        let _ = writeln!(md, "### Fig. 16, {title}\n");
+        let _ = writeln!(md, "| outstanding | {} | etcd |", MODES.join(" | "));
+        let _ = writeln!(md, "| ---: |{}", " ---: |".repeat(MODES.len() + 1));
+        for &o in &outstanding {
+            let cells: Vec<String> = (MODES.iter())
+                .map(|m| cell(point(points, "fig16", m, nodes, Some(o))))
+                .collect();
+            let etcd = (nodes == 1)
+                .then(|| {
+                    points.iter().find(|p| {
+                        p.experiment == "fig16" && p.system == "etcd" && p.outstanding == o
+                    })
+                })
+                .flatten();
+            let _ = writeln!(md, "| {o} | {} | {} |", cells.join(" | "), cell(etcd));
+        }
+        md.push('\n');
+    }
+    let mut sizes: Vec<usize> = (points.iter())
+        .filter(|p| p.experiment == "fig18")
+        .map(|p| p.nodes)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let at = (points.iter())
+        .find(|p| p.experiment == "fig18")
+        .map_or(HEADLINE_OUTSTANDING, |p| p.outstanding);
+    let _ = writeln!(
+        md,
+        "### Fig. 18, scaling at {at} outstanding (each minitransaction over two nodes where \
+         there are two)\n"
+    );
+    let _ = writeln!(md, "| nodes | {} |", MODES.join(" | "));
+    let _ = writeln!(md, "| ---: |{}", " ---: |".repeat(MODES.len()));
+    for n in sizes {
+        let cells: Vec<String> = (MODES.iter())
+            .map(|m| cell(point(points, "fig18", m, n, None)))
+            .collect();
+        let _ = writeln!(md, "| {n} | {} |", cells.join(" | "));
+    }
+    let _ = writeln!(
+        md,
+        "\n### Targets at {HEADLINE_OUTSTANDING} outstanding\n\n| ratio | value | target | |\n| --- | ---: | ---: | --- |"
+    );
+    ratio_row(
+        &mut md,
+        "log-repl / log, 1 node",
+        summary.log_repl_vs_log_1pc,
+        0.7,
+    );
+    ratio_row(
+        &mut md,
+        "log-repl / log, 4 nodes",
+        summary.log_repl_vs_log_2pc,
+        0.7,
+    );
+    ratio_row(
+        &mut md,
+        "ram-repl / ram, 1 node",
+        summary.ram_repl_vs_ram_1pc,
+        0.7,
+    );
+    ratio_row(
+        &mut md,
+        "ram-repl / ram, 4 nodes",
+        summary.ram_repl_vs_ram_2pc,
+        0.7,
+    );
+    ratio_row(&mut md, "log-repl / etcd", summary.log_repl_vs_etcd, 10.0);
+    let _ = write!(md, "\n{SECTION_END}");
+    md
+}
+
+/// Writes `results/repl.json` and the replicated modes' section of `RESULTS.md` under `out`.
+pub fn write(
+    out: &Path,
+    points: &[Point],
+    summary: &ReplicationSummary,
+    command: &str,
+) -> Result<(), String> {
+    let md = section(points, summary, command);
+    write_results(out, "repl.json", points, SECTION_BEGIN, SECTION_END, &md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_has_a_row_per_outstanding_count_and_the_targets() {
+        let mut points = vec![];
+        for (mode, per_s) in [("log", 100.0), ("log-repl", 69.0)] {
+            let mut p = Point::new("fig16", "tutti", mode, 1, 1, 64);
+            p.throughput_per_s = per_s;
+            points.push(p);
+        }
+        let summary = ReplicationSummary {
+            log_repl_vs_log_1pc: 0.69,
+            log_repl_vs_log_2pc: 0.0,
+            ram_repl_vs_ram_1pc: 0.0,
+            ram_repl_vs_ram_2pc: 0.0,
+            log_repl_vs_etcd: 12.0,
+            targets_met: false,
+        };
+        let md = section(&points, &summary, "tutti bench repl");
+        assert!(md.starts_with(SECTION_BEGIN) && md.ends_with(SECTION_END));
+        assert!(md.contains("| 64 | 100 | 69 | – | – | – |"), "{md}");
+        assert!(md.contains("| log-repl / log, 1 node | 0.69 | ≥ 0.7 | not met |"));
+        assert!(md.contains("| log-repl / etcd | 12.00 | ≥ 10 | met |"));
+    }
+}

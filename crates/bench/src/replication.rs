@@ -3,7 +3,7 @@
 //! beside them, and issue 18's ratios at 64 outstanding against their targets.
 
 use crate::log::write_results;
-use crate::suite::{ReplicationSummary, HEADLINE_OUTSTANDING};
+use crate::suite::{find, ReplicationSummary, HEADLINE_OUTSTANDING};
 use crate::Point;
 use std::fmt::Write;
 use std::path::Path;
@@ -13,20 +13,20 @@ pub const SECTION_END: &str = "<!-- /tutti bench repl -->";
 
 const MODES: [&str; 4] = ["log", "log-repl", "ram", "ram-repl"];
 
-fn point<'a>(
-    points: &'a [Point],
-    experiment: &str,
-    mode: &str,
-    nodes: usize,
-    outstanding: Option<usize>,
-) -> Option<&'a Point> {
-    points.iter().find(|p| {
-        p.experiment == experiment
-            && p.system == "tutti"
-            && p.mode == mode
-            && p.nodes == nodes
-            && outstanding.is_none_or(|o| p.outstanding == o)
+/// Fig. 18's point of `mode` at `nodes` (Fig. 16's are `suite::find`'s).
+fn fig18<'a>(points: &'a [Point], mode: &str, nodes: usize) -> Option<&'a Point> {
+    (points.iter()).find(|p| {
+        p.experiment == "fig18" && p.system == "tutti" && p.mode == mode && p.nodes == nodes
     })
+}
+
+/// The distinct values of `of` over `experiment`'s points, in order.
+fn distinct(points: &[Point], experiment: &str, of: impl Fn(&Point) -> usize) -> Vec<usize> {
+    let values: std::collections::BTreeSet<usize> = (points.iter())
+        .filter(|p| p.experiment == experiment)
+        .map(of)
+        .collect();
+    values.into_iter().collect()
 }
 
 fn cell(p: Option<&Point>) -> String {
@@ -50,12 +50,7 @@ pub fn section(points: &[Point], summary: &ReplicationSummary, command: &str) ->
          one member on the local disk (fsync), the same transactions. Sinfonia reports \
          LOG-REPL at 0.83 × LOG.\n"
     );
-    let mut outstanding: Vec<usize> = (points.iter())
-        .filter(|p| p.experiment == "fig16")
-        .map(|p| p.outstanding)
-        .collect();
-    outstanding.sort_unstable();
-    outstanding.dedup();
+    let outstanding = distinct(points, "fig16", |p| p.outstanding);
     for (nodes, title) in [
         (1, "one node (one phase)"),
         (4, "four nodes, each minitransaction over two (two phases)"),
@@ -65,25 +60,16 @@ pub fn section(points: &[Point], summary: &ReplicationSummary, command: &str) ->
         let _ = writeln!(md, "| ---: |{}", " ---: |".repeat(MODES.len() + 1));
         for &o in &outstanding {
             let cells: Vec<String> = (MODES.iter())
-                .map(|m| cell(point(points, "fig16", m, nodes, Some(o))))
+                .map(|m| cell(find(points, "tutti", m, nodes, o)))
                 .collect();
             let etcd = (nodes == 1)
-                .then(|| {
-                    points.iter().find(|p| {
-                        p.experiment == "fig16" && p.system == "etcd" && p.outstanding == o
-                    })
-                })
+                .then(|| find(points, "etcd", "fsync", 1, o))
                 .flatten();
             let _ = writeln!(md, "| {o} | {} | {} |", cells.join(" | "), cell(etcd));
         }
         md.push('\n');
     }
-    let mut sizes: Vec<usize> = (points.iter())
-        .filter(|p| p.experiment == "fig18")
-        .map(|p| p.nodes)
-        .collect();
-    sizes.sort_unstable();
-    sizes.dedup();
+    let sizes = distinct(points, "fig18", |p| p.nodes);
     let at = (points.iter())
         .find(|p| p.experiment == "fig18")
         .map_or(HEADLINE_OUTSTANDING, |p| p.outstanding);
@@ -95,9 +81,7 @@ pub fn section(points: &[Point], summary: &ReplicationSummary, command: &str) ->
     let _ = writeln!(md, "| nodes | {} |", MODES.join(" | "));
     let _ = writeln!(md, "| ---: |{}", " ---: |".repeat(MODES.len()));
     for n in sizes {
-        let cells: Vec<String> = (MODES.iter())
-            .map(|m| cell(point(points, "fig18", m, n, None)))
-            .collect();
+        let cells: Vec<String> = (MODES.iter()).map(|m| cell(fig18(points, m, n))).collect();
         let _ = writeln!(md, "| {n} | {} |", cells.join(" | "));
     }
     let _ = writeln!(

@@ -627,7 +627,7 @@ pub fn write(cfg: &SuiteConfig, points: &[Point], command: &str) -> Result<(), S
 /// A line of Fig. 16: (system, mode, nodes).
 type Series = (&'static str, &'static str, usize);
 
-fn find<'a>(
+pub(crate) fn find<'a>(
     points: &'a [Point],
     system: &str,
     mode: &str,

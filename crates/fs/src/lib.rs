@@ -6,11 +6,13 @@
 //! the FUSE adapter; the CLI's `tutti fs` drives it. It uses only the minitransaction client.
 
 pub mod blockmap;
+pub mod coherence;
 pub mod dir;
 pub mod fsck;
 pub mod fsx;
 pub mod inode;
 pub mod layout;
+pub mod members;
 pub mod mount;
 pub mod ops;
 pub mod rename;
@@ -33,6 +35,9 @@ pub enum Bug {
     /// A grow that formats the new nodes (zeroes their bitmaps) without comparing that the
     /// volume does not span them yet: run again, it frees everything allocated there since.
     GrowNotValidated,
+    /// A member commits a write without announcing it to the other members: they keep
+    /// trusting (and their kernels keep) what it changed.
+    WriteNotAnnounced,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -1,8 +1,11 @@
 //! The FUSE adapter (fuser 0.18): maps the kernel's requests onto `FileSystem` operations,
 //! keeps this mount's open files and its write-back buffers. With the default `cache_ms` of
-//! 0 the kernel caches no attributes or entries, so every stat and lookup is validated
-//! against the memory nodes and other mounts' changes show at once.
+//! 0 the kernel keeps attributes only while this mount's lease lets it trust them, and is
+//! told to forget them when another member announces a write to them (docs/fs.md,
+//! "Coherent caching"); it keeps no entries, whose lookups the mount answers from its
+//! cache, so other mounts' changes show at once.
 
+use crate::coherence::Stamp;
 use crate::inode::{Inode, Time, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::layout::Ino;
 use crate::ops::{Caller, NewFile, SetAttr};
@@ -86,10 +89,17 @@ struct Handles {
     orphans: std::collections::HashSet<Handle>,
 }
 
+/// Files whose attributes the kernel was given to keep, and the number it knows each by:
+/// what another member's write covers is forgotten there.
+pub type Given = Arc<Mutex<HashMap<Ino, u64>>>;
+
 /// What one mount keeps: its volume, open files and write-back buffers.
 struct State {
     fs: Arc<FileSystem>,
-    ttl: Duration,
+    /// `--cache-ms`: how long the kernel keeps attributes and entries whatever other
+    /// mounts do; `None`: as long as coherence allows.
+    fixed_ttl: Option<Duration>,
+    given: Given,
     write_back_bytes: usize,
     handles: Mutex<Handles>,
     dirty: Mutex<HashMap<Handle, Arc<tokio::sync::Mutex<Dirty>>>>,
@@ -146,10 +156,34 @@ pub struct Mount {
 }
 
 impl Mount {
+    /// The files whose attributes this mount let the kernel keep (for `forgetter`).
+    pub fn given(&self) -> Given {
+        self.state.given.clone()
+    }
+
+    /// What makes the kernel forget files' attributes once mounted, through `notifier`:
+    /// for `FileSystem::on_forget` (an empty list: every file it was given).
+    pub fn forgetter(given: Given, notifier: fuser::Notifier) -> crate::members::Forget {
+        Box::new(move |inodes: &[Ino]| {
+            let doomed: Vec<u64> = {
+                let mut given = given.lock().expect("given poisoned");
+                match inodes {
+                    [] => given.drain().map(|(_, k)| k).collect(),
+                    _ => inodes.iter().filter_map(|i| given.remove(i)).collect(),
+                }
+            };
+            for k in doomed {
+                // ENOENT: the kernel let it go already.
+                let _ = notifier.inval_inode(INodeNo(k), 0, 0);
+            }
+        })
+    }
+
     pub fn new(fs: Arc<FileSystem>, rt: Runtime, opts: &MountOptions) -> Mount {
         let state = State {
             fs,
-            ttl: Duration::from_millis(opts.cache_ms),
+            fixed_ttl: (opts.cache_ms > 0).then(|| Duration::from_millis(opts.cache_ms)),
+            given: Given::default(),
             write_back_bytes: opts.write_back_bytes,
             handles: Mutex::default(),
             dirty: Mutex::default(),
@@ -357,16 +391,41 @@ impl State {
         flushed
     }
 
-    fn entry(&self, reply: ReplyEntry, r: Result<(Ino, Inode), i32>) {
+    /// How long the kernel may keep attributes of `ino` read since `stamp` (noted, for
+    /// another member's write to make it forget them).
+    fn attr_ttl(&self, stamp: Stamp, ino: Ino, i: &Inode) -> Duration {
+        let ttl = self.fixed_ttl.unwrap_or_else(|| self.fs.attr_ttl(stamp));
+        if !ttl.is_zero() && self.fixed_ttl.is_none() {
+            let k = self.kernel_ino(ino, i.igeneration).0;
+            self.given.lock().expect("given poisoned").insert(ino, k);
+        }
+        ttl
+    }
+
+    /// Entries: none kept, unless `--cache-ms` (FUSE cannot make the kernel forget an
+    /// entry whose lookup is in flight; the mount answers lookups from its cache instead).
+    fn entry_ttl(&self) -> Duration {
+        self.fixed_ttl.unwrap_or(Duration::ZERO)
+    }
+
+    fn entry(&self, stamp: Stamp, reply: ReplyEntry, r: Result<(Ino, Inode), i32>) {
         match r {
-            Ok((ino, i)) => reply.entry(&self.ttl, &self.attr(ino, &i), Generation(i.igeneration)),
+            Ok((ino, i)) => reply.entry_with_ttls(
+                &self.attr_ttl(stamp, ino, &i),
+                &self.entry_ttl(),
+                &self.attr(ino, &i),
+                Generation(i.igeneration),
+            ),
             Err(e) => reply.error(err(e)),
         }
     }
 
-    fn reply_attr(&self, reply: ReplyAttr, h: Handle, r: Result<Inode, i32>) {
+    fn reply_attr(&self, stamp: Stamp, reply: ReplyAttr, h: Handle, r: Result<Inode, i32>) {
         match r {
-            Ok(inode) => reply.attr(&self.ttl, &self.attr(h.ino, &inode)),
+            Ok(inode) => reply.attr(
+                &self.attr_ttl(stamp, h.ino, &inode),
+                &self.attr(h.ino, &inode),
+            ),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -495,18 +554,37 @@ impl Filesystem for Mount {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let m = &self.state;
+        let stamp = m.fs.stamp();
+        let p = m.ino(parent);
+        if let Some(r) = m.fs.trusted_lookup(p, name.as_bytes()) {
+            let clean =
+                |(ino, i): &(Ino, Inode)| m.dirty_of(m.handle(*ino, i.igeneration)).is_none();
+            if r.as_ref().map_or(true, clean) {
+                return m.entry(stamp, reply, r);
+            }
+        }
         let name = name.as_bytes().to_vec();
         self.spawn(move |m| async move {
+            let stamp = m.fs.stamp();
             let r = m.lookup(m.ino(parent), &name).await;
-            m.entry(reply, r);
+            m.entry(stamp, reply, r);
         });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let m = &self.state;
+        let (stamp, i) = (m.fs.stamp(), m.ino(ino));
+        if m.dirty_of(i).is_none() {
+            if let Some(r) = m.fs.trusted_getattr(i) {
+                return m.reply_attr(stamp, reply, i, r);
+            }
+        }
         self.spawn(move |m| async move {
+            let stamp = m.fs.stamp();
             let i = m.ino(ino);
             let r = m.getattr_fresh(i).await;
-            m.reply_attr(reply, i, r);
+            m.reply_attr(stamp, reply, i, r);
         });
     }
 
@@ -531,13 +609,14 @@ impl Filesystem for Mount {
         let set = set_attr(mode, uid, gid, size, atime, mtime, ctime);
         let privileged = req.uid() == 0;
         self.spawn(move |m| async move {
+            let stamp = m.fs.stamp();
             let i = m.ino(ino);
             let r = async {
                 m.flush(i).await?;
                 m.fs.setattr(i, &set, privileged).await
             }
             .await;
-            m.reply_attr(reply, i, r);
+            m.reply_attr(stamp, reply, i, r);
         });
     }
 
@@ -650,9 +729,10 @@ impl Filesystem for Mount {
     ) {
         let newname = newname.as_bytes().to_vec();
         self.spawn(move |m| async move {
+            let stamp = m.fs.stamp();
             let i = m.ino(ino);
             let r = m.fs.link(i, m.ino(newparent), &newname).await;
-            m.entry(reply, r.map(|inode| (i.ino, inode)));
+            m.entry(stamp, reply, r.map(|inode| (i.ino, inode)));
         });
     }
 
@@ -904,7 +984,7 @@ impl Filesystem for Mount {
                     let fh =
                         m.new_handle(m.handle(ino, i.igeneration), flags & libc::O_APPEND != 0);
                     reply.created(
-                        &m.ttl,
+                        &m.entry_ttl(),
                         &m.attr(ino, &i),
                         Generation(i.igeneration),
                         FileHandle(fh),
@@ -922,8 +1002,9 @@ impl Mount {
     fn make(&self, req: &Request, parent: INodeNo, name: &OsStr, new: NewFile, reply: ReplyEntry) {
         let (name, who) = (name.as_bytes().to_vec(), caller(req));
         self.spawn(move |m| async move {
+            let stamp = m.fs.stamp();
             let r = m.fs.make(m.ino(parent), &name, &new, who).await;
-            m.entry(reply, r);
+            m.entry(stamp, reply, r);
         });
     }
 }

@@ -4,10 +4,12 @@
 //! turns that into one minitransaction. A failed compare drops the stale objects and the
 //! operation runs again. Sans-I/O: the mount's driver and the simulator run the plans.
 
+use crate::coherence::TrustedBytes;
 use crate::layout::{BlockRef, Ino, Volume};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tutti_client::Minitx;
 use tutti_wire::NodeId;
+use tutti_wire::{CmpOp, Item};
 
 /// Bytes of cached objects (inodes, directory blocks, bitmap pages) a mount keeps before it
 /// starts over with an empty cache; pointer blocks count too.
@@ -40,6 +42,12 @@ struct FilePointers {
 #[derive(Default)]
 pub struct Cache {
     objects: BTreeMap<(NodeId, u64), Vec<u8>>,
+    /// The cached bytes this mount may use without a compare (docs/fs.md, "Coherent
+    /// caching"). Only bytes of cached objects: removing an object untrusts its bytes.
+    trusted: TrustedBytes,
+    /// Objects inserted so far, and the number each object got when it was inserted.
+    fills: u64,
+    filled: HashMap<(NodeId, u64), u64>,
     pointers: HashMap<Ino, FilePointers>,
     bytes: usize,
     /// Where this mount last allocated, per node and bitmap: the word index.
@@ -87,13 +95,163 @@ impl Cache {
         (n == node && addr < at + obj.len() as u64).then_some((at, obj.len()))
     }
 
+    /// Caches `bytes` as the object at `addr` of `node`, in place of every object it
+    /// overlaps: cached objects never overlap, so each cached byte has one copy and trust
+    /// kept by address means that copy. Its bytes are not trusted until said so.
     fn insert(&mut self, node: NodeId, addr: u64, bytes: Vec<u8>) {
         if self.bytes > CACHE_BYTES_MAX {
             *self = Cache::default();
         }
+        for (at, _) in self.overlapping(node, addr, bytes.len() as u64) {
+            self.remove(node, at);
+        }
         self.bytes += bytes.len();
-        if let Some(old) = self.objects.insert((node, addr), bytes) {
+        self.fills += 1;
+        self.filled.insert((node, addr), self.fills);
+        self.objects.insert((node, addr), bytes);
+    }
+
+    /// Forgets the object starting at `at` of `node`, and any trust in its bytes.
+    fn remove(&mut self, node: NodeId, at: u64) {
+        if let Some(old) = self.objects.remove(&(node, at)) {
             self.bytes -= old.len();
+            self.trusted.untrust(node, at, old.len() as u64);
+            self.filled.remove(&(node, at));
+        }
+    }
+
+    /// Whether one cached object holds all `len` bytes at `addr` of `node`.
+    fn covers(&self, node: NodeId, addr: u64, len: u64) -> bool {
+        (self.containing(node, addr)).is_some_and(|(at, olen)| addr + len <= at + olen as u64)
+    }
+
+    /// Marks the `len` cached bytes at `addr` of `node` as usable without a compare in trust
+    /// epoch `epoch` (nothing, unless one cached object holds them all).
+    fn trust(&mut self, node: NodeId, addr: u64, len: u64, epoch: u64) {
+        if self.covers(node, addr, len) {
+            self.trusted.trust(node, addr, len, epoch);
+        }
+    }
+
+    /// Whether the `len` bytes at `addr` of `node` are cached and trusted in epoch `epoch`.
+    fn is_trusted(&self, node: NodeId, addr: u64, len: u64, epoch: u64) -> bool {
+        self.trusted.holds(node, addr, len, epoch)
+    }
+
+    /// Every cached object that overlaps `len` bytes at `addr` of `node`, as (start,
+    /// length): the one holding `addr`, if it starts before it, and those starting within.
+    fn overlapping(&self, node: NodeId, addr: u64, len: u64) -> Vec<(u64, usize)> {
+        let before = self.containing(node, addr).filter(|&(at, _)| at < addr);
+        let within = (self.objects.range((node, addr)..(node, addr + len)))
+            .map(|(&(_, at), obj)| (at, obj.len()));
+        before.into_iter().chain(within).collect()
+    }
+
+    /// Objects inserted so far (a write notes it when it begins).
+    pub fn fills(&self) -> u64 {
+        self.fills
+    }
+
+    /// Forgets the objects holding `touched` that were inserted after fill `since`: a
+    /// write's effects must not be applied to a copy read after the write committed, which
+    /// holds them already (an atomic add would count twice).
+    fn drop_filled_after(&mut self, touched: &[(NodeId, u64)], since: u64) {
+        for &(node, addr) in touched {
+            if let Some((at, _)) = self.containing(node, addr) {
+                if self.filled.get(&(node, at)).is_some_and(|&n| n > since) {
+                    self.drop_containing(node, addr);
+                }
+            }
+        }
+    }
+
+    /// After this member's committed write `tx` (its effects applied): the bytes it wrote
+    /// or added to are trusted no more, unless `trust_in` (the epoch, when nothing else
+    /// moved meanwhile), and then the bytes it compared and the bytes it wrote that the
+    /// cache holds are trusted: the commit found the first as cached and made the second
+    /// so. A word it added to stays trusted only if it was: the cached word plus the delta
+    /// is only as good as the cached word was.
+    fn settle_trust(&mut self, tx: &Minitx, trust_in: Option<u64>) {
+        if let Some(epoch) = trust_in {
+            for (node, item) in tx.items() {
+                if let Item::Compare {
+                    addr,
+                    op: CmpOp::Eq,
+                    bytes,
+                } = item
+                {
+                    self.trust(*node, *addr, bytes.len() as u64, epoch);
+                }
+            }
+        }
+        for (node, item) in tx.items() {
+            match item {
+                Item::Write { addr, bytes } => {
+                    self.trusted.untrust(*node, *addr, bytes.len() as u64);
+                    if let Some(epoch) = trust_in {
+                        self.trust(*node, *addr, bytes.len() as u64, epoch);
+                    }
+                }
+                Item::Add { addr, .. }
+                    if !trust_in.is_some_and(|e| self.trusted.holds(*node, *addr, 8, e)) =>
+                {
+                    self.trusted.untrust(*node, *addr, 8);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Forgets every object that overlaps `len` bytes at `addr` of `node` (another member
+    /// is about to write there).
+    pub fn drop_overlapping(&mut self, node: NodeId, addr: u64, len: u64) {
+        for (at, _) in self.overlapping(node, addr, len) {
+            self.remove(node, at);
+        }
+    }
+
+    /// Stores what a fetch read, trusting an object's bytes in epoch `trust_in` if given
+    /// (the member's trust held from before the read until now).
+    pub fn fill_trusting(&mut self, fetch: &Fetch, bytes: Vec<u8>, trust_in: Option<u64>) {
+        self.fill(fetch, bytes);
+        if let (Some(epoch), Dest::Object) = (trust_in, &fetch.dest) {
+            self.trust(fetch.node, fetch.addr, fetch.len as u64, epoch);
+        }
+    }
+
+    /// Whether `tx`, a plan's minitransaction, only compares bytes trusted in `epoch`: then
+    /// its answer stands without it.
+    pub fn answers_on_trust(&self, tx: &Minitx, epoch: u64) -> bool {
+        (tx.items().iter()).all(|(node, item)| match item {
+            Item::Compare {
+                addr,
+                op: CmpOp::Eq,
+                bytes,
+            } => self.is_trusted(*node, *addr, bytes.len() as u64, epoch),
+            _ => false,
+        })
+    }
+
+    /// Learns how a plan's minitransaction `tx` ended (`outcome`: committed, and the
+    /// positions of the compares that failed), as `settle` does, and what this member may
+    /// trust after it (`settle_trust`). `since`: the fill count when a write began (objects
+    /// filled after it may hold its effects already: they are dropped, not patched).
+    pub fn settle_run(
+        &mut self,
+        tx: &Minitx,
+        outcome: (bool, &[usize]),
+        compared: &[(NodeId, u64)],
+        effects: Effects,
+        since: u64,
+        trust_in: Option<u64>,
+    ) {
+        let (committed, failed) = outcome;
+        if committed {
+            self.drop_filled_after(&effects.touched(), since);
+        }
+        self.settle(committed, failed, compared, effects);
+        if committed {
+            self.settle_trust(tx, trust_in);
         }
     }
 
@@ -117,9 +275,8 @@ impl Cache {
 
     /// Forgets the object holding byte `addr` of `node` (a compare on it failed).
     pub fn drop_containing(&mut self, node: NodeId, addr: u64) {
-        if let Some((at, len)) = self.containing(node, addr) {
-            self.objects.remove(&(node, at));
-            self.bytes -= len;
+        if let Some((at, _)) = self.containing(node, addr) {
+            self.remove(node, at);
         }
     }
 
@@ -156,6 +313,9 @@ impl Cache {
 
     /// Applies the effects of a committed minitransaction to the cache.
     pub fn apply(&mut self, effects: Effects) {
+        for (node, addr, len) in effects.uncached {
+            self.drop_overlapping(node, addr, len as u64);
+        }
         for (node, addr, bytes) in effects.writes {
             self.patch(node, addr, &bytes);
         }
@@ -200,11 +360,24 @@ impl Cache {
     }
 }
 
+impl Effects {
+    /// Where the cached objects it changes lie (an address in each).
+    fn touched(&self) -> Vec<(NodeId, u64)> {
+        let writes = self.writes.iter().map(|(n, a, _)| (*n, *a));
+        let objects = self.objects.iter().map(|(n, a, _)| (*n, *a));
+        let adds = self.adds.iter().map(|(n, a, _)| (*n, *a));
+        writes.chain(objects).chain(adds).collect()
+    }
+}
+
 /// What a committed minitransaction changes in the cache.
 #[derive(Default, Debug)]
 pub struct Effects {
     writes: Vec<(NodeId, u64, Vec<u8>)>,
     objects: Vec<(NodeId, u64, Vec<u8>)>,
+    /// Blocks written whole and not kept (file data): a cached copy from their last use
+    /// is forgotten.
+    uncached: Vec<(NodeId, u64, u32)>,
     adds: Vec<(NodeId, u64, i64)>,
     iversions: Vec<(Ino, u64, u64)>,
     pointers: Vec<(Ino, BlockRef, Vec<u8>)>,
@@ -648,15 +821,19 @@ impl<'a> Txn<'a> {
                 .cache
                 .object(node, addr)
                 .expect("staged objects are cached");
+            // The cache learns the changed spans (what the commit writes), not the whole
+            // image: the bytes around them keep what trust they had.
             for (from, to) in changed_spans(old, &new) {
-                tx = tx.write(node, addr + from as u64, new[from..to].to_vec());
+                let span = new[from..to].to_vec();
+                tx = tx.write(node, addr + from as u64, span.clone());
+                effects.writes.push((node, addr + from as u64, span));
             }
-            effects.objects.push((node, addr, new));
         }
         for ((node, addr), (bytes, cache)) in self.fresh {
             tx = tx.write(node, addr, bytes.clone());
-            if cache {
-                effects.objects.push((node, addr, bytes));
+            match cache {
+                true => effects.objects.push((node, addr, bytes)),
+                false => effects.uncached.push((node, addr, bytes.len() as u32)),
             }
         }
         for ((node, addr), (old, new)) in self.bits {

@@ -2,6 +2,7 @@
 //! keeps the mount's cache, and creates (`mkfs`) and opens volumes. Everything it knows it
 //! learns from memory nodes; it keeps no state another mount would need.
 
+use crate::coherence;
 use crate::dir::Entry;
 use crate::inode::{Inode, Time, S_IFDIR};
 use crate::layout::{
@@ -43,6 +44,8 @@ pub enum FsError {
     Layout(#[from] LayoutError),
     #[error("no answer from the memory nodes within the deadline: {0}")]
     Deadline(String),
+    #[error("{0}")]
+    Members(String),
 }
 
 /// How mkfs shapes a volume.
@@ -94,15 +97,16 @@ pub fn now() -> Time {
 
 /// A mounted (opened) volume: the cluster, the volume's layout and this mount's cache.
 pub struct FileSystem {
-    cluster: Cluster,
+    pub(crate) cluster: Cluster,
     name: String,
     /// The layout as this mount last read it; a grow adds nodes (`refresh_volume`).
     vol: std::sync::RwLock<std::sync::Arc<Volume>>,
     cache: Mutex<Cache>,
     prefer: AtomicU16,
-    deadline: Duration,
+    pub(crate) deadline: Duration,
     /// The last `usage` read and when: statfs answers it for `USAGE_FRESH`.
     usage: Mutex<Option<(Instant, Usage)>>,
+    pub(crate) coherent: crate::members::Coherent,
 }
 
 /// How long statfs answers free space it counted before (Sinfonia's SinfoniaFS answers
@@ -134,7 +138,11 @@ pub fn region_name(name: &str) -> String {
 }
 
 /// Runs `tx` until it has an outcome; retries what the client could not decide.
-async fn exec(cluster: &Cluster, tx: &Minitx, until: Instant) -> Result<Outcome, FsError> {
+pub(crate) async fn exec(
+    cluster: &Cluster,
+    tx: &Minitx,
+    until: Instant,
+) -> Result<Outcome, FsError> {
     exec_noting(cluster, tx, until, &mut false).await
 }
 
@@ -268,6 +276,7 @@ impl FileSystem {
             prefer: AtomicU16::new(prefer),
             deadline,
             usage: Mutex::new(None),
+            coherent: crate::members::Coherent::new(crate::coherence::LEASE_MS_DEFAULT),
         })
     }
 
@@ -309,7 +318,10 @@ impl FileSystem {
             if new.nodes.len() == old.nodes.len() {
                 return Ok(old);
             }
-            let tx = grow_minitx(&old, &new, &headers[0]);
+            let (first, base) = old.nodes[0];
+            let read = Minitx::new().read(first, base + coherence::MEMBERSHIP_AT, 8);
+            let version = layout::get_u64(&exec(cluster, &read, until).await?.reads[0], 0);
+            let tx = grow_minitx(&old, &new, &headers[0], version);
             if exec(cluster, &tx, until).await?.committed {
                 return Ok(new);
             }
@@ -336,6 +348,11 @@ impl FileSystem {
         }
         Ok(grew)
     }
+    /// The cluster this volume is on.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -375,18 +392,11 @@ impl FileSystem {
         let mut uncertain = false;
         let mut fetch_rounds = 0u32;
         loop {
+            // What this member knew before it read: what it reads may be trusted later
+            // only if no other member announced a write meanwhile.
+            let stamp = self.stamp();
             let vol = self.volume();
-            let plan = {
-                let cache = self.cache();
-                let mut tx = Txn::new(&vol, &cache, rand::random());
-                for h in handles {
-                    if let Some(g) = h.generation {
-                        tx.expect_generation(h.ino, g);
-                    }
-                }
-                let answer = op(&mut tx);
-                tx.finish(answer)
-            };
+            let (plan, trusted) = self.plan(&vol, handles, &op, stamp);
             match plan {
                 // A reference to a node this mount does not know is what another mount
                 // leaves on nodes a grow added: learn them and go again. It answers EIO
@@ -408,8 +418,10 @@ impl FileSystem {
                         .await
                         .map_err(|e| self.failed(e))?;
                     let mut cache = self.cache();
+                    // Under the cache's hold, as announcements open their windows.
+                    let trusted = self.may_trust(stamp).then(|| self.trust_epoch());
                     for (f, bytes) in fetches.iter().zip(data) {
-                        cache.fill(f, bytes);
+                        cache.fill_trusting(f, bytes, trusted);
                     }
                 }
                 Plan::Run {
@@ -418,14 +430,70 @@ impl FileSystem {
                     effects,
                     compared,
                 } => {
-                    let outcome = exec_noting(&self.cluster, &tx, until, &mut uncertain)
-                        .await
-                        .map_err(|e| self.failed(e))?;
+                    let writes = coherence::written(&tx);
+                    if trusted {
+                        // Nothing another member changed since this member validated it: the
+                        // answer stands without a minitransaction.
+                        return result.map(|t| (t, vec![]));
+                    }
+                    // A write is fenced by the membership version: it commits only if this
+                    // member knows every member there is, so that it announces to them all.
+                    let (tx, fence_at) = if writes.is_empty() {
+                        (tx, None)
+                    } else {
+                        let (version, _) = self.member().await.map_err(|e| self.failed(e))?;
+                        let (node, addr, bytes) = coherence::fence(&vol, writes[0].0, version);
+                        let at = tx.items().len();
+                        (tx.compare(node, addr, bytes), Some(at))
+                    };
+                    let announced = match coherence::must_announce(&writes) {
+                        false => None,
+                        true => {
+                            (self.announce(writes.clone()).await).map_err(|e| self.failed(e))?
+                        }
+                    };
+                    // This mount's own write is announced to its other operations: a read
+                    // of what it writes that began before it ends is not trusted, and the
+                    // write trusts what it commits only if no other write came meanwhile.
+                    let (own, since) = match writes.is_empty() {
+                        true => (stamp, u64::MAX),
+                        false => {
+                            let cache = self.cache();
+                            (self.own_write(), cache.fills())
+                        }
+                    };
+                    let outcome = exec_noting(&self.cluster, &tx, until, &mut uncertain).await;
+                    if let Some((seq, took)) = announced {
+                        self.end_announcement(seq, took);
+                    }
+                    if !writes.is_empty() && (outcome.is_err() || uncertain) {
+                        // It may have committed unseen: nothing cached is sure any more.
+                        self.distrust_all();
+                    }
+                    let outcome = outcome.map_err(|e| self.failed(e))?;
                     let committed = outcome.committed;
-                    self.cache()
-                        .settle(committed, &outcome.failed_compares, &compared, *effects);
+                    let fenced = fence_at.is_some_and(|at| outcome.failed_compares.contains(&at));
+                    let failed: Vec<usize> = (outcome.failed_compares.iter().copied())
+                        .filter(|&i| Some(i) != fence_at)
+                        .collect();
+                    {
+                        let mut cache = self.cache();
+                        let trust_in = self.may_trust(own).then(|| self.trust_epoch());
+                        let outcome = (committed, failed.as_slice());
+                        cache.settle_run(&tx, outcome, &compared, *effects, since, trust_in);
+                        if !writes.is_empty() {
+                            // Under the cache's lock: a read that fetched the old bytes and
+                            // fills them after this settles must not trust them.
+                            self.own_write();
+                        }
+                    }
                     if committed {
                         return result.map(|t| (t, outcome.reads));
+                    }
+                    if fenced && failed.is_empty() {
+                        // Members joined or left: learn who, and announce to them.
+                        self.refresh_members().await.map_err(|e| self.failed(e))?;
+                        continue;
                     }
                     if uncertain {
                         // An earlier attempt of this minitransaction may have committed, and
@@ -450,11 +518,64 @@ impl FileSystem {
         }
     }
 
+    /// `op`'s answer if the cache holds it and every object it relied on is trusted (no
+    /// minitransaction needed); `None` otherwise, for `run_for`. It never waits, so the
+    /// mount answers such requests on the thread that read them.
+    pub fn trusted<T>(
+        &self,
+        handles: &[Handle],
+        op: impl Fn(&mut Txn<'_>) -> OpResult<T>,
+    ) -> Option<Result<T, i32>> {
+        let stamp = self.stamp();
+        match self.plan(&self.volume(), handles, &op, stamp) {
+            (Plan::Run { result, .. }, true) => Some(result),
+            _ => None,
+        }
+    }
+
+    pub fn trusted_getattr(&self, h: Handle) -> Option<Result<Inode, i32>> {
+        self.trusted(&[h], |tx| ops::inode(tx, h.ino))
+    }
+
+    pub fn trusted_lookup(&self, parent: Handle, name: &[u8]) -> Option<Result<(Ino, Inode), i32>> {
+        self.trusted(&[parent], |tx| ops::lookup(tx, parent.ino, name))
+    }
+
+    /// One run of `op` against the cache, on files the kernel named by `handles`.
+    /// One run of `op` against the cache, on files the kernel named by `handles`, and
+    /// whether its answer stands without a minitransaction: it only compares, every object
+    /// it compared is trusted and trust has held since `stamp`. Decided under the same hold
+    /// of the cache as the plan, so that no fill replaces what the plan read meanwhile.
+    fn plan<T>(
+        &self,
+        vol: &Volume,
+        handles: &[Handle],
+        op: &impl Fn(&mut Txn<'_>) -> OpResult<T>,
+        stamp: crate::coherence::Stamp,
+    ) -> (Plan<T>, bool) {
+        let cache = self.cache();
+        let mut tx = Txn::new(vol, &cache, rand::random());
+        for h in handles {
+            if let Some(g) = h.generation {
+                tx.expect_generation(h.ino, g);
+            }
+        }
+        let answer = op(&mut tx);
+        let plan = tx.finish(answer);
+        let trusted = match &plan {
+            Plan::Run { tx, .. } => {
+                self.may_trust(stamp) && cache.answers_on_trust(tx, self.trust_epoch())
+            }
+            _ => false,
+        };
+        (plan, trusted)
+    }
+
     /// The mount's cache. An operation that panicked while planning (a bug) leaves it
     /// poisoned and perhaps half changed: it starts over empty, which is always safe since
     /// nothing in it is trusted without a compare, so that one bad operation does not fail
     /// every later one.
-    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+    pub(crate) fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
         self.cache.lock().unwrap_or_else(|poisoned| {
             tracing::error!(volume = %self.name, "an operation panicked; the mount's cache starts over");
             self.cache.clear_poison();
@@ -868,8 +989,10 @@ pub fn format_minitx(vol: &Volume, old_root: &Inode, volume_id: u64, t: Time) ->
 
 /// The minitransaction that makes volume `old` (whose superblock is `superblock`) span
 /// `new`'s nodes too: it compares every old header as it is and each new node's first header
-/// word to zero, and writes every node's header with the new node count.
-pub fn grow_minitx(old: &Volume, new: &Volume, superblock: &[u8]) -> Minitx {
+/// word to zero, and writes every node's header with the new node count; the membership
+/// version (`version`, compared on the first node) goes to the new nodes, where members'
+/// writes compare it.
+pub fn grow_minitx(old: &Volume, new: &Volume, superblock: &[u8], version: u64) -> Minitx {
     let (id, created) = (
         layout::get_u64(superblock, layout::field::VOLUME_ID),
         layout::get_u64(superblock, layout::field::CREATED_UNIX_S),
@@ -890,6 +1013,12 @@ pub fn grow_minitx(old: &Volume, new: &Volume, superblock: &[u8]) -> Minitx {
             (false, false) => tx.compare(node, base, vec![0; 8]),
         };
         tx = tx.write(node, base, new.header(i, id, created));
+        let at = base + coherence::MEMBERSHIP_AT;
+        tx = match i {
+            0 => tx.compare(node, at, version.to_le_bytes().to_vec()),
+            _ if !known => tx.write(node, at, version.to_le_bytes().to_vec()),
+            _ => tx,
+        };
     }
     tx.class("fs")
 }

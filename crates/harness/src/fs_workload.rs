@@ -293,6 +293,7 @@ fn perform(root: &Path, client: u64, action: &Action) -> Result<(), i32> {
         Action::Unlink(w, i) => std::fs::remove_file(file(w, i)).map_err(errno_of),
         Action::Mkdir(w, i) => std::fs::create_dir(sub(w, i)).map_err(errno_of),
         Action::Rmdir(w, i) => std::fs::remove_dir(sub(w, i)).map_err(errno_of),
+        Action::Stat(w, i) => (std::fs::symlink_metadata(file(w, i)).map(|_| ())).map_err(errno_of),
         Action::Rename {
             from,
             to,

@@ -361,6 +361,12 @@ impl<R> Participant<R> {
         &self.space
     }
 
+    /// Whether a minitransaction in flight holds `len` bytes at `addr` for writing: their
+    /// bytes in `space` may be about to change, its outcome still unknown here.
+    pub fn write_locked(&self, addr: u64, len: u64) -> bool {
+        self.locks.write_held(addr, addr + len)
+    }
+
     /// Multi-participant tids whose outcome stage 2 must learn from their participants.
     pub fn undecided(&self) -> Vec<(Tid, Vec<NodeId>)> {
         let mut tids: Vec<_> = self
@@ -516,6 +522,8 @@ impl<R> Participant<R> {
             | Request::AbandonJoin { .. }
             | Request::Placement { .. }
             | Request::FormerPrimary { .. }
+            | Request::Invalidate { .. }
+            | Request::WriteEnded { .. }
             | Request::Directory
             | Request::Heartbeat { .. }
             | Request::CreateRegion { .. }

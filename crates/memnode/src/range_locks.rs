@@ -101,6 +101,13 @@ impl RangeLocks {
         }
     }
 
+    /// Whether any holder has an exclusive lock on bytes of `[start, end)`.
+    pub fn write_held(&self, start: u64, end: u64) -> bool {
+        let from = start.saturating_sub(self.range_bytes_max);
+        (self.held.range((from, TID_MIN)..(end, TID_MIN)))
+            .any(|(&(s, _), &(e, kind))| s < end && e > start && kind == LockKind::Write)
+    }
+
     pub fn holders(&self) -> usize {
         self.by_tid.len()
     }
@@ -143,6 +150,18 @@ mod tests {
         locks.release(tid(2));
         assert!(locks.try_lock(tid(6), &[r(0, 12, LockKind::Write)]));
         assert_eq!(locks.holders(), 3);
+    }
+
+    #[test]
+    fn write_held_names_exclusive_ranges_only() {
+        let mut locks = RangeLocks::default();
+        assert!(locks.try_lock(tid(1), &[r(0, 8, LockKind::Read)]));
+        assert!(locks.try_lock(tid(2), &[r(100, 164, LockKind::Write)]));
+        assert!(!locks.write_held(0, 8), "shared");
+        assert!(locks.write_held(160, 170) && locks.write_held(90, 101));
+        assert!(!locks.write_held(164, 200) && !locks.write_held(50, 100));
+        locks.release(tid(2));
+        assert!(!locks.write_held(100, 164));
     }
 
     #[test]

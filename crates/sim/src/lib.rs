@@ -144,6 +144,9 @@ pub struct Report {
     /// `ram-repl`: replaced primaries named primary again, holding the copy they kept (the
     /// copy that replaced them died before it registered).
     pub formers_named_again: u64,
+    /// `fs`: steps the clients answered on trust, without a minitransaction (each checked
+    /// against the memory nodes at that instant).
+    pub answered_on_trust: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -221,6 +224,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         fail_overs: fail_overs(&dir),
         mirror_joins: world.counter("mirror_joins"),
         formers_named_again: world.counter("formers_named_again"),
+        answered_on_trust: 0,
         nodes_lost: match cfg.replicated && cfg.in_ram {
             true => nodes_lost(&world, &dir),
             false => 0,

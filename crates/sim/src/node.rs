@@ -365,6 +365,13 @@ impl SimNode {
         self.participant.as_ref().map(|p| p.space())
     }
 
+    /// `len` bytes at `addr` as committed, if this node is serving and no minitransaction
+    /// in flight holds them for writing (its outcome may be decided and not yet applied).
+    pub(crate) fn committed_bytes(&self, addr: u64, len: u64) -> Option<Vec<u8>> {
+        let p = self.participant.as_ref().filter(|_| self.serving())?;
+        (!p.write_locked(addr, len)).then(|| p.space().read(addr, len).to_vec())
+    }
+
     /// The newest epoch it has heard of, if it is up.
     pub(crate) fn epoch(&self) -> Option<u64> {
         self.participant.as_ref().map(|p| p.epoch())

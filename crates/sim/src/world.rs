@@ -248,7 +248,12 @@ pub struct World {
     events: u64,
     /// `TUTTI_SIM_TRACE=1` prints every event (for debugging one seed).
     print_trace: bool,
+    /// A check that looks at the whole world after every event (`after_each_event`).
+    after_event: Option<EventCheck>,
 }
+
+/// What `World::after_each_event` runs.
+type EventCheck = Box<dyn FnMut(&World)>;
 
 impl World {
     pub fn new(seed: u64, faults: Faults) -> World {
@@ -272,7 +277,14 @@ impl World {
             fault_guard: None,
             events: 0,
             print_trace: std::env::var_os("TUTTI_SIM_TRACE").is_some(),
+            after_event: None,
         }
+    }
+
+    /// Runs `check` after every event, at the instant the event happened: for checks of
+    /// what a process answered against the state of the others at that moment.
+    pub fn after_each_event(&mut self, check: impl FnMut(&World) + 'static) {
+        self.after_event = Some(Box::new(check));
     }
 
     /// From now on the fault schedule crashes a process, or cuts it off, only if `guard`
@@ -396,6 +408,10 @@ impl World {
                 eprintln!("{at:>10} {event:?}");
             }
             self.handle(event);
+            if let Some(mut check) = self.after_event.take() {
+                check(self);
+                self.after_event = Some(check);
+            }
         }
     }
 

@@ -286,6 +286,16 @@ fn a_grow_run_again_without_validation_is_caught() {
     eprintln!("caught: {found:?}");
 }
 
+/// A member that commits writes without announcing them: the others keep answering on
+/// trust what it changed, and the simulator finds an answer the memory nodes contradict.
+#[test]
+fn a_write_not_announced_to_the_other_members_is_caught() {
+    let found = first_failing_fs_seed(tutti_fs::Bug::WriteNotAnnounced);
+    let (seed, what) = found.expect("not caught in 1,000 seeds");
+    assert!(what.contains("stale"), "seed {seed}: {what}");
+    eprintln!("caught: seed {seed}: {what}");
+}
+
 #[test]
 fn a_backup_cut_taken_while_locks_are_held_is_caught() {
     plant(Some(Bug::CutWithLocksHeld));

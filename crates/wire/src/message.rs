@@ -604,6 +604,16 @@ pub enum Request {
         addr: String,
         config_epoch: u64,
     },
+    /// Writer → every other member of a tutti-fs volume, before it commits a write: forget
+    /// what you cached of these `(node, address, length)` ranges and trust nothing until
+    /// `WriteEnded` (docs/fs.md, "Coherent caching"). Replies `Invalidated` once done.
+    Invalidate {
+        writer: u64,
+        seq: u64,
+        ranges: Vec<(NodeId, u64, u32)>,
+    },
+    /// Writer → the members it sent `Invalidate`: the write has its outcome. One way.
+    WriteEnded { writer: u64, seq: u64 },
 }
 
 /// How long a memory node keeps a backup's fence without hearing `BackupLock` again: a
@@ -792,6 +802,8 @@ pub enum Response {
         placement: Option<Placement>,
         keep: bool,
     },
+    /// `Invalidate`: the member forgot those ranges.
+    Invalidated,
 }
 
 #[cfg(test)]

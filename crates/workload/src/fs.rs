@@ -2,14 +2,20 @@
 //! tutti-fs operations (the real sans-I/O `ops`, each step a minitransaction) on a volume:
 //! creates, unlinks, mkdirs, rmdirs, renames (across directories, NOREPLACE, EXCHANGE),
 //! writes and truncates, each client in a directory of its own and all of them in a shared
-//! one; now and then a client first grows the volume onto a spare node. The checks: every invariant fsck checks, on the final images; and each client's own
-//! directory holds exactly the names its operations' answers say it must.
+//! one; now and then a client first grows the volume onto a spare node. The clients are
+//! members of the volume as mounts are (docs/fs.md, "Coherent caching"): a write is
+//! announced to the others before it runs, and a read that only compares trusted bytes is
+//! answered without a minitransaction. The checks: every invariant fsck checks, on the
+//! final images; each client's own directory holds exactly the names its operations'
+//! answers say it must; and every answer given on trust matched the memory nodes at that
+//! instant (the simulator compares them: `take_trusted_reads`).
 
 use crate::{Violation, Workload};
 use rand::{Rng, RngCore};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tutti_client::{ExecError, Minitx, Outcome};
+use tutti_fs::coherence::{self, Stamp, Trust};
 use tutti_fs::inode::{Inode, Time, S_IFDIR, S_IFREG};
 use tutti_fs::layout::{Geometry, Ino, Volume, INODE_BYTES};
 use tutti_fs::ops::{self, Caller, Made, NewFile, SetAttr};
@@ -67,6 +73,8 @@ pub enum Action {
     Truncate(Where, u32, u64),
     /// Sets (true) or removes (false) this client's extended attribute of a file.
     Xattr(Where, u32, bool),
+    /// Looks a file up (`stat`): a read, answered on trust when the client may.
+    Stat(Where, u32),
 }
 
 impl Action {
@@ -81,6 +89,9 @@ impl Action {
         };
         let file = |rng: &mut dyn RngCore| rng.gen_range(0..FILES);
         let sub = |rng: &mut dyn RngCore| rng.gen_range(0..SUBDIRS);
+        if rng.gen_ratio(1, 5) {
+            return Action::Stat(place(rng), file(rng));
+        }
         match rng.gen_range(0..100) {
             0..=24 => Action::Create(place(rng), file(rng)),
             25..=36 => Action::Unlink(place(rng), file(rng)),
@@ -121,7 +132,10 @@ impl Action {
             | Action::Unlink(w, _)
             | Action::Mkdir(w, _)
             | Action::Rmdir(w, _) => vec![w],
-            Action::Write(w, ..) | Action::Truncate(w, ..) | Action::Xattr(w, ..) => vec![w],
+            Action::Write(w, ..)
+            | Action::Truncate(w, ..)
+            | Action::Xattr(w, ..)
+            | Action::Stat(w, _) => vec![w],
             Action::Rename { from, to, .. } => vec![from.0, to.0],
         }
     }
@@ -173,13 +187,21 @@ enum Answer {
 
 #[derive(Debug)]
 enum Pending {
-    Fetch(Vec<Fetch>),
+    /// Reads, begun when the client's trust stood at the stamp.
+    Fetch(Vec<Fetch>, Stamp),
     /// The grow's minitransaction, to the volume it makes.
     Grow(Volume),
     Run {
+        tx: Minitx,
         result: Result<Answer, i32>,
         effects: Box<Effects>,
         compared: Vec<(NodeId, u64)>,
+        /// The announcement of a write, ended when its outcome is known.
+        announced: Option<u64>,
+        /// The client's trust after the write began (or when the read was planned), and
+        /// its fill count then.
+        own: Stamp,
+        since: u64,
     },
 }
 
@@ -263,6 +285,14 @@ impl DirModel {
                 if self.known(&name) == Known::Present {
                     wrong = Some(String::from("ENOENT for a name that was there"));
                 }
+            }
+            (Action::Stat(Where::Own, i), None) if self.known(&file_name(i)) == Known::Absent => {
+                wrong = Some(String::from("found a name that was not there"));
+            }
+            (Action::Stat(Where::Own, i), Some(libc::ENOENT))
+                if self.known(&file_name(i)) == Known::Present =>
+            {
+                wrong = Some(String::from("stat: ENOENT for a name that was there"));
             }
             (
                 Action::Rename {
@@ -353,12 +383,47 @@ impl DirModel {
     }
 }
 
-#[derive(Default)]
 struct Client {
     cache: Cache,
+    trust: Trust,
     own: Option<Ino>,
     shared: Option<Ino>,
     model: DirModel,
+}
+
+/// The simulated clients' lease never ends: renewals and revocations are the real
+/// driver's (`tutti_fs::members`), and the simulator's clock is not theirs. They pass 0
+/// as the time.
+const LEASE_MS: u64 = u64::MAX / 4;
+
+impl Client {
+    fn new() -> Client {
+        let mut trust = Trust::new(LEASE_MS);
+        trust.renewed(0);
+        Client {
+            cache: Cache::default(),
+            trust,
+            own: None,
+            shared: None,
+            model: DirModel::default(),
+        }
+    }
+
+    /// Starts over, as a restarted process would: nothing cached, nothing trusted.
+    fn forget(&mut self) {
+        self.cache = Cache::default();
+        self.trust.distrust();
+    }
+}
+
+/// Bytes a client answered from its cache without a minitransaction, at the instant it
+/// did: the simulator compares them with the memory node's committed bytes then.
+#[derive(Debug)]
+pub struct TrustedRead {
+    pub client: u64,
+    pub node: NodeId,
+    pub addr: u64,
+    pub bytes: Vec<u8>,
 }
 
 /// How the workload's operations ended.
@@ -369,6 +434,8 @@ pub struct FsCounts {
     pub errors: u64,
     pub unknown: u64,
     pub retries: u64,
+    /// Steps answered on trust, without a minitransaction.
+    pub trusted: u64,
 }
 
 pub struct FsWorkload {
@@ -380,6 +447,9 @@ pub struct FsWorkload {
     grows_left: usize,
     clients: Vec<Client>,
     violations: Vec<Violation>,
+    /// Announcements sent so far (each client's writes are numbered from one sequence).
+    announcements: u64,
+    trusted_reads: Vec<TrustedRead>,
     pub counts: FsCounts,
 }
 
@@ -401,8 +471,10 @@ impl FsWorkload {
             vol,
             spare: (spanned + 1..=nodes).collect(),
             grows_left: 2 * (nodes - spanned) as usize,
-            clients: (0..clients).map(|_| Client::default()).collect(),
+            clients: (0..clients).map(|_| Client::new()).collect(),
             violations: vec![],
+            announcements: 0,
+            trusted_reads: vec![],
             counts: FsCounts::default(),
         }
     }
@@ -493,6 +565,7 @@ impl FsWorkload {
                 ops::unlink(tx, dir(w), &file_name(i), &never_open, NOW).map(|_| Answer::Done)
             }
             Action::Rmdir(w, i) => ops::rmdir(tx, dir(w), &dir_name(i), NOW).map(|_| Answer::Done),
+            Action::Stat(w, i) => ops::lookup(tx, dir(w), &file_name(i)).map(|_| Answer::Done),
             Action::Rename {
                 from,
                 to,
@@ -563,18 +636,26 @@ impl FsWorkload {
                 None => old.nodes.truncate(spans - 1),
             }
             let superblock = self.vol.header(0, 1, NOW.s as u64);
-            let tx = tutti_fs::volume::grow_minitx(&old, &new, &superblock);
+            // The simulated clients are not members: the membership version stays 0.
+            let tx = tutti_fs::volume::grow_minitx(&old, &new, &superblock, 0);
             op.pending = Some(Pending::Grow(new));
             return Some(tx);
         }
         loop {
+            let stamp = self.clients[client as usize].trust.stamp();
             match self.plan(client, op, rng.next_u64()) {
                 Plan::Fetch(fetches) => {
                     let tx = fetches
                         .iter()
                         .fold(Minitx::new(), |tx, f| tx.read(f.node, f.addr, f.len));
-                    op.pending = Some(Pending::Fetch(fetches));
+                    op.pending = Some(Pending::Fetch(fetches, stamp));
                     return Some(tx);
+                }
+                Plan::Run { tx, result, .. } if self.answers_on_trust(client, &tx) => {
+                    self.counts.trusted += 1;
+                    if !self.step_done(client, op, result) {
+                        return None;
+                    }
                 }
                 Plan::Run {
                     tx,
@@ -582,10 +663,25 @@ impl FsWorkload {
                     effects,
                     compared,
                 } => {
+                    let writes = coherence::written(&tx);
+                    let (announced, own, since) = match writes.is_empty() {
+                        true => (None, stamp, u64::MAX),
+                        false => {
+                            let announced = (coherence::must_announce(&writes))
+                                .then(|| self.announce(client, &writes));
+                            let c = &mut self.clients[client as usize];
+                            c.trust.moved();
+                            (announced, c.trust.stamp(), c.cache.fills())
+                        }
+                    };
                     op.pending = Some(Pending::Run {
+                        tx: tx.clone(),
                         result,
                         effects,
                         compared,
+                        announced,
+                        own,
+                        since,
                     });
                     return Some(tx);
                 }
@@ -596,6 +692,71 @@ impl FsWorkload {
                 }
             }
         }
+    }
+
+    /// Whether `client` may answer `tx`'s step without running it (every byte it compares
+    /// is trusted, no write is announced): if so, the bytes go to the simulator's check.
+    fn answers_on_trust(&mut self, client: u64, tx: &Minitx) -> bool {
+        let c = &self.clients[client as usize];
+        let trusted =
+            c.trust.may_trust(c.trust.stamp(), 0) && c.cache.answers_on_trust(tx, c.trust.epoch());
+        if trusted {
+            for (node, item) in tx.items() {
+                if let tutti_wire::Item::Compare { addr, bytes, .. } = item {
+                    self.trusted_reads.push(TrustedRead {
+                        client,
+                        node: *node,
+                        addr: *addr,
+                        bytes: bytes.clone(),
+                    });
+                }
+            }
+        }
+        trusted
+    }
+
+    /// Announces `client`'s write of `ranges` to every other client before it runs (the
+    /// real members' `Invalidate`, delivered and acknowledged at once); returns its number.
+    fn announce(&mut self, client: u64, ranges: &[(NodeId, u64, u32)]) -> u64 {
+        self.announcements += 1;
+        let seq = self.announcements;
+        for (i, other) in self.clients.iter_mut().enumerate() {
+            if i as u64 != client {
+                let (trust, cache) = (&mut other.trust, &mut other.cache);
+                coherence::take_announcement(trust, cache, client, seq, ranges, 0);
+            }
+        }
+        seq
+    }
+
+    /// `client`'s announced write `seq` has its outcome: the others' windows close.
+    fn end_announcement(&mut self, client: u64, seq: Option<u64>) {
+        let Some(seq) = seq else { return };
+        for (i, other) in self.clients.iter_mut().enumerate() {
+            if i as u64 != client {
+                other.trust.ended(client, seq);
+            }
+        }
+    }
+
+    /// What clients answered on trust since the last call, for the simulator to compare
+    /// with the memory nodes now.
+    pub fn take_trusted_reads(&mut self) -> Vec<TrustedRead> {
+        std::mem::take(&mut self.trusted_reads)
+    }
+
+    /// The simulator found an answer given on trust that the memory nodes contradict.
+    pub fn stale(&mut self, read: &TrustedRead, committed: &[u8]) {
+        let detail = format!(
+            "client {} answered on trust {} bytes at {} of node {} as {:?}, committed {:?}",
+            read.client,
+            read.bytes.len(),
+            read.addr,
+            read.node,
+            read.bytes,
+            committed
+        );
+        self.violations.push(Violation::new("stale", detail));
     }
 
     /// The current step answered `result`: moves to the next step (true) or ends the
@@ -714,12 +875,13 @@ impl Workload for FsWorkload {
             op.pending.take().expect("a minitransaction was pending"),
             ended,
         ) {
-            (Pending::Fetch(fetches), Ok(outcome)) => {
+            (Pending::Fetch(fetches, stamp), Ok(outcome)) => {
+                let trust_in = c.trust.may_trust(stamp, 0).then(|| c.trust.epoch());
                 for (f, bytes) in fetches.iter().zip(&outcome.reads) {
-                    c.cache.fill(f, bytes.clone());
+                    c.cache.fill_trusting(f, bytes.clone(), trust_in);
                 }
             }
-            (Pending::Fetch(_), Err(_)) => {}
+            (Pending::Fetch(..), Err(_)) => {}
             (Pending::Grow(new), Ok(outcome)) => {
                 // A failed compare means the volume spans `new` already (this grow is a
                 // rerun, or another client's came first; the only grows are these).
@@ -737,23 +899,36 @@ impl Workload for FsWorkload {
             }
             (
                 Pending::Run {
+                    tx,
                     result,
                     effects,
                     compared,
+                    announced,
+                    own,
+                    since,
                 },
                 Ok(outcome),
             ) => {
+                self.end_announcement(client, announced);
+                let c = &mut self.clients[client as usize];
                 let committed = outcome.committed;
+                let trust_in = c.trust.may_trust(own, 0).then(|| c.trust.epoch());
+                let ended = (committed, outcome.failed_compares.as_slice());
                 c.cache
-                    .settle(committed, &outcome.failed_compares, &compared, *effects);
+                    .settle_run(&tx, ended, &compared, *effects, since, trust_in);
+                if !coherence::written(&tx).is_empty() {
+                    // Reads that began before this write ended may hold either side of it.
+                    c.trust.moved();
+                }
                 if committed && !self.step_done(client, op, result) {
                     return None;
                 }
             }
-            (Pending::Run { .. }, Err(_)) => {
+            (Pending::Run { announced, .. }, Err(_)) => {
                 // It may or may not have committed: start this client's cache over, and
                 // end the operation with its names uncertain.
-                c.cache = Cache::default();
+                self.end_announcement(client, announced);
+                self.clients[client as usize].forget();
                 if matches!(op.step, Step::Act) {
                     self.unknown(client, &op.action);
                 }

@@ -62,9 +62,9 @@ enum FsCommand {
     /// or interrupted (Ctrl-C, SIGTERM), which unmounts it.
     Mount {
         mountpoint: PathBuf,
-        /// Let the kernel trust attributes and names this long. 0 (the default) validates
-        /// every stat and lookup, so other mounts' changes show at once; more is faster and
-        /// may show another mount's change up to this late.
+        /// Let the kernel trust attributes and names this long, whatever other mounts do.
+        /// 0 (the default) keeps every mount coherent: other mounts' changes show at once
+        /// (docs/fs.md, "Coherent caching"); more may show one up to this late.
         #[arg(long, default_value_t = 0)]
         cache_ms: u64,
         /// Threads serving the kernel's requests.
@@ -89,6 +89,9 @@ enum FsCommand {
     },
     /// Space and inodes used: {"blocks": N, "blocks_free": N, ...}.
     Df,
+    /// The processes using the volume now (mounts, fsck --repair), one JSON object each:
+    /// {"slot", "token", "callback", "pid", "joined_unix_s", "lease_ms", "renewals"}.
+    Members,
     /// Exercise one file on any mounted file system as xfstests' fsx does: random writes,
     /// reads, truncates, fallocates, fsyncs and reopens, every read checked against a model.
     /// Prints {"ops": N, ...}; exit status 1 at the first wrong byte or size.
@@ -196,9 +199,32 @@ pub(crate) async fn run(a: FsArgs, dialer: &Dialer) -> Result<(), String> {
             let fs = FileSystem::open(&cluster, &a.name, deadline)
                 .await
                 .map_err(|e| e.to_string())?;
-            fsck(&fs, repair).await
+            let checked = fsck(&fs, repair).await;
+            // A repair's writes made this process a member (docs/fs.md, "Coherent caching").
+            fs.leave().await;
+            checked
         }
         FsCommand::Fsx { .. } => unreachable!("runs without a cluster"),
+        FsCommand::Members => {
+            let fs = FileSystem::open(&cluster, &a.name, deadline)
+                .await
+                .map_err(|e| e.to_string())?;
+            let members = fs.members().await.map_err(|e| e.to_string())?;
+            for (slot, m) in members.slots.iter().enumerate() {
+                let Some(m) = m else { continue };
+                let out = json!({
+                    "slot": slot,
+                    "token": format!("{:016x}", m.token),
+                    "callback": m.callback.map(|a| a.to_string()),
+                    "pid": m.pid,
+                    "joined_unix_s": m.joined_unix_s,
+                    "lease_ms": m.lease_ms,
+                    "renewals": m.renewals,
+                });
+                outln!("{out}");
+            }
+            Ok(())
+        }
         FsCommand::Df => {
             let fs = FileSystem::open(&cluster, &a.name, deadline)
                 .await
@@ -232,15 +258,45 @@ fn shape_json(name: &str, vol: &tutti_fs::layout::Volume) -> serde_json::Value {
     })
 }
 
+/// A mounted volume: the FUSE session and the member it is of the volume.
+pub(crate) struct FsSession {
+    fuse: fuser::BackgroundSession,
+    fs: Arc<FileSystem>,
+}
+
+/// Where this mount takes other members' invalidations: on the interface that reaches the
+/// cluster (loopback for a local one), a port the system picks.
+async fn callback_listener(fs: &FileSystem) -> Result<tokio::net::TcpListener, String> {
+    let manager = fs.cluster().manager();
+    let first = manager.split(',').next().unwrap_or_default().to_string();
+    let ip = tokio::task::spawn_blocking(move || {
+        let probe = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+        probe.connect(&first).ok()?;
+        Some(probe.local_addr().ok()?.ip())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+    tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .map_err(|e| format!("cannot listen for other mounts' invalidations on {ip}: {e}"))
+}
+
 /// Mounts `fs` at `at` with FUSE, served by threads of this process until the session is
-/// unmounted.
+/// unmounted; the mount joins the volume's members first.
 pub(crate) async fn start_session(
     fs: Arc<FileSystem>,
     at: &Path,
     opts: &MountOptions,
-) -> Result<fuser::BackgroundSession, String> {
+) -> Result<FsSession, String> {
     let name = fs.name().to_string();
-    let mount = Mount::new(fs, tokio::runtime::Handle::current(), opts);
+    let listener = callback_listener(&fs).await?;
+    let callback = listener.local_addr().map_err(|e| e.to_string())?;
+    fs.join(Some(callback)).await.map_err(|e| e.to_string())?;
+    fs.serve_invalidations(listener);
+    fs.spawn_renewals();
+    let mount = Mount::new(fs.clone(), tokio::runtime::Handle::current(), opts);
+    let given = mount.given();
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(format!("tutti:{name}")),
@@ -252,20 +308,29 @@ pub(crate) async fn start_session(
     }
     config.n_threads = Some(opts.threads);
     let at = at.to_path_buf();
-    tokio::task::spawn_blocking(move || {
+    let fuse = tokio::task::spawn_blocking(move || {
         fuser::spawn_mount(mount, &at, &config)
             .map_err(|e| format!("cannot mount {}: {e}", at.display()))
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    let fuse = match fuse {
+        Ok(fuse) => fuse,
+        Err(e) => {
+            fs.leave().await;
+            return Err(e);
+        }
+    };
+    fs.on_forget(Mount::forgetter(given, fuse.notifier()));
+    Ok(FsSession { fuse, fs })
 }
 
-/// Unmounts a session (its open files' buffered writes are flushed by their close first).
-pub(crate) async fn stop_session(
-    session: fuser::BackgroundSession,
-    at: &Path,
-) -> Result<(), String> {
-    let unmounted = tokio::task::spawn_blocking(move || session.umount_and_join()).await;
+/// Unmounts a session (its open files' buffered writes are flushed by their close first)
+/// and leaves the volume's members.
+pub(crate) async fn stop_session(session: FsSession, at: &Path) -> Result<(), String> {
+    let FsSession { fuse, fs } = session;
+    let unmounted = tokio::task::spawn_blocking(move || fuse.umount_and_join()).await;
+    fs.leave().await;
     (unmounted.map_err(|e| e.to_string())?).map_err(|e| format!("unmount {}: {e}", at.display()))
 }
 
@@ -275,7 +340,7 @@ pub(crate) async fn up_session(
     local: &tutti_harness::local::LocalCluster,
     node_bytes: u64,
     at: &Path,
-) -> Result<fuser::BackgroundSession, String> {
+) -> Result<FsSession, String> {
     let opts = tutti_client::ClientOptions {
         deadline: Duration::from_secs(60),
         dialer: local.dialer(),
@@ -309,7 +374,7 @@ async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<()
     let name = fs.name().to_string();
     let session = start_session(fs, at, opts).await?;
     eprintln!("tutti fs: volume {name} mounted at {}", at.display());
-    let guard = &session.guard;
+    let guard = &session.fuse.guard;
     let unmounted = async {
         while !guard.is_finished() {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -318,7 +383,9 @@ async fn mount(fs: Arc<FileSystem>, at: &Path, opts: &MountOptions) -> Result<()
     tokio::select! {
         _ = shutdown_signal() => stop_session(session, at).await?,
         _ = unmounted => {
-            let joined = tokio::task::spawn_blocking(move || session.join()).await;
+            let FsSession { fuse, fs } = session;
+            let joined = tokio::task::spawn_blocking(move || fuse.join()).await;
+            fs.leave().await;
             (joined.map_err(|e| e.to_string())?).map_err(|e| format!("the mount ended: {e}"))?;
         }
     }

@@ -85,7 +85,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     );
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::default();
-    let totals: [AtomicU64; 8] = Default::default();
+    let totals: [AtomicU64; 9] = Default::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -105,6 +105,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
                     report.mirror_joins,
                     u64::from(report.nodes_lost > 0),
                     report.formers_named_again,
+                    report.answered_on_trust,
                 ]) {
                     total.fetch_add(n, Ordering::Relaxed);
                 }
@@ -138,7 +139,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             first.trace_hash
         );
     }
-    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers] =
+    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers, trusted] =
         totals.map(|t| t.into_inner());
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
@@ -168,6 +169,12 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             "{lost} seeds lost a node (both copies; docs/replication.md, \"ram-repl\"); \
              {formers} replaced primaries named again (the copy that replaced them died \
              before it registered)"
+        );
+    }
+    if a.workload == SimWorkload::Fs {
+        outln!(
+            "{trusted} steps answered on trust without a minitransaction (coherent caching), \
+             each compared with the memory nodes at that instant"
         );
     }
     for (seed, text) in &failures {

@@ -515,3 +515,80 @@ fn a_memory_node_added_to_a_full_volume_extends_it_under_running_mounts() {
     let report = fsck(&dir, false);
     assert_eq!(report["clean"], true, "{report}");
 }
+
+/// Two members of one volume in this process (as two mounts hold them), each taking the
+/// other's invalidations: `rounds` times, a file made and stated through `a` (which then
+/// trusts it), its mode changed through `b`, and stated through `a` again. Returns how
+/// many of those last stats answered the old mode.
+async fn stale_modes(manager: &str, rounds: u32) -> u32 {
+    use std::sync::Arc;
+    use tutti_fs::ops::{Caller, NewFile, SetAttr};
+    use tutti_fs::{FileSystem, Handle};
+    let opts = tutti_client::ClientOptions::default();
+    let cluster = tutti_client::Cluster::connect(manager, opts).await.unwrap();
+    let mut members = vec![];
+    for _ in 0..2 {
+        let fs = FileSystem::open(&cluster, "fs", Duration::from_secs(10));
+        let fs = Arc::new(fs.await.unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        fs.join(Some(listener.local_addr().unwrap())).await.unwrap();
+        fs.serve_invalidations(listener);
+        fs.spawn_renewals();
+        members.push(fs);
+    }
+    let (a, b) = (&members[0], &members[1]);
+    let (root, who) = (Handle::any(a.root()), Caller { uid: 0, gid: 0 });
+    let mut stale = 0;
+    for i in 0..rounds {
+        let name = format!("stale-{}-{i}", rand::random::<u32>());
+        let new = NewFile::of(libc::S_IFREG | 0o644);
+        let (ino, _) = a.make(root, name.as_bytes(), &new, who).await.unwrap();
+        a.getattr(Handle::any(ino)).await.unwrap();
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        b.setattr(Handle::any(ino), &chmod, true).await.unwrap();
+        if a.getattr(Handle::any(ino)).await.unwrap().mode & 0o777 != 0o600 {
+            stale += 1;
+        }
+    }
+    for fs in &members {
+        fs.leave().await;
+    }
+    let left = a.members().await.unwrap();
+    assert!(
+        left.slots.iter().all(Option::is_none),
+        "both left: {left:?}"
+    );
+    stale
+}
+
+#[test]
+fn a_change_through_one_member_shows_at_once_through_another() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("fs-coherent", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+    let manager = c.local.file.manager.clone();
+    // One thread: a bug planted here is planted in both members' writes.
+    let members = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    assert_eq!(
+        members.block_on(stale_modes(&manager, 40)),
+        0,
+        "every stat after the other member's change saw it"
+    );
+    tutti_fs::plant(Some(tutti_fs::Bug::WriteNotAnnounced));
+    let stale = members.block_on(stale_modes(&manager, 40));
+    tutti_fs::plant(None);
+    assert!(
+        stale > 0,
+        "with writes not announced, the member that trusted a file's mode keeps the old one"
+    );
+    let report = fsck(&c.local.dir, false);
+    assert_eq!(report["clean"], true, "{report}");
+}

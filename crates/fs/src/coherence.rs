@@ -1,0 +1,620 @@
+//! Coherent caching between the processes that use one volume (docs/fs.md, "Coherent
+//! caching"): the member table and membership version that fence writers, the lease that
+//! bounds how long a member trusts its cache, and the invalidations a writer sends to the
+//! other members before it commits. Sans-I/O: the mount's driver and the simulator run it.
+
+use crate::layout::{field, get_u32, get_u64, put_u32, put_u64, Volume};
+use crate::txn::Cache;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use tutti_client::Minitx;
+use tutti_wire::{Item, NodeId};
+
+/// Where the membership version sits in every node's header.
+pub const MEMBERSHIP_AT: u64 = 72;
+/// Where the member table starts in the superblock (the first node's header).
+pub const TABLE_AT: u64 = 1024;
+pub const SLOT_BYTES: u64 = 64;
+/// Members one volume has at most (the table fills the header's last 3 KiB).
+pub const SLOTS: usize = 48;
+/// How long a member trusts what it validated after its last renewal was sent.
+pub const LEASE_MS_DEFAULT: u64 = 2_000;
+/// How long a writer waits for a member's acknowledgement before it revokes the member.
+pub const ACK_TIMEOUT_MS: u64 = 1_000;
+/// A kernel attribute timeout stops this long before the lease does (the kernel's clock and
+/// ours are one clock, but the reply takes a moment to reach it).
+const TTL_MARGIN_MS: u64 = 50;
+
+/// One member of a volume, as its slot records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Random, never 0; a member that joins again draws a new one.
+    pub token: u64,
+    /// Raised by each renewal: a slot whose count stands still for three leases belongs to
+    /// a member that is gone.
+    pub renewals: u64,
+    pub lease_ms: u32,
+    /// Where the member takes invalidations; `None` for one that caches nothing (fsck).
+    pub callback: Option<SocketAddr>,
+    pub joined_unix_s: u64,
+    pub pid: u32,
+}
+
+impl Member {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; SLOT_BYTES as usize];
+        put_u64(&mut b, 0, self.token);
+        put_u64(&mut b, 8, self.renewals);
+        put_u32(&mut b, 16, self.lease_ms);
+        if let Some(a) = self.callback {
+            b[20..22].copy_from_slice(&a.port().to_le_bytes());
+            let ip = match a.ip() {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            b[24..40].copy_from_slice(&ip.octets());
+        }
+        put_u64(&mut b, 40, self.joined_unix_s);
+        put_u32(&mut b, 48, self.pid);
+        b
+    }
+
+    /// The member a slot's bytes hold; `None` for a free slot.
+    pub fn decode(b: &[u8]) -> Option<Member> {
+        let token = get_u64(b, 0);
+        if token == 0 {
+            return None;
+        }
+        let port = u16::from_le_bytes([b[20], b[21]]);
+        let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&b[24..40]).expect("16 bytes"));
+        let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
+        Some(Member {
+            token,
+            renewals: get_u64(b, 8),
+            lease_ms: get_u32(b, 16),
+            callback: (port != 0).then_some(SocketAddr::new(ip, port)),
+            joined_unix_s: get_u64(b, 40),
+            pid: get_u32(b, 48),
+        })
+    }
+}
+
+/// The member table and the membership version, as read from the superblock.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Members {
+    pub version: u64,
+    pub slots: Vec<Option<Member>>,
+}
+
+impl Members {
+    /// Decodes the superblock's header (at least `TABLE_AT + SLOTS × SLOT_BYTES` bytes).
+    pub fn decode(header: &[u8]) -> Members {
+        let slots = (0..SLOTS)
+            .map(|i| {
+                let at = (TABLE_AT + i as u64 * SLOT_BYTES) as usize;
+                Member::decode(&header[at..at + SLOT_BYTES as usize])
+            })
+            .collect();
+        Members {
+            version: get_u64(header, MEMBERSHIP_AT),
+            slots,
+        }
+    }
+
+    pub fn slot_of(&self, token: u64) -> Option<usize> {
+        (self.slots.iter()).position(|m| m.as_ref().is_some_and(|m| m.token == token))
+    }
+
+    /// The members other than `me` that take invalidations.
+    pub fn peers(&self, me: u64) -> Vec<(usize, Member)> {
+        (self.slots.iter().enumerate())
+            .filter_map(|(i, m)| Some((i, m.clone()?)))
+            .filter(|(_, m)| m.token != me && m.callback.is_some())
+            .collect()
+    }
+}
+
+/// The bytes of the superblock a member reads to learn the table and the version.
+pub fn table_read(vol: &Volume) -> (NodeId, u64, u32) {
+    let first = vol.nodes[0].0;
+    let len = TABLE_AT + SLOTS as u64 * SLOT_BYTES;
+    (first, vol.header_addr(first), len as u32)
+}
+
+fn slot_addr(vol: &Volume, slot: usize) -> (NodeId, u64) {
+    let first = vol.nodes[0].0;
+    (
+        first,
+        vol.header_addr(first) + TABLE_AT + slot as u64 * SLOT_BYTES,
+    )
+}
+
+/// A change of membership: `slot`, holding the member with token `old` (0: free), is given
+/// to `new` (`None`: freed), and the version goes from `version` to `version + 1` on every
+/// node, compared everywhere, so that every member's next write fails its compare of the
+/// version and makes it read the table again.
+pub fn membership_minitx(
+    vol: &Volume,
+    version: u64,
+    slot: usize,
+    old: u64,
+    new: Option<&Member>,
+) -> Minitx {
+    let (first, at) = slot_addr(vol, slot);
+    let nodes = (vol.nodes.len() as u32).to_le_bytes().to_vec();
+    let new = new.map_or(vec![0; SLOT_BYTES as usize], Member::encode);
+    // The node count too: after a grow, the version is on more nodes than `vol` names.
+    let mut tx = Minitx::new()
+        .compare(first, vol.header_addr(first) + field::NODES, nodes)
+        .compare(first, at, old.to_le_bytes().to_vec())
+        .write(first, at, new);
+    for &(node, base) in &vol.nodes {
+        tx = tx
+            .compare(node, base + MEMBERSHIP_AT, version.to_le_bytes().to_vec())
+            .write(
+                node,
+                base + MEMBERSHIP_AT,
+                (version + 1).to_le_bytes().to_vec(),
+            );
+    }
+    tx.class("fs-members")
+}
+
+/// A renewal: `me`'s slot still holds its token (it was not revoked); its count goes up.
+pub fn renewal_minitx(vol: &Volume, slot: usize, me: u64) -> Minitx {
+    let (first, at) = slot_addr(vol, slot);
+    Minitx::new()
+        .compare(first, at, me.to_le_bytes().to_vec())
+        .add(first, at + 8, 1)
+        .class("fs-members")
+}
+
+/// The compare item that fences a write: the version as this member knows it, on `node`.
+pub fn fence(vol: &Volume, node: NodeId, version: u64) -> (NodeId, u64, Vec<u8>) {
+    (
+        node,
+        vol.header_addr(node) + MEMBERSHIP_AT,
+        version.to_le_bytes().to_vec(),
+    )
+}
+
+/// What `tx` writes, as a member announces it: (node, address, length) of each write and
+/// add.
+pub fn written(tx: &Minitx) -> Vec<(NodeId, u64, u32)> {
+    (tx.items().iter())
+        .filter_map(|(node, item)| match item {
+            Item::Write { addr, bytes } => Some((*node, *addr, bytes.len() as u32)),
+            Item::Add { addr, .. } => Some((*node, *addr, 8)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether a plan that writes `writes` is announced to the other members before it runs:
+/// every one that writes anything is.
+pub fn must_announce(writes: &[(NodeId, u64, u32)]) -> bool {
+    !writes.is_empty() && !crate::planted(crate::Bug::WriteNotAnnounced)
+}
+
+/// Another member announces a write (`writer`, `seq`) of `ranges`: its window opens and
+/// the cache forgets what overlaps them. The caller holds the cache (see `Cache`).
+pub fn take_announcement(
+    trust: &mut Trust,
+    cache: &mut Cache,
+    writer: u64,
+    seq: u64,
+    ranges: &[(NodeId, u64, u32)],
+    now: u64,
+) {
+    trust.announced(writer, seq, now);
+    for &(node, addr, len) in ranges {
+        cache.drop_overlapping(node, addr, len as u64);
+    }
+}
+
+/// When a member may trust what it validated: the receiving side of invalidations and the
+/// member's lease. Times are the driver's clock in milliseconds.
+#[derive(Debug)]
+pub struct Trust {
+    lease_ms: u64,
+    /// When the last renewal that committed was sent.
+    renewed_at: Option<u64>,
+    /// Raised when everything trusted so far stops being trusted (the lease lapsed, the
+    /// member was revoked).
+    epoch: u64,
+    /// Raised by every invalidation received.
+    generation: u64,
+    /// Writes announced and not yet ended: (writer's token, sequence) → when announced.
+    windows: HashMap<(u64, u64), u64>,
+}
+
+/// What a member knew when it started reading: what it read may be trusted only if no
+/// invalidation arrived and the lease held until it is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    epoch: u64,
+    generation: u64,
+}
+
+impl Trust {
+    pub fn new(lease_ms: u64) -> Trust {
+        Trust {
+            lease_ms,
+            renewed_at: None,
+            epoch: 0,
+            generation: 0,
+            windows: HashMap::new(),
+        }
+    }
+
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            epoch: self.epoch,
+            generation: self.generation,
+        }
+    }
+
+    /// Raised each time everything trusted stops being trusted.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn lease_end(&self) -> Option<u64> {
+        self.renewed_at.map(|t| t + self.lease_ms)
+    }
+
+    /// Whether what was read since `stamp` was taken may be trusted now: within the lease,
+    /// with no write announced since and none still open.
+    pub fn may_trust(&self, stamp: Stamp, now: u64) -> bool {
+        stamp == self.stamp()
+            && self.windows.is_empty()
+            && self
+                .lease_end()
+                .is_some_and(|end| now + TTL_MARGIN_MS < end)
+    }
+
+    /// How long the kernel may keep attributes read since `stamp`: until shortly before
+    /// the lease ends, or not at all.
+    pub fn ttl_ms(&self, stamp: Stamp, now: u64) -> u64 {
+        match self.lease_end() {
+            Some(end) if self.may_trust(stamp, now) => end - now - TTL_MARGIN_MS,
+            _ => 0,
+        }
+    }
+
+    /// A renewal sent at `sent_at` committed: the lease runs from then.
+    pub fn renewed(&mut self, sent_at: u64) {
+        self.renewed_at = Some(self.renewed_at.map_or(sent_at, |t| t.max(sent_at)));
+    }
+
+    /// The lease is gone (revoked, or not renewed in time): nothing read before is trusted.
+    pub fn lapse(&mut self) {
+        self.renewed_at = None;
+        self.epoch += 1;
+    }
+
+    /// Nothing read before is trusted; the lease holds.
+    pub fn distrust(&mut self) {
+        self.epoch += 1;
+    }
+
+    /// Something moved under reads in flight (this member's own write began or ended):
+    /// what they read is not trusted.
+    pub fn moved(&mut self) {
+        self.generation += 1;
+    }
+
+    /// The lease ended without a renewal (the driver asks at each tick).
+    pub fn lapsed(&self, now: u64) -> bool {
+        self.lease_end().is_some_and(|end| now >= end)
+    }
+
+    /// Another member announces a write (`writer`, `seq`): until it ends, nothing is
+    /// trusted, and what was being read when it arrived never is.
+    pub fn announced(&mut self, writer: u64, seq: u64, now: u64) {
+        self.generation += 1;
+        self.windows.insert((writer, seq), now);
+    }
+
+    /// The write (`writer`, `seq`) has its outcome. A read that began while it was open
+    /// may hold either side of it, so the generation moves again: without that, a read
+    /// begun after the announcement and answered before the commit would pass `may_trust`
+    /// once the window closed.
+    pub fn ended(&mut self, writer: u64, seq: u64) {
+        if self.windows.remove(&(writer, seq)).is_some() {
+            self.generation += 1;
+        }
+    }
+
+    /// Writers whose announced write has been open for `limit_ms` or more: the member
+    /// revokes them (which fences their commit if it is still in flight), then ends the
+    /// windows with `forget`.
+    pub fn overdue(&self, now: u64, limit_ms: u64) -> Vec<u64> {
+        let mut late: Vec<u64> = (self.windows.iter())
+            .filter(|(_, &at)| now >= at + limit_ms)
+            .map(|(&(writer, _), _)| writer)
+            .collect();
+        late.sort_unstable();
+        late.dedup();
+        late
+    }
+
+    /// Ends every window of `writer` (revoked).
+    pub fn forget(&mut self, writer: u64) {
+        self.windows.retain(|&(w, _), _| w != writer);
+        self.generation += 1;
+    }
+}
+
+/// The bytes a member may use without a compare, as disjoint ranges, each trusted in one
+/// trust epoch. Trust is kept per byte, not per cached object: a compare validates only
+/// the bytes it names (a bitmap word of a page, an inode's generation and mode), and an
+/// answer stands on trust only if every byte it would compare is trusted.
+#[derive(Default, Debug)]
+pub struct TrustedBytes {
+    /// (node, start) → (end, epoch).
+    ranges: BTreeMap<(NodeId, u64), (u64, u64)>,
+}
+
+impl TrustedBytes {
+    /// Trusts `len` bytes at `addr` of `node` in `epoch`.
+    pub fn trust(&mut self, node: NodeId, addr: u64, len: u64, epoch: u64) {
+        if len > 0 {
+            self.untrust(node, addr, len);
+            self.ranges.insert((node, addr), (addr + len, epoch));
+        }
+    }
+
+    /// Stops trusting `len` bytes at `addr` of `node`; what lies around them stays.
+    pub fn untrust(&mut self, node: NodeId, addr: u64, len: u64) {
+        let end = addr + len;
+        let first = (self.ranges.range(..=(node, addr)).next_back())
+            .filter(|(&(n, _), &(e, _))| n == node && e > addr)
+            .map(|(&k, _)| k);
+        let rest = (self.ranges.range((node, addr)..(node, end))).map(|(&k, _)| k);
+        let hit: Vec<(NodeId, u64)> = first.into_iter().chain(rest).collect();
+        for key in hit {
+            let Some((e, epoch)) = self.ranges.remove(&key) else {
+                continue;
+            };
+            if key.1 < addr {
+                self.ranges.insert(key, (addr, epoch));
+            }
+            if e > end {
+                self.ranges.insert((node, end), (e, epoch));
+            }
+        }
+    }
+
+    /// Whether every one of `len` bytes at `addr` of `node` is trusted in `epoch`.
+    pub fn holds(&self, node: NodeId, addr: u64, len: u64, epoch: u64) -> bool {
+        let (mut at, end) = (addr, addr + len);
+        while at < end {
+            match self.ranges.range(..=(node, at)).next_back() {
+                Some((&(n, _), &(e, ep))) if n == node && e > at && ep == epoch => at = e,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    pub fn clear(&mut self) {
+        self.ranges.clear();
+    }
+}
+
+/// A writer's announcement to the other members before it commits: who still owes an
+/// acknowledgement, and who must be revoked for not giving one in time.
+#[derive(Debug)]
+pub struct Announcement {
+    pub seq: u64,
+    /// Peer token → (slot, deadline).
+    pending: HashMap<u64, (usize, u64)>,
+}
+
+impl Announcement {
+    pub fn new(seq: u64, peers: &[(usize, Member)], now: u64) -> Announcement {
+        let pending = (peers.iter())
+            .map(|(slot, m)| (m.token, (*slot, now + ACK_TIMEOUT_MS)))
+            .collect();
+        Announcement { seq, pending }
+    }
+
+    pub fn acknowledged(&mut self, peer: u64) {
+        self.pending.remove(&peer);
+    }
+
+    /// A peer that cannot be reached (refused, closed) is revoked at once.
+    pub fn unreachable(&mut self, peer: u64, now: u64) {
+        if let Some((_, deadline)) = self.pending.get_mut(&peer) {
+            *deadline = now;
+        }
+    }
+
+    /// Peers past their deadline, as (slot, token): to revoke, then `acknowledged`.
+    pub fn late(&self, now: u64) -> Vec<(usize, u64)> {
+        let mut late: Vec<(usize, u64)> = (self.pending.iter())
+            .filter(|(_, &(_, deadline))| now >= deadline)
+            .map(|(&token, &(slot, _))| (slot, token))
+            .collect();
+        late.sort_unstable();
+        late
+    }
+
+    /// Every peer acknowledged (or was revoked): the write may commit.
+    pub fn complete(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The earliest deadline still pending.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.pending.values().map(|&(_, d)| d).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(token: u64, port: u16) -> Member {
+        Member {
+            token,
+            renewals: 7,
+            lease_ms: 2000,
+            callback: (port != 0).then(|| SocketAddr::from(([127, 0, 0, 1], port))),
+            joined_unix_s: 1_700_000_000,
+            pid: 42,
+        }
+    }
+
+    #[test]
+    fn a_slot_holds_its_member_byte_for_byte() {
+        for m in [member(5, 4000), member(6, 0)] {
+            let b = m.encode();
+            assert_eq!(b.len(), SLOT_BYTES as usize);
+            assert_eq!(Member::decode(&b), Some(m));
+        }
+        let v6 = Member {
+            callback: Some("[::1]:9".parse().unwrap()),
+            ..member(9, 1)
+        };
+        assert_eq!(Member::decode(&v6.encode()), Some(v6));
+        assert_eq!(Member::decode(&[0; 64]), None);
+    }
+
+    #[test]
+    fn the_table_lists_peers_that_take_invalidations() {
+        let mut header = vec![0u8; (TABLE_AT + SLOTS as u64 * SLOT_BYTES) as usize];
+        put_u64(&mut header, MEMBERSHIP_AT, 3);
+        for (slot, m) in [(0, member(1, 10)), (4, member(2, 0)), (47, member(3, 11))] {
+            let at = (TABLE_AT + slot * SLOT_BYTES) as usize;
+            header[at..at + 64].copy_from_slice(&m.encode());
+        }
+        let t = Members::decode(&header);
+        assert_eq!(t.version, 3);
+        assert_eq!(t.slot_of(2), Some(4));
+        let peers: Vec<(usize, u64)> = t.peers(1).iter().map(|(s, m)| (*s, m.token)).collect();
+        assert_eq!(
+            peers,
+            vec![(47, 3)],
+            "not itself, not one without a callback"
+        );
+    }
+
+    #[test]
+    fn a_change_of_membership_compares_the_slot_and_moves_the_version_everywhere() {
+        let geometry = crate::layout::Geometry::new(64 << 20, 16 << 10, 8 << 10).unwrap();
+        let vol = Volume {
+            geometry,
+            nodes: vec![(1, 0), (2, 1 << 30)],
+        };
+        let tx = membership_minitx(&vol, 7, 3, 42, None);
+        let slot = TABLE_AT + 3 * SLOT_BYTES;
+        let items: Vec<String> = (tx.items().iter())
+            .map(|(n, i)| match i {
+                tutti_wire::Item::Compare { addr, bytes, .. } => {
+                    format!(
+                        "{n} cmp {addr} {}",
+                        get_u64(&[bytes.clone(), vec![0; 8]].concat(), 0)
+                    )
+                }
+                tutti_wire::Item::Write { addr, bytes } => {
+                    format!(
+                        "{n} put {addr} {}",
+                        get_u64(&[bytes.clone(), vec![0; 8]].concat(), 0)
+                    )
+                }
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            items,
+            vec![
+                format!("1 cmp {} 2", field::NODES),
+                format!("1 cmp {slot} 42"),
+                format!("1 put {slot} 0"),
+                format!("1 cmp {MEMBERSHIP_AT} 7"),
+                format!("1 put {MEMBERSHIP_AT} 8"),
+                format!("2 cmp {} 7", (1u64 << 30) + MEMBERSHIP_AT),
+                format!("2 put {} 8", (1u64 << 30) + MEMBERSHIP_AT),
+            ]
+        );
+    }
+
+    #[test]
+    fn trust_needs_the_lease_and_no_write_announced_since_the_read_began() {
+        let mut t = Trust::new(2000);
+        let s = t.stamp();
+        assert!(!t.may_trust(s, 0), "no lease yet");
+        t.renewed(100);
+        assert!(t.may_trust(s, 500));
+        assert_eq!(t.ttl_ms(s, 500), 2100 - 500 - TTL_MARGIN_MS);
+        assert!(
+            !t.may_trust(s, 2100 - TTL_MARGIN_MS),
+            "too close to the lease's end"
+        );
+        t.announced(9, 1, 600);
+        let during = t.stamp();
+        assert!(!t.may_trust(during, 600), "a write is open");
+        t.ended(9, 1);
+        assert!(!t.may_trust(s, 700), "read before the announcement");
+        assert!(!t.may_trust(during, 700), "read while the write was open");
+        assert!(t.may_trust(t.stamp(), 700));
+        let s = t.stamp();
+        t.lapse();
+        t.renewed(800);
+        assert!(!t.may_trust(s, 900), "read under a lease that lapsed");
+        assert_eq!(t.ttl_ms(s, 900), 0);
+    }
+
+    #[test]
+    fn trusted_bytes_are_kept_per_range() {
+        let mut t = TrustedBytes::default();
+        t.trust(1, 100, 50, 3);
+        assert!(t.holds(1, 100, 50, 3));
+        assert!(!t.holds(1, 100, 50, 4), "another epoch");
+        assert!(!t.holds(2, 100, 8, 3), "another node");
+        assert!(!t.holds(1, 96, 8, 3), "starts before");
+        t.untrust(1, 120, 8);
+        assert!(t.holds(1, 100, 20, 3) && t.holds(1, 128, 22, 3));
+        assert!(!t.holds(1, 116, 8, 3), "the hole");
+        t.trust(1, 120, 8, 3);
+        assert!(t.holds(1, 100, 50, 3), "adjacent ranges cover together");
+        t.trust(1, 140, 20, 4);
+        assert!(!t.holds(1, 100, 50, 3) && t.holds(1, 100, 40, 3));
+        t.untrust(1, 0, 1000);
+        assert!(!t.holds(1, 130, 1, 3) && !t.holds(1, 150, 1, 4));
+        t.trust(1, 10, 10, 1);
+        t.trust(1, 30, 10, 1);
+        t.untrust(1, 15, 20);
+        assert!(t.holds(1, 10, 5, 1) && t.holds(1, 35, 5, 1));
+        assert!(!t.holds(1, 15, 1, 1) && !t.holds(1, 34, 1, 1));
+    }
+
+    #[test]
+    fn a_write_left_open_too_long_names_its_writer() {
+        let mut t = Trust::new(2000);
+        t.announced(9, 1, 0);
+        t.announced(9, 2, 10);
+        t.announced(8, 1, 500);
+        assert!(t.overdue(999, 1000).is_empty());
+        assert_eq!(t.overdue(1010, 1000), vec![9]);
+        t.forget(9);
+        assert_eq!(t.overdue(5000, 1000), vec![8]);
+    }
+
+    #[test]
+    fn an_announcement_completes_when_every_peer_acknowledged_or_is_late() {
+        let peers = vec![(1, member(10, 1)), (2, member(20, 2)), (3, member(30, 3))];
+        let mut a = Announcement::new(1, &peers, 0);
+        a.acknowledged(10);
+        a.unreachable(30, 5);
+        assert_eq!(a.late(5), vec![(3, 30)]);
+        a.acknowledged(30);
+        assert!(!a.complete());
+        assert_eq!(a.next_deadline(), Some(ACK_TIMEOUT_MS));
+        assert_eq!(a.late(ACK_TIMEOUT_MS), vec![(2, 20)]);
+        a.acknowledged(20);
+        assert!(a.complete());
+    }
+}

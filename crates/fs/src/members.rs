@@ -1,0 +1,578 @@
+//! The driver of coherent caching (docs/fs.md, "Coherent caching"): joins the volume's
+//! member table, renews the lease, announces each write to the other members before it
+//! commits, takes their announcements, and revokes members that stop answering. The rules
+//! themselves are `coherence`'s.
+
+use crate::coherence::{self, Announcement, Member, Members, Stamp, Trust, ACK_TIMEOUT_MS};
+use crate::layout::{Ino, Volume, INODE_BYTES};
+use crate::volume::{FileSystem, FsError};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tutti_client::Minitx;
+use tutti_wire::{Connection, NodeId, Request, Response};
+
+/// What the kernel is told to forget: the attributes of these files.
+pub type Forget = Box<dyn Fn(&[Ino]) + Send + Sync>;
+
+/// This process's place among the volume's members.
+pub(crate) struct Membership {
+    token: u64,
+    slot: usize,
+    callback: Option<SocketAddr>,
+    members: Members,
+    /// Other members' renewal counts as last seen, and since when (ms).
+    seen: HashMap<u64, (u64, u64)>,
+}
+
+/// A `FileSystem`'s coherence state.
+pub(crate) struct Coherent {
+    born: Instant,
+    lease_ms: u64,
+    membership: Mutex<Option<Membership>>,
+    /// Taken after the mount's cache where both are held (never the other way round).
+    trust: Mutex<Trust>,
+    seq: AtomicU64,
+    forget: OnceLock<Forget>,
+    peers: Mutex<HashMap<SocketAddr, Arc<Connection>>>,
+    /// Held while joining; holds the callback of the last join, which a member that was
+    /// revoked joins with again.
+    joining: tokio::sync::Mutex<Option<SocketAddr>>,
+}
+
+impl Coherent {
+    pub(crate) fn new(lease_ms: u64) -> Coherent {
+        Coherent {
+            born: Instant::now(),
+            lease_ms,
+            membership: Mutex::new(None),
+            trust: Mutex::new(Trust::new(lease_ms)),
+            seq: AtomicU64::new(1),
+            forget: OnceLock::new(),
+            peers: Mutex::new(HashMap::new()),
+            joining: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// The inodes whose bytes `len` bytes at `addr` of `node` cover.
+fn inodes_in(vol: &Volume, node: NodeId, addr: u64, len: u64) -> Vec<Ino> {
+    if !vol.holds(node) {
+        return vec![];
+    }
+    let g = &vol.geometry;
+    let table = vol.inode_addr(Ino::new(node, 0));
+    let table_end = table + g.inodes_per_node * INODE_BYTES;
+    let (from, to) = (addr.max(table), (addr + len).min(table_end));
+    if from >= to {
+        return vec![];
+    }
+    let (first, last) = ((from - table) / INODE_BYTES, (to - 1 - table) / INODE_BYTES);
+    (first..=last).map(|slot| Ino::new(node, slot)).collect()
+}
+
+fn unix_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl FileSystem {
+    fn coherent(&self) -> &Coherent {
+        &self.coherent
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.coherent().born.elapsed().as_millis() as u64
+    }
+
+    fn trust(&self) -> std::sync::MutexGuard<'_, Trust> {
+        self.coherent().trust.lock().expect("trust poisoned")
+    }
+
+    fn membership(&self) -> std::sync::MutexGuard<'_, Option<Membership>> {
+        (self.coherent().membership.lock()).expect("membership poisoned")
+    }
+
+    /// What this member knows now: take it before reading, for `attr_ttl` and trust.
+    pub fn stamp(&self) -> Stamp {
+        self.trust().stamp()
+    }
+
+    pub(crate) fn may_trust(&self, stamp: Stamp) -> bool {
+        let now = self.now_ms();
+        self.trust().may_trust(stamp, now)
+    }
+
+    /// A write of this member's own begins or ends: reads in flight may have seen either
+    /// side of it, so what they read is not trusted. Returns the stamp after it.
+    pub(crate) fn own_write(&self) -> Stamp {
+        let mut trust = self.trust();
+        trust.moved();
+        trust.stamp()
+    }
+
+    /// Stops trusting anything cached (a write of this member may have committed unseen).
+    pub(crate) fn distrust_all(&self) {
+        self.trust().distrust();
+    }
+
+    pub(crate) fn trust_epoch(&self) -> u64 {
+        self.trust().epoch()
+    }
+
+    /// How long the kernel may keep attributes this member read since `stamp`.
+    pub fn attr_ttl(&self, stamp: Stamp) -> Duration {
+        let now = self.now_ms();
+        Duration::from_millis(self.trust().ttl_ms(stamp, now))
+    }
+
+    /// Sets what tells the kernel to forget files' attributes (the mount's notifier).
+    pub fn on_forget(&self, forget: Forget) {
+        let _ = self.coherent().forget.set(forget);
+    }
+
+    /// The membership version and this member's token, joining first if this process is
+    /// not a member (with the callback it last joined with; none if it never joined: a
+    /// member that caches nothing, such as fsck).
+    pub(crate) async fn member(&self) -> Result<(u64, u64), FsError> {
+        if let Some(known) = self.member_now() {
+            return Ok(known);
+        }
+        let callback = *self.coherent().joining.lock().await;
+        self.join(callback).await?;
+        self.member_now()
+            .ok_or_else(|| FsError::Cluster("not a member".into()))
+    }
+
+    fn member_now(&self) -> Option<(u64, u64)> {
+        (self.membership().as_ref()).map(|m| (m.members.version, m.token))
+    }
+
+    /// The volume's member table as it is now.
+    pub async fn members(&self) -> Result<Members, FsError> {
+        let vol = self.volume();
+        let (node, addr, len) = coherence::table_read(&vol);
+        let read = Minitx::new().read(node, addr, len).class("fs-members");
+        let until = Instant::now() + self.deadline;
+        let header = crate::volume::exec(&self.cluster, &read, until).await?;
+        Ok(Members::decode(&header.reads[0]))
+    }
+
+    /// Takes a slot in the volume's member table (`callback`: where this member takes
+    /// invalidations; `None` for one that caches nothing). Its lease starts.
+    pub async fn join(&self, callback: Option<SocketAddr>) -> Result<(), FsError> {
+        let mut joined_with = self.coherent().joining.lock().await;
+        if let Some(m) = self.membership().as_ref() {
+            if m.callback == callback {
+                return Ok(());
+            }
+        }
+        *joined_with = callback;
+        let until = Instant::now() + self.deadline;
+        loop {
+            let members = self.members().await?;
+            let Some(slot) = members.slots.iter().position(Option::is_none) else {
+                return Err(FsError::Members(format!(
+                    "the volume has {} members already (mounts, fsck, grow): unmount one, \
+                     or wait for a dead one's slot to be reclaimed (3 leases)",
+                    coherence::SLOTS
+                )));
+            };
+            let me = Member {
+                token: rand::random::<u64>() | 1,
+                renewals: 0,
+                lease_ms: self.coherent().lease_ms as u32,
+                callback,
+                joined_unix_s: unix_s(),
+                pid: std::process::id(),
+            };
+            let vol = self.volume();
+            let tx = coherence::membership_minitx(&vol, members.version, slot, 0, Some(&me));
+            let sent = self.now_ms();
+            let outcome = crate::volume::exec(&self.cluster, &tx, until).await?;
+            if outcome.committed {
+                let mut members = members;
+                members.version += 1;
+                members.slots[slot] = Some(me.clone());
+                tracing::info!(slot, token = me.token, "joined the volume's members");
+                *self.membership() = Some(Membership {
+                    token: me.token,
+                    slot,
+                    callback,
+                    members,
+                    seen: HashMap::new(),
+                });
+                self.trust().renewed(sent);
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(FsError::Deadline("joining the volume's members".into()));
+            }
+            // The grow that changed the node count, or another member's change: again.
+            self.refresh_volume().await?;
+        }
+    }
+
+    /// Gives this member's slot up (unmount); what it cached is no longer kept coherent.
+    pub async fn leave(&self) {
+        let Some(m) = self.membership().take() else {
+            return;
+        };
+        self.trust().lapse();
+        match self.clear_slot(m.slot, m.token).await {
+            Ok(_) => tracing::info!(slot = m.slot, "left the volume's members"),
+            // Others reclaim the slot once it has not been renewed for three leases.
+            Err(e) => tracing::warn!("leaving the volume's members: {e}"),
+        }
+    }
+
+    /// Frees `slot` if it still holds the member with `token`; returns whether it did.
+    async fn clear_slot(&self, slot: usize, token: u64) -> Result<bool, FsError> {
+        let until = Instant::now() + self.deadline;
+        loop {
+            let members = self.members().await?;
+            if members.slots[slot].as_ref().map(|m| m.token) != Some(token) {
+                return Ok(false);
+            }
+            let vol = self.volume();
+            let tx = coherence::membership_minitx(&vol, members.version, slot, token, None);
+            if crate::volume::exec(&self.cluster, &tx, until)
+                .await?
+                .committed
+            {
+                return Ok(true);
+            }
+            if Instant::now() >= until {
+                return Err(FsError::Deadline("changing the volume's members".into()));
+            }
+            // Another change of membership, or a grow, came first: again.
+            self.refresh_volume().await?;
+        }
+    }
+
+    /// Learns the member table again (a write's fence failed, or a renewal is due); if this
+    /// member was revoked, it stops trusting and joins again.
+    pub(crate) async fn refresh_members(&self) -> Result<(), FsError> {
+        let members = self.members().await?;
+        let rejoin = {
+            let mut guard = self.membership();
+            let Some(m) = guard.as_mut() else {
+                return Ok(());
+            };
+            match members.slot_of(m.token) {
+                Some(_) => {
+                    m.members = members;
+                    None
+                }
+                None => guard.take().map(|m| m.callback),
+            }
+        };
+        if let Some(callback) = rejoin {
+            tracing::warn!("revoked from the volume's members (another member could not reach this one): joining again");
+            self.lose_trust();
+            self.join(callback).await?;
+        }
+        Ok(())
+    }
+
+    /// Stops trusting anything cached, in user space and in the kernel.
+    fn lose_trust(&self) {
+        self.trust().lapse();
+        if let Some(forget) = self.coherent().forget.get() {
+            forget(&[]);
+        }
+    }
+
+    /// Announces a write of `ranges` to every other member that takes invalidations and
+    /// waits for each to acknowledge; one that does not in time is revoked, and the write
+    /// waits out its lease. Returns the announcement's number and who took it.
+    pub(crate) async fn announce(
+        &self,
+        ranges: Vec<(NodeId, u64, u32)>,
+    ) -> Result<Option<(u64, Vec<SocketAddr>)>, FsError> {
+        let (me, peers) = {
+            let guard = self.membership();
+            let Some(m) = guard.as_ref() else {
+                return Ok(None);
+            };
+            (m.token, m.members.peers(m.token))
+        };
+        if peers.is_empty() {
+            return Ok(None);
+        }
+        let seq = self.coherent().seq.fetch_add(1, Ordering::Relaxed);
+        let mut announcement = Announcement::new(seq, &peers, self.now_ms());
+        let req = Request::Invalidate {
+            writer: me,
+            seq,
+            ranges,
+        };
+        let calls = peers.iter().map(|(_, m)| {
+            let addr = m.callback.expect("peers take invalidations");
+            let req = &req;
+            async move {
+                let call = async {
+                    let conn = self.peer(addr).await?;
+                    conn.call(req).await.map_err(|e| e.to_string())
+                };
+                let answer = tokio::time::timeout(Duration::from_millis(ACK_TIMEOUT_MS), call)
+                    .await
+                    .unwrap_or_else(|_| Err("no answer in time".into()));
+                (m.token, addr, answer)
+            }
+        });
+        let mut took = vec![];
+        for (token, addr, answer) in futures::future::join_all(calls).await {
+            match answer {
+                Ok(Response::Invalidated) => {
+                    announcement.acknowledged(token);
+                    took.push(addr);
+                }
+                Ok(other) => {
+                    tracing::warn!(%addr, "a member answered {other:?} to an invalidation");
+                    announcement.unreachable(token, self.now_ms());
+                }
+                Err(e) => {
+                    tracing::warn!(%addr, "a member did not take an invalidation: {e}");
+                    self.drop_peer(addr);
+                    announcement.unreachable(token, self.now_ms());
+                }
+            }
+        }
+        let late = announcement.late(self.now_ms());
+        if !late.is_empty() {
+            for &(slot, token) in &late {
+                self.revoke(slot, token).await?;
+                announcement.acknowledged(token);
+            }
+            // Their kernels and caches trust nothing read under a lease older than this.
+            tokio::time::sleep(Duration::from_millis(self.coherent().lease_ms + 50)).await;
+        }
+        debug_assert!(announcement.complete());
+        Ok(Some((seq, took)))
+    }
+
+    /// Tells the members an announced write has its outcome.
+    pub(crate) fn end_announcement(&self, seq: u64, took: Vec<SocketAddr>) {
+        let Some((_, me)) = self.member_now() else {
+            return;
+        };
+        let req = Request::WriteEnded { writer: me, seq };
+        for addr in took {
+            if let Some(conn) = self.cached_peer(addr) {
+                let req = req.clone();
+                tokio::spawn(async move {
+                    let _ = conn.send_one_way(&req).await;
+                });
+            }
+        }
+    }
+
+    fn cached_peer(&self, addr: SocketAddr) -> Option<Arc<Connection>> {
+        (self.coherent().peers.lock().expect("peers poisoned"))
+            .get(&addr)
+            .cloned()
+    }
+
+    async fn peer(&self, addr: SocketAddr) -> Result<Arc<Connection>, String> {
+        if let Some(conn) = self.cached_peer(addr).filter(|c| !c.is_closed()) {
+            return Ok(conn);
+        }
+        let opts = self.cluster.options();
+        let conn = Connection::connect(&addr.to_string(), opts.frame_bytes_max, &opts.dialer)
+            .await
+            .map_err(|e| e.to_string())?;
+        let conn = Arc::new(conn);
+        (self.coherent().peers.lock().expect("peers poisoned")).insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    fn drop_peer(&self, addr: SocketAddr) {
+        (self.coherent().peers.lock().expect("peers poisoned")).remove(&addr);
+    }
+
+    /// Removes the member holding `slot` with `token` from the table (it stopped
+    /// answering, or stopped renewing).
+    async fn revoke(&self, slot: usize, token: u64) -> Result<(), FsError> {
+        if self.clear_slot(slot, token).await? {
+            tracing::warn!(slot, token, "revoked a member that stopped answering");
+        }
+        self.refresh_members().await
+    }
+
+    /// Another member announces a write of `ranges`: forget them, in the cache and the
+    /// kernel, and trust nothing until it ends.
+    pub fn announced(&self, writer: u64, seq: u64, ranges: &[(NodeId, u64, u32)]) {
+        let now = self.now_ms();
+        let vol = self.volume();
+        let mut inodes = vec![];
+        {
+            // The window opens under the cache's hold: a fill decides whether to trust what
+            // it read under the same hold, so it sees the window or its bytes are dropped.
+            let mut cache = self.cache();
+            coherence::take_announcement(&mut self.trust(), &mut cache, writer, seq, ranges, now);
+            for &(node, addr, len) in ranges {
+                inodes.extend(inodes_in(&vol, node, addr, len as u64));
+            }
+        }
+        if let Some(forget) = self.coherent().forget.get() {
+            if !inodes.is_empty() {
+                forget(&inodes);
+            }
+        }
+    }
+
+    pub fn write_ended(&self, writer: u64, seq: u64) {
+        self.trust().ended(writer, seq);
+    }
+
+    /// Serves other members' invalidations on `listener` (the callback this member joined
+    /// with), with the cluster's credentials, until the process ends.
+    pub fn serve_invalidations(self: &Arc<Self>, listener: tokio::net::TcpListener) {
+        let fs = self.clone();
+        let opts = self.cluster.options();
+        let (frames, credentials) = (opts.frame_bytes_max, opts.dialer.credentials().clone());
+        tokio::spawn(tutti_wire::conn::serve(
+            listener,
+            frames,
+            credentials,
+            move |id, req, replies| match req {
+                Request::Invalidate {
+                    writer,
+                    seq,
+                    ranges,
+                } => {
+                    let fs = fs.clone();
+                    tokio::spawn(async move {
+                        // The kernel forgets in the notification's write: off the runtime.
+                        let done =
+                            tokio::task::spawn_blocking(move || fs.announced(writer, seq, &ranges));
+                        if done.await.is_ok() {
+                            let _ = replies.send((id, Response::Invalidated));
+                        }
+                    });
+                }
+                Request::WriteEnded { writer, seq } => fs.write_ended(writer, seq),
+                other => {
+                    let refused = tutti_wire::conn::bad_request(format!(
+                        "a tutti-fs member takes invalidations only, not {other:?}"
+                    ));
+                    let _ = replies.send((id, refused));
+                }
+            },
+        ));
+    }
+
+    /// Renews the lease every quarter of it, learns the member table, and reclaims the
+    /// slots of members gone (not renewed for three leases) or that left a write open too
+    /// long; until the process ends.
+    pub fn spawn_renewals(self: &Arc<Self>) {
+        let fs = self.clone();
+        tokio::spawn(async move {
+            let every = Duration::from_millis(fs.coherent().lease_ms / 4);
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = fs.renew().await {
+                    tracing::warn!("renewing the member lease: {e}");
+                }
+            }
+        });
+    }
+
+    async fn renew(&self) -> Result<(), FsError> {
+        let Some((slot, me)) = (self.membership().as_ref()).map(|m| (m.slot, m.token)) else {
+            return Ok(());
+        };
+        let vol = self.volume();
+        let (node, addr, len) = coherence::table_read(&vol);
+        let tx = coherence::renewal_minitx(&vol, slot, me).read(node, addr, len);
+        let sent = self.now_ms();
+        let until = Instant::now() + Duration::from_millis(self.coherent().lease_ms);
+        let outcome = match crate::volume::exec(&self.cluster, &tx, until).await {
+            Ok(o) => o,
+            Err(e) => {
+                if self.trust().lapsed(self.now_ms()) {
+                    self.lose_trust();
+                }
+                return Err(e);
+            }
+        };
+        if !outcome.committed {
+            // The slot no longer holds this member: it was revoked.
+            return self.refresh_members().await;
+        }
+        self.trust().renewed(sent);
+        let members = Members::decode(&outcome.reads[0]);
+        let now = self.now_ms();
+        let lease_ms = self.coherent().lease_ms;
+        let mut gone = vec![];
+        {
+            let mut guard = self.membership();
+            let Some(m) = guard.as_mut() else {
+                return Ok(());
+            };
+            for (i, member) in members.slots.iter().enumerate() {
+                let Some(member) = member.as_ref().filter(|x| x.token != m.token) else {
+                    continue;
+                };
+                let seen = m.seen.entry(member.token).or_insert((member.renewals, now));
+                if seen.0 != member.renewals {
+                    *seen = (member.renewals, now);
+                } else if now >= seen.1 + 3 * (member.lease_ms as u64).max(lease_ms) {
+                    gone.push((i, member.token));
+                }
+            }
+            m.seen.retain(|t, _| members.slot_of(*t).is_some());
+            m.members = members;
+        }
+        for (slot, token) in gone {
+            tracing::warn!(
+                slot,
+                token,
+                "a member stopped renewing: reclaiming its slot"
+            );
+            self.revoke(slot, token).await?;
+        }
+        let overdue = self
+            .trust()
+            .overdue(now, self.deadline.as_millis() as u64 + 2_000);
+        for writer in overdue {
+            let slot = (self.membership().as_ref()).and_then(|m| m.members.slot_of(writer));
+            if let Some(slot) = slot {
+                tracing::warn!(writer, "a member left a write open too long: revoking it");
+                self.revoke(slot, writer).await?;
+            }
+            self.trust().forget(writer);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Geometry;
+
+    #[test]
+    fn ranges_name_the_inodes_they_cover() {
+        let geometry = Geometry::new(64 << 20, 16 << 10, 8 << 10).expect("geometry");
+        let vol = Volume {
+            geometry,
+            nodes: vec![(1, 0), (2, 1 << 30)],
+        };
+        let at = vol.inode_addr(Ino::new(2, 5));
+        assert_eq!(inodes_in(&vol, 2, at + 40, 24), vec![Ino::new(2, 5)]);
+        assert_eq!(
+            inodes_in(&vol, 2, at + 200, 100),
+            vec![Ino::new(2, 5), Ino::new(2, 6)]
+        );
+        assert!(inodes_in(&vol, 2, 1 << 30, 64).is_empty(), "the header");
+        assert!(
+            inodes_in(&vol, 3, at, 8).is_empty(),
+            "not a node of the volume"
+        );
+    }
+}

@@ -252,12 +252,14 @@ pub fn section(cfg: &FsBenchConfig, points: &[Point], command: &str) -> String {
     let _ = writeln!(
         md,
         "`{command}`: every system on this machine in one run, each mounted afresh. tutti-fs: a \
-         4-node `log` cluster, one `tutti fs mount` with its defaults (every metadata read \
-         validated against the memory nodes; every operation durable when it returns). \
-         local: ext4. bindfs: the local disk through FUSE (multithreaded). GlusterFS 10: one \
-         brick on the local disk. JuiceFS 1.3: metadata in Redis with `appendfsync always`, \
-         data in a local directory. The FUSE peers run with the kernel's attribute and entry \
-         caches off, as tutti's default does. Only tutti and JuiceFS make each metadata change \
+         4-node `log` cluster, one `tutti fs mount` with its defaults (coherent caching: reads \
+         answered from what the mount validated while no other mount announced a write; every \
+         operation durable when it returns). local: ext4. bindfs: the local disk through FUSE \
+         (multithreaded). GlusterFS 10: one brick on the local disk. JuiceFS 1.3: metadata in \
+         Redis with `appendfsync always`, data in a local directory. The FUSE peers run with \
+         the kernel's attribute and entry caches off; tutti's kernel keeps no entries and \
+         keeps attributes only while its lease vouches for them. Only tutti and JuiceFS make \
+         each metadata change \
          durable before it returns. Read phases start with the kernel's caches dropped. One \
          process makes the calls, one at a time, except in the two-mount case.\n"
     );

@@ -125,7 +125,7 @@ impl Target {
     }
 
     /// tutti-fs on a scratch 4-node `log` cluster, mounted by `tutti fs mount` with its
-    /// defaults (every metadata read validated); `two` mounts it twice.
+    /// defaults (coherent caching); `two` mounts it twice.
     pub async fn tutti(exe: &Path, root: &Path, two: bool) -> Result<Target, String> {
         let dir = root.join("tutti-cluster");
         let cluster =

@@ -25,8 +25,11 @@ fn random_kills_and_partitions_under_file_system_traffic_from_three_mounts() {
         "{report:?}"
     );
     let check = report.fs.as_ref().expect("the file system was checked");
+    // Each mount killed makes the other mounts' next writes wait out its lease (docs/fs.md,
+    // "Coherent caching"), and a mount dies every 1–3 s here: a CI run on 2026-11-27 made
+    // 1,072 register reads and 890 replaces (over 1,000 each before coherent caching).
     assert!(
-        check.actions > 3000 && report.reads.ok > 1000 && report.writes.ok > 1000,
+        check.actions > 3000 && report.reads.ok > 500 && report.writes.ok > 500,
         "the workload made progress: {report:?}"
     );
     assert!(

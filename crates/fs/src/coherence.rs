@@ -407,17 +407,16 @@ impl TrustedBytes {
 /// acknowledgement, and who must be revoked for not giving one in time.
 #[derive(Debug)]
 pub struct Announcement {
-    pub seq: u64,
     /// Peer token → (slot, deadline).
     pending: HashMap<u64, (usize, u64)>,
 }
 
 impl Announcement {
-    pub fn new(seq: u64, peers: &[(usize, Member)], now: u64) -> Announcement {
+    pub fn new(peers: &[(usize, Member)], now: u64) -> Announcement {
         let pending = (peers.iter())
             .map(|(slot, m)| (m.token, (*slot, now + ACK_TIMEOUT_MS)))
             .collect();
-        Announcement { seq, pending }
+        Announcement { pending }
     }
 
     pub fn acknowledged(&mut self, peer: u64) {
@@ -444,11 +443,6 @@ impl Announcement {
     /// Every peer acknowledged (or was revoked): the write may commit.
     pub fn complete(&self) -> bool {
         self.pending.is_empty()
-    }
-
-    /// The earliest deadline still pending.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.pending.values().map(|&(_, d)| d).min()
     }
 }
 
@@ -606,13 +600,12 @@ mod tests {
     #[test]
     fn an_announcement_completes_when_every_peer_acknowledged_or_is_late() {
         let peers = vec![(1, member(10, 1)), (2, member(20, 2)), (3, member(30, 3))];
-        let mut a = Announcement::new(1, &peers, 0);
+        let mut a = Announcement::new(&peers, 0);
         a.acknowledged(10);
         a.unreachable(30, 5);
         assert_eq!(a.late(5), vec![(3, 30)]);
         a.acknowledged(30);
         assert!(!a.complete());
-        assert_eq!(a.next_deadline(), Some(ACK_TIMEOUT_MS));
         assert_eq!(a.late(ACK_TIMEOUT_MS), vec![(2, 20)]);
         a.acknowledged(20);
         assert!(a.complete());

@@ -304,7 +304,7 @@ impl FileSystem {
             return Ok(None);
         }
         let seq = self.coherent().seq.fetch_add(1, Ordering::Relaxed);
-        let mut announcement = Announcement::new(seq, &peers, self.now_ms());
+        let mut announcement = Announcement::new(&peers, self.now_ms());
         let req = Request::Invalidate {
             writer: me,
             seq,

@@ -362,23 +362,29 @@ impl State {
         fh
     }
 
-    /// Closes handle `fh`; the last close of an unlinked file frees it.
-    async fn close(&self, fh: u64) -> Result<(), i32> {
-        let file = {
-            let mut h = self.handles.lock().expect("handles poisoned");
-            let Some(f) = h.files.remove(&fh) else {
-                return Ok(());
-            };
-            let count = h.open.get_mut(&f.h).expect("counted");
-            *count -= 1;
-            if *count > 0 {
-                return Ok(());
-            }
-            h.open.remove(&f.h);
-            f.h
-        };
+    /// Closes handle `fh` and returns its file if that was the file's last handle here
+    /// and the close has work left: buffered writes to send, or, for a file unlinked while
+    /// open, freeing it (`finish_close`).
+    fn close_handle(&self, fh: u64) -> Option<Handle> {
+        let mut h = self.handles.lock().expect("handles poisoned");
+        let f = h.files.remove(&fh)?;
+        let count = h.open.get_mut(&f.h).expect("counted");
+        *count -= 1;
+        if *count > 0 {
+            return None;
+        }
+        h.open.remove(&f.h);
+        if h.orphans.contains(&f.h) || self.dirty_of(f.h).is_some() {
+            return Some(f.h);
+        }
+        None
+    }
+
+    /// The rest of the last close of `file`: sends its buffered writes, then frees it if
+    /// it was unlinked while open.
+    async fn finish_close(&self, file: Handle) -> Result<(), i32> {
         let flushed = self.flush(file).await;
-        self.dirty.lock().expect("dirty poisoned").remove(&file);
+        self.forget_clean(file);
         let orphan = self
             .handles
             .lock()
@@ -389,6 +395,18 @@ impl State {
             self.fs.reclaim(file.ino, file.generation).await?;
         }
         flushed
+    }
+
+    /// Drops `file`'s write buffer if it holds nothing and nobody else holds it: a handle
+    /// opened since the close may be adding to it.
+    fn forget_clean(&self, file: Handle) {
+        let mut all = self.dirty.lock().expect("dirty poisoned");
+        let unused = all.get(&file).is_some_and(|d| {
+            Arc::strong_count(d) == 1 && d.try_lock().is_ok_and(|d| d.extents.is_empty())
+        });
+        if unused {
+            all.remove(&file);
+        }
     }
 
     /// How long the kernel may keep attributes of `ino` read since `stamp` (noted, for
@@ -805,7 +823,12 @@ impl Filesystem for Mount {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |m| async move { empty(reply, m.flush(m.ino(ino)).await) });
+        // Nothing buffered: answered here, with no hand-off to the runtime (every close).
+        let i = self.state.ino(ino);
+        if self.state.dirty_of(i).is_none() {
+            return reply.ok();
+        }
+        self.spawn(move |m| async move { empty(reply, m.flush(i).await) });
     }
 
     fn release(
@@ -818,7 +841,12 @@ impl Filesystem for Mount {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |m| async move { empty(reply, m.close(fh.0).await) });
+        match self.state.close_handle(fh.0) {
+            None => reply.ok(),
+            Some(file) => {
+                self.spawn(move |m| async move { empty(reply, m.finish_close(file).await) })
+            }
+        }
     }
 
     fn fsync(

@@ -541,7 +541,6 @@ impl FileSystem {
         self.trusted(&[parent], |tx| ops::lookup(tx, parent.ino, name))
     }
 
-    /// One run of `op` against the cache, on files the kernel named by `handles`.
     /// One run of `op` against the cache, on files the kernel named by `handles`, and
     /// whether its answer stands without a minitransaction: it only compares, every object
     /// it compared is trusted and trust has held since `stamp`. Decided under the same hold

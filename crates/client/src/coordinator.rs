@@ -12,7 +12,15 @@
 use crate::plan::{self, split, NodeReply, Plan, Tally};
 use crate::{ExecError, Minitx, Outcome};
 use std::borrow::Cow;
-use tutti_wire::{Decision, NodeId, Request, Response, Tid, Vote};
+use tutti_wire::{Decision, NodeId, Request, Response, Tid, Vote, LOCK_WAIT_MS_MAX};
+
+/// How long a node may keep an attempt that starts at `now_us` waiting for busy locks: a
+/// quarter of what is left before the deadline, at most `LOCK_WAIT_MS_MAX`, so that its
+/// vote (ABORT-LOCK at worst) is back before the deadline and the outcome is known.
+fn lock_wait_ms(now_us: u64, deadline_us: u64) -> u32 {
+    let quarter_ms = deadline_us.saturating_sub(now_us) / 4_000;
+    quarter_ms.min(u64::from(LOCK_WAIT_MS_MAX)) as u32
+}
 
 /// Names one request of a coordinator, so that its reply can be matched to it.
 pub type CallId = u64;
@@ -245,7 +253,9 @@ impl<'a> Coordinator<'a> {
                 });
             }
             None => {
-                let requests = self.plan.requests(tid);
+                let requests = self
+                    .plan
+                    .requests(tid, lock_wait_ms(now_us, self.deadline_us));
                 self.prepare(&mut acts, requests);
             }
         }
@@ -775,5 +785,26 @@ mod tests {
             Err(ExecError::Timeout { attempts: a, .. }) => assert_eq!(a, attempts),
             other => panic!("expected a timeout, got {other:?}"),
         }
+    }
+
+    fn lock_waits(tx: Minitx, now_us: u64) -> Vec<u32> {
+        let mut co = Coordinator::new(Cow::Owned(tx), cfg(None), 0, |_| true, 1);
+        let acts = co.begin(now_us, tid(1));
+        (acts.calls.iter())
+            .map(|c| match &c.request {
+                Request::ExecPrepare(ep) => ep.lock_wait_ms,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_a_single_node_attempt_may_wait_for_locks_and_well_inside_its_deadline() {
+        let one_node = || Minitx::new().write(1, 0, vec![1; 8]);
+        assert_eq!(lock_waits(one_node(), 0), vec![LOCK_WAIT_MS_MAX]);
+        // 40 ms left of the 1 s deadline: a quarter of it.
+        assert_eq!(lock_waits(one_node(), 960_000), vec![10]);
+        assert_eq!(lock_waits(one_node(), 999_000), vec![0]);
+        assert_eq!(lock_waits(two_node_swap(), 0), vec![0, 0]);
     }
 }

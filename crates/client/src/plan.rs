@@ -49,7 +49,13 @@ impl Plan<'_> {
     }
 
     /// The EXEC&PREPARE of the items at `positions`.
-    fn exec_prepare(&self, tid: Tid, positions: &[usize], executed: u32) -> ExecPrepare {
+    fn exec_prepare(
+        &self,
+        tid: Tid,
+        positions: &[usize],
+        executed: u32,
+        lock_wait_ms: u32,
+    ) -> ExecPrepare {
         ExecPrepare {
             tid,
             participants: self.nodes.clone(),
@@ -57,14 +63,24 @@ impl Plan<'_> {
             read_only: self.read_only,
             items: positions.iter().map(|&i| self.item(i).clone()).collect(),
             executed,
+            lock_wait_ms,
         }
     }
 
-    pub(crate) fn requests(&self, tid: Tid) -> Vec<(NodeId, Request)> {
+    /// Each node's EXEC&PREPARE; a single node's may wait `lock_wait_ms` for busy locks.
+    pub(crate) fn requests(&self, tid: Tid, lock_wait_ms: u32) -> Vec<(NodeId, Request)> {
+        let lock_wait_ms = if self.nodes.len() == 1 {
+            lock_wait_ms
+        } else {
+            0
+        };
         self.nodes
             .iter()
             .zip(&self.groups)
-            .map(|(&node, group)| (node, Request::ExecPrepare(self.exec_prepare(tid, group, 0))))
+            .map(|(&node, group)| {
+                let ep = self.exec_prepare(tid, group, 0, lock_wait_ms);
+                (node, Request::ExecPrepare(ep))
+            })
             .collect()
     }
 
@@ -91,7 +107,7 @@ impl Plan<'_> {
         chunks
             .into_iter()
             .map(|(node, positions)| {
-                let ep = self.exec_prepare(tid, &positions, 0);
+                let ep = self.exec_prepare(tid, &positions, 0, 0);
                 (node, Request::ExecuteAhead(ep), positions)
             })
             .collect()
@@ -103,7 +119,7 @@ impl Plan<'_> {
             .iter()
             .zip(&self.groups)
             .map(|(&node, group)| {
-                let ep = self.exec_prepare(tid, &[], group.len() as u32);
+                let ep = self.exec_prepare(tid, &[], group.len() as u32, 0);
                 (node, Request::ExecPrepare(ep))
             })
             .collect()

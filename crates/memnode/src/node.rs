@@ -199,6 +199,8 @@ pub(crate) struct Node {
     pub(crate) ship_wakeup: tokio::sync::Notify,
     /// What a mirror joining this primary reads (re-replication).
     pub(crate) seed: Mutex<Option<crate::primary::Seed>>,
+    /// Wakes `expire_lock_waits`: a minitransaction began to wait for a lock.
+    lock_waits: tokio::sync::Notify,
 }
 
 impl Node {
@@ -278,6 +280,9 @@ impl Node {
         let replies = {
             let mut p = self.participant.lock().expect("participant poisoned");
             let acts = f(&mut p, self.now_ms());
+            if p.waiting_until().is_some() {
+                self.lock_waits.notify_one();
+            }
             if self.log.is_some() {
                 let mut unsent = self.unsent.lock().expect("unsent poisoned");
                 unsent.records.extend(acts.append);
@@ -524,7 +529,9 @@ pub async fn run(
         shipper,
         ship_wakeup: tokio::sync::Notify::new(),
         seed: Mutex::default(),
+        lock_waits: tokio::sync::Notify::new(),
     });
+    tokio::spawn(expire_lock_waits(node.clone()));
     let writer = log.map(|log| {
         let node = node.clone();
         std::thread::Builder::new()
@@ -1058,6 +1065,27 @@ async fn heartbeat_loop(node: Arc<Node>) {
             Ok(_) | Err(_) => {
                 // Reports may be lost: treat the manager as new so they are sent again.
                 node.step(|p, _| p.on_heartbeat_ack(sent_ms + 1, 0, u64::MAX, &[], &[]));
+            }
+        }
+    }
+}
+
+/// Refuses what waited for a lock its `lock_wait_ms` when nothing else happens on the node
+/// (every request and sync also does, `Participant::tick`).
+async fn expire_lock_waits(node: Arc<Node>) {
+    loop {
+        let until = (node.participant.lock().expect("participant poisoned")).waiting_until();
+        match until {
+            None => node.lock_waits.notified().await,
+            Some(at_ms) => {
+                let wait_ms = at_ms.saturating_sub(node.now_ms());
+                // A waiter with an earlier end may come meanwhile: look again then.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {
+                        node.step(|p, now| p.tick(now));
+                    }
+                    _ = node.lock_waits.notified() => {}
+                }
             }
         }
     }

@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 use tutti_wire::{
     Applied, Decision, ErrorCode, ExecPrepare, Item, Limits, NodeId, Request, Response,
-    StatsReport, Tid, Vote, VoteReply, CLASS_BYTES_MAX,
+    StatsReport, Tid, Vote, VoteReply, CLASS_BYTES_MAX, LOCK_WAIT_MS_MAX,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +99,38 @@ struct Uncertain {
 struct Ahead {
     items: Vec<Item>,
     since_ms: u64,
+}
+
+/// Why `Participant::admit` did not admit a minitransaction.
+enum Refusal {
+    /// A lock it needs is held.
+    Busy,
+    /// The reply that refuses it.
+    Reply(Response),
+}
+
+/// A single-node minitransaction that found a lock busy: it waits here, holding nothing,
+/// for the locks it needs (`Participant::run_waiting`), instead of voting ABORT-LOCK. Only
+/// a minitransaction that touches this node alone may wait: it takes all its locks in one
+/// step and holds none while it waits, so no wait can be part of a cycle. A multi-node one
+/// could hold locks elsewhere; it still votes ABORT-LOCK (Sinfonia §3.3).
+struct Waiting<R> {
+    reply_to: R,
+    id: u64,
+    ep: ExecPrepare,
+    since_ms: u64,
+}
+
+impl<R> Waiting<R> {
+    /// When it votes ABORT-LOCK if still waiting (its coordinator then backs off and tries
+    /// again): after its `lock_wait_ms`.
+    fn until_ms(&self) -> u64 {
+        wait_until_ms(&self.ep, self.since_ms)
+    }
+}
+
+fn wait_until_ms(ep: &ExecPrepare, since_ms: u64) -> u64 {
+    since_ms.saturating_add(u64::from(ep.lock_wait_ms.min(LOCK_WAIT_MS_MAX)))
 }
 
 /// Where a step of a checkpoint's scan for `applied_below` got to.
@@ -196,6 +228,8 @@ pub struct Participant<R> {
     epoch: u64,
     space: Space,
     locks: RangeLocks,
+    /// Single-node minitransactions waiting for busy locks, in arrival order.
+    waiting: VecDeque<Waiting<R>>,
     uncertain: FxHashMap<Tid, Uncertain>,
     ahead: FxHashMap<Tid, Ahead>,
     /// A B-tree, not a hash map: it holds every tid logged since the log head (about
@@ -248,6 +282,7 @@ impl<R> Participant<R> {
             epoch: 0,
             space,
             locks: RangeLocks::default(),
+            waiting: VecDeque::new(),
             uncertain: FxHashMap::default(),
             ahead: FxHashMap::default(),
             log_tids: BTreeMap::new(),
@@ -461,7 +496,7 @@ impl<R> Participant<R> {
                 ));
             }
             Request::ExecPrepare(ep) => match self.validate(&ep) {
-                Ok(()) => self.exec_prepare(&mut acts, now_ms, reply_to, id, ep),
+                Ok(()) => self.exec_prepare(&mut acts, now_ms, reply_to, id, ep, None),
                 Err(resp) => acts.replies.push((reply_to, id, resp)),
             },
             Request::ExecuteAhead(ep) => match self.validate(&ep) {
@@ -546,6 +581,7 @@ impl<R> Participant<R> {
                 ));
             }
         }
+        self.run_waiting(&mut acts, now_ms);
         acts
     }
 
@@ -653,6 +689,8 @@ impl<R> Participant<R> {
 
     /// EXEC&PREPARE (Sinfonia Fig. 4): admit the minitransaction, execute its compares and
     /// reads, and vote; a COMMIT-OK vote in `log` mode waits for its Prepare record's sync.
+    /// A single-node one that finds a lock busy waits (`Waiting`); `waiting_since` is when
+    /// it began to, for one that waited already.
     fn exec_prepare(
         &mut self,
         acts: &mut Actions<R>,
@@ -660,12 +698,34 @@ impl<R> Participant<R> {
         reply_to: R,
         id: u64,
         mut ep: ExecPrepare,
+        waiting_since: Option<u64>,
     ) {
         let class = self.load.class_index(&ep.class);
         let tid = ep.tid;
-        if let Err(refusal) = self.admit(now_ms, class, &mut ep) {
-            acts.replies.push((reply_to, id, refusal));
-            return;
+        let since_ms = waiting_since.unwrap_or(now_ms);
+        let woken = waiting_since.is_some() && planted(Bug::WokenWithoutLocks);
+        match self.admit(now_ms, class, &mut ep) {
+            Ok(()) => {}
+            Err(Refusal::Busy) if woken => {}
+            Err(Refusal::Busy) if self.may_wait(&ep, since_ms, now_ms) => {
+                let waiting = Waiting {
+                    reply_to,
+                    id,
+                    ep,
+                    since_ms,
+                };
+                self.waiting.push_back(waiting);
+                return;
+            }
+            Err(Refusal::Busy) => {
+                let refusal = self.refuse(now_ms, class, tid, Vote::AbortLock, vec![], vec![]);
+                acts.replies.push((reply_to, id, refusal));
+                return;
+            }
+            Err(Refusal::Reply(refusal)) => {
+                acts.replies.push((reply_to, id, refusal));
+                return;
+            }
         }
         let (reads, failed, bytes_read) = self.execute(&ep.items);
         self.load.at(class, now_ms).bytes_read += bytes_read;
@@ -695,19 +755,62 @@ impl<R> Participant<R> {
         }
     }
 
+    /// Whether `ep` may wait for its busy locks: it touches this node alone, executed
+    /// nothing ahead (so it holds nothing here), and has not waited its `lock_wait_ms` yet.
+    fn may_wait(&self, ep: &ExecPrepare, since_ms: u64, now_ms: u64) -> bool {
+        ep.participants == [self.cfg.id] && ep.executed == 0 && now_ms < wait_until_ms(ep, since_ms)
+    }
+
+    /// Runs the waiting minitransactions, in arrival order, once something freed locks,
+    /// and refuses those that waited their `lock_wait_ms`; after every step that may do
+    /// either.
+    fn run_waiting(&mut self, acts: &mut Actions<R>, now_ms: u64) {
+        while !self.waiting.is_empty() {
+            let freed = self.locks.take_freed();
+            let expired = self.waiting.iter().any(|w| now_ms >= w.until_ms());
+            if !freed && !expired {
+                return;
+            }
+            for w in std::mem::take(&mut self.waiting) {
+                if self.stage != Stage::Serving {
+                    let refusal = error(ErrorCode::NotReady, "node is recovering".into());
+                    acts.replies.push((w.reply_to, w.id, refusal));
+                    continue;
+                }
+                self.exec_prepare(acts, now_ms, w.reply_to, w.id, w.ep, Some(w.since_ms));
+            }
+        }
+    }
+
+    /// When the first minitransaction waiting for locks has waited its `lock_wait_ms`: the
+    /// driver calls `tick` then, in case nothing else happens on the node before.
+    pub fn waiting_until(&self) -> Option<u64> {
+        self.waiting.iter().map(Waiting::until_ms).min()
+    }
+
+    /// Refuses the minitransactions that waited for locks their `lock_wait_ms` (and runs
+    /// those whose locks were freed).
+    pub fn tick(&mut self, now_ms: u64) -> Actions<R> {
+        let mut acts = Actions::default();
+        self.run_waiting(&mut acts, now_ms);
+        acts
+    }
+
     /// Whether `ep` may execute: its epoch is current enough, its tid new, what it executed
     /// ahead still here and within limits, its locks free, and it was not forced to abort.
-    /// Takes its locks and prepends the items executed ahead; `Err` is the reply otherwise.
-    fn admit(&mut self, now_ms: u64, class: usize, ep: &mut ExecPrepare) -> Result<(), Response> {
+    /// Takes its locks and prepends the items executed ahead; `Err` says why not otherwise
+    /// (`Busy`: a lock is, and the caller decides whether `ep` waits).
+    fn admit(&mut self, now_ms: u64, class: usize, ep: &mut ExecPrepare) -> Result<(), Refusal> {
         let tid = ep.tid;
         if tid.epoch + 2 <= self.epoch {
-            return Err(self.refuse(now_ms, class, tid, Vote::AbortEpoch, vec![], vec![]));
+            let refusal = self.refuse(now_ms, class, tid, Vote::AbortEpoch, vec![], vec![]);
+            return Err(Refusal::Reply(refusal));
         }
         if self.uncertain.contains_key(&tid) || self.log_tids.contains_key(&tid) {
-            return Err(error(
+            return Err(Refusal::Reply(error(
                 ErrorCode::BadRequest,
                 format!("tid {tid} already executed"),
-            ));
+            )));
         }
         let executed = self.ahead.remove(&tid).map_or(0, |ahead| {
             let n = ahead.items.len();
@@ -717,7 +820,7 @@ impl<R> Participant<R> {
         if executed > 0 {
             if let Err(message) = self.cfg.limits.check(ep.items.iter()) {
                 self.locks.release(tid);
-                return Err(error(ErrorCode::BadRequest, message));
+                return Err(Refusal::Reply(error(ErrorCode::BadRequest, message)));
             }
         }
         // What was executed ahead may be gone (a restart, the timeout, a refusal): abort.
@@ -725,14 +828,21 @@ impl<R> Participant<R> {
         let refused = if lost_ahead {
             Some(Vote::AbortForced)
         } else if !self.locks.try_lock(tid, &lock_ranges(&ep.items)) {
-            Some(Vote::AbortLock)
+            return Err(Refusal::Busy);
         } else if self.forced_abort.contains_key(&tid) && !planted(Bug::SkipForcedAbortCheck) {
             Some(Vote::AbortForced)
         } else {
             None
         };
         match refused {
-            Some(why) => Err(self.refuse(now_ms, class, tid, why, vec![], vec![])),
+            Some(why) => Err(Refusal::Reply(self.refuse(
+                now_ms,
+                class,
+                tid,
+                why,
+                vec![],
+                vec![],
+            ))),
             None => Ok(()),
         }
     }
@@ -992,6 +1102,7 @@ impl<R> Participant<R> {
                 Deferred::Decision(decision) => self.decision(&mut acts, now_ms, decision),
             }
         }
+        self.run_waiting(&mut acts, now_ms);
         acts
     }
 
@@ -1321,9 +1432,13 @@ impl<R> Participant<R> {
         }
     }
 
-    /// Serving, with no uncertain tid and no lock held (cheap, unlike `stats`).
+    /// Serving, with no uncertain tid, no lock held and nothing waiting for one (cheap,
+    /// unlike `stats`).
     pub fn idle(&self) -> bool {
-        self.stage == Stage::Serving && self.uncertain.is_empty() && self.locks.holders() == 0
+        self.stage == Stage::Serving
+            && self.uncertain.is_empty()
+            && self.locks.holders() == 0
+            && self.waiting.is_empty()
     }
 
     pub fn stats(&self, now_ms: u64) -> StatsReport {
@@ -1384,6 +1499,9 @@ pub enum Bug {
     /// A `ram-repl` process restarted empty serves as the primary or mirror the placement
     /// still names it (`mirror::named_but_empty`), without the node's data.
     EmptyCopyServes,
+    /// A single-node minitransaction that waited for a busy lock runs, once something
+    /// freed a lock, without the locks it waited for.
+    WokenWithoutLocks,
 }
 
 tutti_wire::planted_bugs!(Bug);
@@ -1494,6 +1612,7 @@ mod tests {
             read_only,
             items,
             executed: 0,
+            lock_wait_ms: LOCK_WAIT_MS_MAX,
         }
     }
 
@@ -1582,20 +1701,75 @@ mod tests {
         );
         assert_eq!(acts.append.len(), 1);
         assert_eq!(p.space().read(0, 8), &[0; 8], "not applied before sync");
-        // A conflicting minitransaction meanwhile finds the lock busy.
-        assert_eq!(
-            vote_of(&prepare(
-                &mut p,
-                tid(2),
-                vec![1],
-                vec![Item::Read { addr: 0, len: 8 }]
-            )),
-            Vote::AbortLock
-        );
+        // A conflicting one-phase minitransaction meanwhile waits for the lock, and a
+        // multi-node one finds it busy.
+        let read = || vec![Item::Read { addr: 0, len: 8 }];
+        assert!(prepare(&mut p, tid(2), vec![1], read()).replies.is_empty());
+        let refused = prepare(&mut p, tid(3), vec![1, 2], read());
+        assert_eq!(vote_of(&refused), Vote::AbortLock);
         let acts = p.on_synced(0, acts.append[0].0);
-        assert_eq!(vote_of(&acts), Vote::CommitOk);
+        let votes: Vec<_> = (acts.replies.iter())
+            .map(|(_, _, r)| match r {
+                Response::Vote(v) => (v.vote, v.reads.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let five = 5u64.to_le_bytes().to_vec();
+        assert_eq!(
+            votes,
+            vec![(Vote::CommitOk, vec![]), (Vote::CommitOk, vec![five])],
+            "the commit, then the read that waited for it, which sees it"
+        );
         assert_eq!(p.space().read(0, 8), &5u64.to_le_bytes());
         assert_eq!(p.stats(0).locks_held, 0);
+        assert!(p.idle());
+    }
+
+    /// What the tests' single-node minitransactions may wait for a lock (`ep`).
+    const WAIT_MS: u64 = LOCK_WAIT_MS_MAX as u64;
+
+    #[test]
+    fn waits_for_a_lock_run_in_arrival_order_and_end_after_lock_wait_ms() {
+        let mut p = node(1, Mode::Log);
+        // A multi-node minitransaction holds address 8 until its decision.
+        let two = prepare(&mut p, tid(1), vec![1, 2], vec![write(8, 1)]);
+        p.on_synced(0, two.append[0].0);
+        let waiter = |p: &mut P, seq, v| {
+            let ep = ep(tid(seq), vec![1], false, vec![write(8, v)]);
+            assert!(p
+                .on_request(1, 1, seq, Request::ExecPrepare(ep))
+                .replies
+                .is_empty());
+        };
+        waiter(&mut p, 2, 2);
+        waiter(&mut p, 3, 3);
+        assert_eq!(p.waiting_until(), Some(1 + WAIT_MS));
+        assert!(p.tick(WAIT_MS).replies.is_empty(), "not waited long enough");
+        // The decision frees the lock: the first waiter takes it and logs its write; the
+        // second waits on, now for the first.
+        let acts = p.on_request(2, 1, 0, decide(tid(1), true));
+        let first = acts.append.iter().find_map(|(lsn, r)| match r {
+            LogRecord::Prepare { tid: t, .. } if *t == tid(2) => Some(*lsn),
+            _ => None,
+        });
+        let first = first.expect("the first waiter logged its write");
+        let acts = p.on_synced(2, first);
+        assert_eq!(acts.replies.len(), 1, "the first waiter's commit");
+        assert_eq!(acts.replies[0].1, 2);
+        assert_eq!(p.space().read(8, 8), &2u64.to_le_bytes());
+        let acts = p.on_synced(3, acts.append[0].0);
+        assert_eq!(acts.replies[0].1, 3, "then the second's");
+        assert_eq!(p.space().read(8, 8), &3u64.to_le_bytes());
+        // A wait that the holder outlasts ends in ABORT-LOCK.
+        prepare(&mut p, tid(4), vec![1, 2], vec![write(16, 1)]);
+        let ep = ep(tid(5), vec![1], false, vec![write(16, 2)]);
+        assert!(p
+            .on_request(10, 1, 5, Request::ExecPrepare(ep))
+            .replies
+            .is_empty());
+        assert!(p.tick(10 + WAIT_MS - 1).replies.is_empty());
+        assert_eq!(vote_of(&p.tick(10 + WAIT_MS)), Vote::AbortLock);
+        assert_eq!(p.waiting_until(), None);
     }
 
     #[test]
@@ -1608,8 +1782,10 @@ mod tests {
         };
         let one = prepare(&mut p, tid(1), vec![1], vec![compare(0), write(8, 5)]);
         let two = prepare(&mut p, tid(2), vec![1, 2], vec![compare(16), write(24, 5)]);
+        // A multi-node minitransaction finding a lock busy votes at once (a single-node one
+        // would wait for it).
         let busy =
-            |p: &mut P, seq, addr| vote_of(&prepare(p, tid(seq), vec![1], vec![write(addr, 1)]));
+            |p: &mut P, seq, addr| vote_of(&prepare(p, tid(seq), vec![1, 2], vec![write(addr, 1)]));
         assert_eq!(
             busy(&mut p, 3, 8),
             Vote::AbortLock,
@@ -1935,6 +2111,7 @@ mod tests {
                 read_only: true,
                 items: vec![Item::Read { addr: 0, len: 1 }],
                 executed: 0,
+                lock_wait_ms: 0,
             }),
         );
         assert!(matches!(
@@ -2095,6 +2272,7 @@ mod tests {
     fn prepare_after_ahead(p: &mut P, t: Tid, executed: u32) -> Actions<u32> {
         let ep = ExecPrepare {
             executed,
+            lock_wait_ms: 0,
             ..ep(t, vec![1, 2], false, vec![])
         };
         p.on_request(0, 1, 1, Request::ExecPrepare(ep))
@@ -2121,7 +2299,7 @@ mod tests {
         assert_eq!(ahead(&mut p, 0, tid(1), cas(0, 7)).vote, Vote::CommitOk);
         // Held across the round trips: another minitransaction cannot touch those bytes.
         assert_eq!(
-            vote_of(&prepare(&mut p, tid(2), vec![1], vec![write(8, 1)])),
+            vote_of(&prepare(&mut p, tid(2), vec![1, 2], vec![write(8, 1)])),
             Vote::AbortLock
         );
         let acts = prepare_after_ahead(&mut p, tid(1), 3);
@@ -2324,6 +2502,7 @@ mod tests {
             read_only: false,
             items: vec![Item::Read { addr: 0, len: 8 }],
             executed: 0,
+            lock_wait_ms: 0,
         };
         let acts = p.on_request(0, 1, 1, Request::ExecPrepare(ep));
         assert!(matches!(acts.append[..], [(_, LogRecord::Prepare { .. })]));

@@ -1,5 +1,6 @@
-//! Byte-range reader/writer try-locks (Sinfonia §4.2): a participant never waits for a lock;
-//! if any range is busy it takes none and the minitransaction votes ABORT-LOCK.
+//! Byte-range reader/writer try-locks (Sinfonia §4.2): if any range is busy a
+//! minitransaction takes none; the participant then has it vote ABORT-LOCK, or, touching
+//! that node alone, wait until a release (`take_freed`) lets it try again.
 
 use rustc_hash::FxHashMap;
 use std::collections::btree_map::Entry;
@@ -29,6 +30,8 @@ pub struct RangeLocks {
     range_bytes_max: u64,
     /// Set while a backup takes its cut: every `try_lock` fails, so the held locks drain.
     fenced: bool,
+    /// A lock was released (or the fence lifted) since `take_freed` last said so.
+    freed: bool,
 }
 
 const TID_MIN: Tid = Tid {
@@ -80,7 +83,13 @@ impl RangeLocks {
             for start in starts {
                 self.held.remove(&(start, tid));
             }
+            self.freed = true;
         }
+    }
+
+    /// Whether a lock was released, or the fence lifted, since the last call.
+    pub fn take_freed(&mut self) -> bool {
+        std::mem::take(&mut self.freed)
     }
 
     /// Gives up `tid`'s shared ranges and keeps its exclusive ones (a range both read and
@@ -92,6 +101,7 @@ impl RangeLocks {
         starts.retain(|&start| match self.held.get(&(start, tid)) {
             Some((_, LockKind::Read)) => {
                 self.held.remove(&(start, tid));
+                self.freed = true;
                 false
             }
             _ => true,
@@ -114,6 +124,7 @@ impl RangeLocks {
 
     /// While `fenced`, no lock is granted, to anyone.
     pub fn set_fenced(&mut self, fenced: bool) {
+        self.freed |= self.fenced && !fenced;
         self.fenced = fenced;
     }
 }

@@ -79,6 +79,8 @@ enum NodeTimer {
     Join,
     /// A promoted mirror looks whether the old primary's lease has run out.
     TakeOver,
+    /// A minitransaction waiting for a lock has waited its `lock_wait_ms`.
+    LockWait,
 }
 
 /// `log-repl` (docs/replication.md): what this process is for its node, driving the real
@@ -159,6 +161,8 @@ pub(crate) struct SimNode {
     /// The mirror's lag in the latest heartbeat sent, and when it was sent: the managers
     /// may act on it after the mirror caught up, or this process died.
     reported_behind: (u64, u64),
+    /// When the earliest `NodeTimer::LockWait` set fires, in ms.
+    lock_wait_at: Option<u64>,
 }
 
 /// Tids per checkpoint step: few, so that a checkpoint here spans several events and
@@ -223,6 +227,7 @@ impl SimNode {
             checkpoint: None,
             repl: None,
             in_ram: false,
+            lock_wait_at: None,
             page_cache: None,
             reported_behind: (0, 0),
         }
@@ -425,6 +430,23 @@ impl SimNode {
         send_replies(ctx, replies);
         self.ship(ctx, false);
         self.maybe_sync(ctx);
+        self.arm_lock_wait(ctx);
+    }
+
+    /// Wakes the participant when a minitransaction waiting for a lock has waited its
+    /// `lock_wait_ms`, as the real driver's `expire_lock_waits` does.
+    fn arm_lock_wait(&mut self, ctx: &mut Ctx<'_>) {
+        let Some(at_ms) = self.participant.as_ref().and_then(|p| p.waiting_until()) else {
+            return;
+        };
+        if self.lock_wait_at.is_some_and(|set| set <= at_ms) {
+            return;
+        }
+        ctx.set_timer(
+            (at_ms * 1000).saturating_sub(ctx.now_us()),
+            NodeTimer::LockWait,
+        );
+        self.lock_wait_at = Some(at_ms);
     }
 
     /// Sends the shipper's messages not sent yet (with `renew`, an empty one if none, to
@@ -1554,10 +1576,19 @@ impl Process for SimNode {
                 }
             }
             NodeTimer::TakeOver => self.take_over(ctx),
+            NodeTimer::LockWait => {
+                self.lock_wait_at = None;
+                if self.participant.is_some() {
+                    let acts = self.up().tick(now_ms(ctx));
+                    self.apply(ctx, acts);
+                }
+            }
         }
     }
 
     fn on_crash(&mut self, ctx: &mut Ctx<'_>, power_loss: bool) {
+        // Its timers never fire now.
+        self.lock_wait_at = None;
         if self.in_ram {
             return self.lose_copy(ctx);
         }

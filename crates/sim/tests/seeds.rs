@@ -87,10 +87,15 @@ fn trace_hashes_are_pinned() {
 /// world and the bank workload of `tutti-workload` (counters and receipts), nodes that
 /// checkpoint in steps with requests and heartbeats between them, two backups per run, and
 /// a Raft group of three managers that crash like the nodes.
+///
+/// Changed on purpose when single-node minitransactions began to wait for busy locks
+/// (docs/protocol.md): runs take longer in simulated time (seed 1: 2.72 s before, 3.46 s
+/// after) and commit as much (216,299 minitransactions over 5,000 seeds before, 216,734
+/// after).
 const PINNED: [(u64, u64, u64, u64); 3] = [
-    (1, 7_845_514_038_045_419_198, 5_907, 2_723_539),
-    (77, 15_135_371_200_846_383_869, 5_727, 2_137_615),
-    (4242, 2_058_320_357_465_389_276, 5_778, 2_308_616),
+    (1, 8_278_511_204_363_852_864, 7_629, 3_455_133),
+    (77, 12_647_677_779_747_406_185, 6_307, 2_916_039),
+    (4242, 7_128_937_591_397_122_276, 7_669, 3_270_297),
 ];
 
 /// Seeds that broke an invariant before a fix (docs/simulation.md lists which bug each

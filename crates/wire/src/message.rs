@@ -135,9 +135,19 @@ pub struct ExecPrepare {
     /// How many items of this tid the node already executed with `ExecuteAhead`; they are
     /// part of the vote, ahead of `items`. Zero for Sinfonia's own minitransactions.
     pub executed: u32,
+    /// How long the node may keep this request waiting for busy locks before it votes
+    /// ABORT-LOCK, in ms (at most `LOCK_WAIT_MS_MAX`): only a minitransaction on that node
+    /// alone waits. 0: vote ABORT-LOCK at once, as Sinfonia's participant does. The
+    /// coordinator sets it well inside its deadline, so that the vote comes back before.
+    pub lock_wait_ms: u32,
 }
 
 pub const CLASS_BYTES_MAX: usize = 64;
+
+/// The longest a memory node keeps a request waiting for busy locks (`ExecPrepare`'s
+/// `lock_wait_ms`). A lock is normally held for one log sync, or for a multi-node
+/// minitransaction's two phases, so most waits end far sooner.
+pub const LOCK_WAIT_MS_MAX: u32 = 20;
 
 /// A participant's vote (Fig. 4 lines 15–19, plus the stale-epoch rule of §4.6).
 #[derive(Encode, Decode, Clone, Copy, PartialEq, Eq, Debug)]

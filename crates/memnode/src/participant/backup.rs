@@ -182,6 +182,7 @@ mod tests {
     use crate::participant::Mode;
     use tutti_wire::{
         Decision, ErrorCode, ExecPrepare, Item, Request, Response, Vote, BACKUP_FENCE_LEASE_MS,
+        LOCK_WAIT_MS_MAX,
     };
 
     fn ask(p: &mut P, now_ms: u64, req: Request) -> Response {
@@ -192,7 +193,14 @@ mod tests {
 
     /// Writes `v` at `addr`: alone (one phase) or with node 2 (then it waits for its decision).
     fn write(p: &mut P, seq: u64, with_peer: bool, addr: u64, v: u8) -> Vote {
-        let ep = ExecPrepare {
+        match ask(p, 0, exec(seq, with_peer, addr, v)) {
+            Response::Vote(v) => v.vote,
+            other => panic!("no vote: {other:?}"),
+        }
+    }
+
+    fn exec(seq: u64, with_peer: bool, addr: u64, v: u8) -> Request {
+        Request::ExecPrepare(ExecPrepare {
             tid: tid(seq),
             participants: if with_peer { vec![1, 2] } else { vec![1] },
             class: "t".into(),
@@ -202,11 +210,8 @@ mod tests {
                 bytes: vec![v; 8],
             }],
             executed: 0,
-        };
-        match ask(p, 0, Request::ExecPrepare(ep)) {
-            Response::Vote(v) => v.vote,
-            other => panic!("no vote: {other:?}"),
-        }
+            lock_wait_ms: LOCK_WAIT_MS_MAX,
+        })
     }
 
     fn lock(p: &mut P, now_ms: u64) -> (bool, u64) {
@@ -234,7 +239,7 @@ mod tests {
         assert_eq!(write(&mut p, 1, false, 0, 1), Vote::CommitOk);
         assert_eq!(write(&mut p, 2, true, 8, 2), Vote::CommitOk, "uncertain");
         assert_eq!(lock(&mut p, 0), (false, 1), "tid 2 holds its lock");
-        assert_eq!(write(&mut p, 3, false, 16, 3), Vote::AbortLock, "fenced");
+        assert_eq!(write(&mut p, 3, true, 16, 3), Vote::AbortLock, "fenced");
         let cut_too_early = ask(
             &mut p,
             0,
@@ -342,7 +347,14 @@ mod tests {
     fn a_fence_nobody_asks_about_lapses() {
         let mut p = node(1, Mode::Ram);
         assert_eq!(lock(&mut p, 0), (true, 0));
-        assert_eq!(write(&mut p, 1, false, 0, 1), Vote::AbortLock);
+        assert_eq!(write(&mut p, 1, true, 0, 1), Vote::AbortLock);
+        // A single-node write waits at the fence, for at most its lock_wait_ms.
+        assert!(p
+            .on_request(0, 0, 1, exec(2, false, 0, 1))
+            .replies
+            .is_empty());
+        let refused = p.tick(u64::from(LOCK_WAIT_MS_MAX)).replies;
+        assert!(matches!(&refused[..], [(_, _, Response::Vote(v))] if v.vote == Vote::AbortLock));
         let later = BACKUP_FENCE_LEASE_MS + 1;
         let gone = ask(
             &mut p,
@@ -359,6 +371,6 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(write(&mut p, 2, false, 0, 1), Vote::CommitOk);
+        assert_eq!(write(&mut p, 3, false, 0, 1), Vote::CommitOk);
     }
 }

@@ -35,6 +35,7 @@ fn prepare(t: Tid, participants: Vec<u16>, items: Vec<Item>) -> Request {
         read_only,
         items,
         executed: 0,
+        lock_wait_ms: 0,
     })
 }
 

@@ -71,6 +71,11 @@ impl Collector for Scrape {
                 "ranges locked by prepared minitransactions",
                 r.locks_held,
             ),
+            (
+                "lock_waiters",
+                "single-node minitransactions waiting for busy locks",
+                r.lock_waiters,
+            ),
             ("log_bytes", "bytes in the redo log's segments", r.log_bytes),
             (
                 "log_syncs",
@@ -214,6 +219,7 @@ mod tests {
             }],
             uncertain: 0,
             locks_held: 0,
+            lock_waiters: 0,
             log_bytes: 0,
             log_records_appended: 0,
             log_records_live: 0,

@@ -1448,6 +1448,7 @@ impl<R> Participant<R> {
             classes: self.load.report(now_ms),
             uncertain: self.uncertain.len() as u64,
             locks_held: self.locks.holders() as u64,
+            lock_waiters: self.waiting.len() as u64,
             log_bytes: self.log.bytes,
             log_records_appended: self.log.records_appended,
             log_records_live: self.by_lsn.len() as u64,
@@ -1743,6 +1744,7 @@ mod tests {
         };
         waiter(&mut p, 2, 2);
         waiter(&mut p, 3, 3);
+        assert_eq!(p.stats(1).lock_waiters, 2);
         assert_eq!(p.waiting_until(), Some(1 + WAIT_MS));
         assert!(p.tick(WAIT_MS).replies.is_empty(), "not waited long enough");
         // The decision frees the lock: the first waiter takes it and logs its write; the
@@ -1770,6 +1772,7 @@ mod tests {
         assert!(p.tick(10 + WAIT_MS - 1).replies.is_empty());
         assert_eq!(vote_of(&p.tick(10 + WAIT_MS)), Vote::AbortLock);
         assert_eq!(p.waiting_until(), None);
+        assert_eq!(p.stats(10 + WAIT_MS).lock_waiters, 0);
     }
 
     #[test]

@@ -318,6 +318,8 @@ pub struct StatsReport {
     pub classes: Vec<ClassLoad>,
     pub uncertain: u64,
     pub locks_held: u64,
+    /// Single-node minitransactions waiting for busy locks now (`ExecPrepare::lock_wait_ms`).
+    pub lock_waiters: u64,
     pub log_bytes: u64,
     /// Since the node started: records appended to the redo log (group commit packs
     /// `log_records_appended / log_sync.count()` records into each sync).

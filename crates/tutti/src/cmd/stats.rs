@@ -22,7 +22,7 @@ pub(crate) async fn run(a: StatsArgs, dialer: &Dialer) -> Result<(), String> {
             .map(|(id, r)| match r {
                 Ok(s) => serde_json::json!({
                     "node": id, "serving": s.serving, "epoch": s.epoch, "uncertain": s.uncertain,
-                    "locks_held": s.locks_held, "log_bytes": s.log_bytes, "log_records_live": s.log_records_live,
+                    "locks_held": s.locks_held, "lock_waiters": s.lock_waiters, "log_bytes": s.log_bytes, "log_records_live": s.log_records_live,
                     "log_syncs": s.log_sync.count(), "log_records_appended": s.log_records_appended,
                     "rss_bytes": s.rss_bytes, "log_sync_max_us": s.log_sync.max_us,
                     "backup_saved_bytes": s.backup_saved_bytes, "backup_saved_bytes_max": s.backup_saved_bytes_max,
@@ -75,7 +75,7 @@ pub(crate) async fn run(a: StatsArgs, dialer: &Dialer) -> Result<(), String> {
                         );
                     }
                 }
-                outln!("{id:>4} serving={} epoch={} uncertain={} locks_held={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={} log_sync_max_us={} rss_bytes={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.log_bytes, s.log_records_live, s.log_sync.count(), s.log_records_appended, s.log_sync.max_us, s.rss_bytes);
+                outln!("{id:>4} serving={} epoch={} uncertain={} locks_held={} lock_waiters={} log_bytes={} log_records_live={} log_syncs={} log_records_appended={} log_sync_max_us={} rss_bytes={}", s.serving, s.epoch, s.uncertain, s.locks_held, s.lock_waiters, s.log_bytes, s.log_records_live, s.log_sync.count(), s.log_records_appended, s.log_sync.max_us, s.rss_bytes);
             }
             Err(e) => outln!("{id:>4} unreachable: {e}"),
         }

@@ -279,8 +279,11 @@ impl Node {
     ) {
         let replies = {
             let mut p = self.participant.lock().expect("participant poisoned");
+            let before = p.waiting_until();
             let acts = f(&mut p, self.now_ms());
-            if p.waiting_until().is_some() {
+            // Only a request that began to wait, ending before the others, moves the timer.
+            let after = p.waiting_until();
+            if after.is_some() && (before.is_none() || after < before) {
                 self.lock_waits.notify_one();
             }
             if self.log.is_some() {

@@ -14,8 +14,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tutti_client::Minitx;
 use tutti_wire::{Connection, NodeId, Request, Response};
 
-/// What the kernel is told to forget: the attributes of these files.
-pub type Forget = Box<dyn Fn(&[Ino]) + Send + Sync>;
+/// What makes the kernel forget the attributes of files: picks, at once, those of these it
+/// was let keep (every one, for an empty list) and returns the notices to send it, which
+/// may block; `None` if it keeps none of them.
+pub type Forget = Box<dyn Fn(&[Ino]) -> Option<Notices> + Send + Sync>;
+pub type Notices = Box<dyn FnOnce() + Send>;
 
 /// This process's place among the volume's members.
 pub(crate) struct Membership {
@@ -281,8 +284,8 @@ impl FileSystem {
     /// Stops trusting anything cached, in user space and in the kernel.
     fn lose_trust(&self) {
         self.trust().lapse();
-        if let Some(forget) = self.coherent().forget.get() {
-            forget(&[]);
+        if let Some(notices) = self.coherent().forget.get().and_then(|forget| forget(&[])) {
+            notices();
         }
     }
 
@@ -403,9 +406,15 @@ impl FileSystem {
         self.refresh_members().await
     }
 
-    /// Another member announces a write of `ranges`: forget them, in the cache and the
-    /// kernel, and trust nothing until it ends.
-    pub fn announced(&self, writer: u64, seq: u64, ranges: &[(NodeId, u64, u32)]) {
+    /// Another member announces a write of `ranges`: forget them in the cache, and trust
+    /// nothing until it ends. Returns what makes the kernel forget the files among them
+    /// that it keeps, to send before acknowledging (`None`: it keeps none of them).
+    pub fn announced(
+        &self,
+        writer: u64,
+        seq: u64,
+        ranges: &[(NodeId, u64, u32)],
+    ) -> Option<Notices> {
         let now = self.now_ms();
         let vol = self.volume();
         let mut inodes = vec![];
@@ -418,11 +427,8 @@ impl FileSystem {
                 inodes.extend(inodes_in(&vol, node, addr, len as u64));
             }
         }
-        if let Some(forget) = self.coherent().forget.get() {
-            if !inodes.is_empty() {
-                forget(&inodes);
-            }
-        }
+        let forget = self.coherent().forget.get()?;
+        (!inodes.is_empty()).then(|| forget(&inodes)).flatten()
     }
 
     pub fn write_ended(&self, writer: u64, seq: u64) {
@@ -445,12 +451,14 @@ impl FileSystem {
                     seq,
                     ranges,
                 } => {
-                    let fs = fs.clone();
+                    let Some(notices) = fs.announced(writer, seq, &ranges) else {
+                        // The kernel keeps none of them: nothing to wait for.
+                        let _ = replies.send((id, Response::Invalidated));
+                        return;
+                    };
                     tokio::spawn(async move {
                         // The kernel forgets in the notification's write: off the runtime.
-                        let done =
-                            tokio::task::spawn_blocking(move || fs.announced(writer, seq, &ranges));
-                        if done.await.is_ok() {
+                        if tokio::task::spawn_blocking(notices).await.is_ok() {
                             let _ = replies.send((id, Response::Invalidated));
                         }
                     });

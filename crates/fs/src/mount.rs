@@ -172,10 +172,16 @@ impl Mount {
                     _ => inodes.iter().filter_map(|i| given.remove(i)).collect(),
                 }
             };
-            for k in doomed {
-                // ENOENT: the kernel let it go already.
-                let _ = notifier.inval_inode(INodeNo(k), 0, 0);
+            if doomed.is_empty() {
+                return None;
             }
+            let notifier = notifier.clone();
+            Some(Box::new(move || {
+                for k in doomed {
+                    // ENOENT: the kernel let it go already.
+                    let _ = notifier.inval_inode(INodeNo(k), 0, 0);
+                }
+            }) as crate::members::Notices)
         })
     }
 
@@ -412,10 +418,16 @@ impl State {
     /// How long the kernel may keep attributes of `ino` read since `stamp` (noted, for
     /// another member's write to make it forget them).
     fn attr_ttl(&self, stamp: Stamp, ino: Ino, i: &Inode) -> Duration {
-        let ttl = self.fixed_ttl.unwrap_or_else(|| self.fs.attr_ttl(stamp));
-        if !ttl.is_zero() && self.fixed_ttl.is_none() {
-            let k = self.kernel_ino(ino, i.igeneration).0;
-            self.given.lock().expect("given poisoned").insert(ino, k);
+        if let Some(ttl) = self.fixed_ttl {
+            return ttl;
+        }
+        // Decided and noted under one hold of `given`: an announcement that arrives after
+        // the decision finds the note (and has the kernel forget), one before it has moved
+        // the trust the decision reads (and the answer gets no time).
+        let mut given = self.given.lock().expect("given poisoned");
+        let ttl = self.fs.attr_ttl(stamp);
+        if !ttl.is_zero() {
+            given.insert(ino, self.kernel_ino(ino, i.igeneration).0);
         }
         ttl
     }

@@ -160,6 +160,23 @@ pub fn membership_minitx(
     tx.class("fs-members")
 }
 
+/// The fence of a write whose outcome its writer does not know (a late attempt, or
+/// recovery, may still commit it): the version goes up on every node. An attempt not yet
+/// prepared then fails its compare of the version; one prepared holds its lock on it, so
+/// that this waits until it is decided. Added, not compared: it needs no version known;
+/// but the node count is compared, so that it moves the version on every node (after a
+/// grow `vol` does not know, it fails: learn the volume and go again).
+pub fn fence_minitx(vol: &Volume) -> Minitx {
+    let first = vol.nodes[0].0;
+    let nodes = (vol.nodes.len() as u32).to_le_bytes().to_vec();
+    let tx = Minitx::new().compare(first, vol.header_addr(first) + field::NODES, nodes);
+    (vol.nodes.iter())
+        .fold(tx, |tx, &(node, base)| {
+            tx.add(node, base + MEMBERSHIP_AT, 1)
+        })
+        .class("fs-members")
+}
+
 /// A renewal: `me`'s slot still holds its token (it was not revoked); its count goes up.
 pub fn renewal_minitx(vol: &Volume, slot: usize, me: u64) -> Minitx {
     let (first, at) = slot_addr(vol, slot);
@@ -206,14 +223,20 @@ pub fn take_announcement(
     ranges: &[(NodeId, u64, u32)],
     now: u64,
 ) {
-    trust.announced(writer, seq, now);
+    trust.announced(writer, seq, ranges, now);
     for &(node, addr, len) in ranges {
         cache.drop_overlapping(node, addr, len as u64);
     }
 }
 
-/// When a member may trust what it validated: the receiving side of invalidations and the
-/// member's lease. Times are the driver's clock in milliseconds.
+/// Marks a member keeps at most before it forgets them all and trusts nothing read before.
+const MARKS_MAX: usize = 16_384;
+
+/// When a member may trust what it read: the receiving side of invalidations and the
+/// member's lease, per byte. Every write announced, ended, or of the member's own, *moves*
+/// the bytes it writes: a read of them that began before the move is not trusted, and
+/// neither is one of bytes a window still holds open. A read of other bytes is. Times are
+/// the driver's clock in milliseconds.
 #[derive(Debug)]
 pub struct Trust {
     lease_ms: u64,
@@ -222,18 +245,30 @@ pub struct Trust {
     /// Raised when everything trusted so far stops being trusted (the lease lapsed, the
     /// member was revoked).
     epoch: u64,
-    /// Raised by every invalidation received.
-    generation: u64,
-    /// Writes announced and not yet ended: (writer's token, sequence) → when announced.
-    windows: HashMap<(u64, u64), u64>,
+    /// Raised by every move.
+    moves: u64,
+    /// A read that began before this move is not trusted anywhere: the marks before it
+    /// were forgotten (`MARKS_MAX`).
+    floor: u64,
+    /// Bytes moved, with the number of their last move.
+    marks: ByteRanges,
+    /// Writes announced and not yet ended, by (writer's token, sequence).
+    windows: HashMap<(u64, u64), Window>,
 }
 
-/// What a member knew when it started reading: what it read may be trusted only if no
-/// invalidation arrived and the lease held until it is answered.
+/// Another member's write, announced and not yet ended.
+#[derive(Debug)]
+struct Window {
+    opened_at: u64,
+    ranges: Vec<(NodeId, u64, u32)>,
+}
+
+/// What a member knew when it started reading: what it read may be trusted only where
+/// nothing moved since and the lease held until it is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
     epoch: u64,
-    generation: u64,
+    moves: u64,
 }
 
 impl Trust {
@@ -242,7 +277,9 @@ impl Trust {
             lease_ms,
             renewed_at: None,
             epoch: 0,
-            generation: 0,
+            moves: 0,
+            floor: 0,
+            marks: ByteRanges::default(),
             windows: HashMap::new(),
         }
     }
@@ -250,34 +287,32 @@ impl Trust {
     pub fn stamp(&self) -> Stamp {
         Stamp {
             epoch: self.epoch,
-            generation: self.generation,
+            moves: self.moves,
         }
-    }
-
-    /// Raised each time everything trusted stops being trusted.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
     }
 
     fn lease_end(&self) -> Option<u64> {
         self.renewed_at.map(|t| t + self.lease_ms)
     }
 
-    /// Whether what was read since `stamp` was taken may be trusted now: within the lease,
-    /// with no write announced since and none still open.
-    pub fn may_trust(&self, stamp: Stamp, now: u64) -> bool {
-        stamp == self.stamp()
-            && self.windows.is_empty()
-            && self
-                .lease_end()
-                .is_some_and(|end| now + TTL_MARGIN_MS < end)
+    /// What may be trusted, at `now`, of bytes read since `stamp` was taken.
+    pub fn grant(&self, stamp: Stamp, now: u64) -> Grant<'_> {
+        let live = stamp.epoch == self.epoch
+            && stamp.moves >= self.floor
+            && (self.lease_end()).is_some_and(|end| now + TTL_MARGIN_MS < end);
+        Grant {
+            trust: live.then_some(self),
+            stamp,
+        }
     }
 
-    /// How long the kernel may keep attributes read since `stamp`: until shortly before
-    /// the lease ends, or not at all.
-    pub fn ttl_ms(&self, stamp: Stamp, now: u64) -> u64 {
+    /// How long the kernel may keep attributes held in `len` bytes at `addr` of `node`,
+    /// read since `stamp`: until shortly before the lease ends, or not at all.
+    pub fn ttl_ms(&self, stamp: Stamp, (node, addr, len): (NodeId, u64, u64), now: u64) -> u64 {
         match self.lease_end() {
-            Some(end) if self.may_trust(stamp, now) => end - now - TTL_MARGIN_MS,
+            Some(end) if self.grant(stamp, now).covers(node, addr, len) => {
+                end - now - TTL_MARGIN_MS
+            }
             _ => 0,
         }
     }
@@ -298,10 +333,19 @@ impl Trust {
         self.epoch += 1;
     }
 
-    /// Something moved under reads in flight (this member's own write began or ended):
-    /// what they read is not trusted.
-    pub fn moved(&mut self) {
-        self.generation += 1;
+    /// `ranges` move (a write of this member's own begins or ends, or another's is
+    /// announced or ends): what reads in flight read of them is not trusted.
+    pub fn moved(&mut self, ranges: &[(NodeId, u64, u32)]) {
+        self.moves += 1;
+        if self.marks.len() + ranges.len() > MARKS_MAX {
+            self.marks.clear();
+            self.floor = self.moves;
+        }
+        if !crate::planted(crate::Bug::MoveNotMarked) {
+            for &(node, addr, len) in ranges {
+                self.marks.set(node, addr, len as u64, self.moves);
+            }
+        }
     }
 
     /// The lease ended without a renewal (the driver asks at each tick).
@@ -309,20 +353,25 @@ impl Trust {
         self.lease_end().is_some_and(|end| now >= end)
     }
 
-    /// Another member announces a write (`writer`, `seq`): until it ends, nothing is
-    /// trusted, and what was being read when it arrived never is.
-    pub fn announced(&mut self, writer: u64, seq: u64, now: u64) {
-        self.generation += 1;
-        self.windows.insert((writer, seq), now);
+    /// Another member announces a write (`writer`, `seq`) of `ranges`: until it ends,
+    /// nothing read of them is trusted, and what was being read of them when it arrived
+    /// never is.
+    pub fn announced(&mut self, writer: u64, seq: u64, ranges: &[(NodeId, u64, u32)], now: u64) {
+        self.moved(ranges);
+        let window = Window {
+            opened_at: now,
+            ranges: ranges.to_vec(),
+        };
+        self.windows.insert((writer, seq), window);
     }
 
     /// The write (`writer`, `seq`) has its outcome. A read that began while it was open
-    /// may hold either side of it, so the generation moves again: without that, a read
-    /// begun after the announcement and answered before the commit would pass `may_trust`
-    /// once the window closed.
+    /// may hold either side of it, so its bytes move again: without that, a read begun
+    /// after the announcement and answered before the commit would be trusted once the
+    /// window closed.
     pub fn ended(&mut self, writer: u64, seq: u64) {
-        if self.windows.remove(&(writer, seq)).is_some() {
-            self.generation += 1;
+        if let Some(window) = self.windows.remove(&(writer, seq)) {
+            self.moved(&window.ranges);
         }
     }
 
@@ -331,7 +380,7 @@ impl Trust {
     /// windows with `forget`.
     pub fn overdue(&self, now: u64, limit_ms: u64) -> Vec<u64> {
         let mut late: Vec<u64> = (self.windows.iter())
-            .filter(|(_, &at)| now >= at + limit_ms)
+            .filter(|(_, w)| now >= w.opened_at + limit_ms)
             .map(|(&(writer, _), _)| writer)
             .collect();
         late.sort_unstable();
@@ -341,61 +390,168 @@ impl Trust {
 
     /// Ends every window of `writer` (revoked).
     pub fn forget(&mut self, writer: u64) {
-        self.windows.retain(|&(w, _), _| w != writer);
-        self.generation += 1;
+        let ended: Vec<(u64, u64)> = (self.windows.keys())
+            .filter(|&&(w, _)| w == writer)
+            .copied()
+            .collect();
+        for (w, seq) in ended {
+            self.ended(w, seq);
+        }
+    }
+
+    /// Whether a window open now holds any of `len` bytes at `addr` of `node`.
+    fn open_over(&self, node: NodeId, addr: u64, len: u64) -> bool {
+        let planted = crate::planted(crate::Bug::WindowIgnored);
+        (self.windows.values().flat_map(|w| &w.ranges))
+            .any(|&(n, a, l)| n == node && a < addr + len && addr < a + l as u64 && !planted)
     }
 }
 
-/// The bytes a member may use without a compare, as disjoint ranges, each trusted in one
-/// trust epoch. Trust is kept per byte, not per cached object: a compare validates only
-/// the bytes it names (a bitmap word of a page, an inode's generation and mode), and an
-/// answer stands on trust only if every byte it would compare is trusted.
+/// What a member's trust grants, at one moment, to bytes read since a stamp: the bytes
+/// nothing moved under since, that no window holds open, while the stamp's epoch and the
+/// lease hold.
+pub struct Grant<'a> {
+    /// `None`: nothing is granted (another epoch, the lease is short or gone).
+    trust: Option<&'a Trust>,
+    stamp: Stamp,
+}
+
+impl Grant<'_> {
+    /// The epoch granted bytes are trusted in.
+    pub fn epoch(&self) -> u64 {
+        self.stamp.epoch
+    }
+
+    /// Whether every one of `len` bytes at `addr` of `node` is granted.
+    pub fn covers(&self, node: NodeId, addr: u64, len: u64) -> bool {
+        self.trust.is_some_and(|t| {
+            !t.open_over(node, addr, len)
+                && (t.marks.max_within(node, addr, len)).is_none_or(|m| m <= self.stamp.moves)
+        })
+    }
+
+    /// The pieces of `len` bytes at `addr` of `node` that are granted, as (address,
+    /// length), in order.
+    pub fn pieces(&self, node: NodeId, addr: u64, len: u64) -> Vec<(u64, u64)> {
+        let Some(t) = self.trust else {
+            return vec![];
+        };
+        if self.covers(node, addr, len) {
+            return vec![(addr, len)];
+        }
+        let end = addr + len;
+        let mut moved: Vec<(u64, u64)> = (t.marks.within(node, addr, len))
+            .filter(|&(_, _, m)| m > self.stamp.moves)
+            .map(|(a, e, _)| (a, e))
+            .collect();
+        moved.extend(
+            (t.windows.values().flat_map(|w| &w.ranges))
+                .filter(|&&(n, a, l)| n == node && a < end && addr < a + l as u64)
+                .map(|&(_, a, l)| (a, a + l as u64)),
+        );
+        moved.sort_unstable();
+        let mut pieces = vec![];
+        let mut at = addr;
+        for (a, e) in moved {
+            if a > at {
+                pieces.push((at, a.min(end) - at));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            pieces.push((at, end - at));
+        }
+        pieces
+    }
+}
+
+/// Disjoint byte ranges of the nodes, each carrying a number: which bytes a member trusts
+/// (in which trust epoch), which moved (at which move).
 #[derive(Default, Debug)]
-pub struct TrustedBytes {
-    /// (node, start) → (end, epoch).
+pub struct ByteRanges {
+    /// (node, start) → (end, number).
     ranges: BTreeMap<(NodeId, u64), (u64, u64)>,
 }
 
-impl TrustedBytes {
-    /// Trusts `len` bytes at `addr` of `node` in `epoch`.
-    pub fn trust(&mut self, node: NodeId, addr: u64, len: u64, epoch: u64) {
+impl ByteRanges {
+    /// Sets `len` bytes at `addr` of `node` to `number`.
+    pub fn set(&mut self, node: NodeId, addr: u64, len: u64, number: u64) {
         if len > 0 {
-            self.untrust(node, addr, len);
-            self.ranges.insert((node, addr), (addr + len, epoch));
+            self.unset(node, addr, len);
+            self.ranges.insert((node, addr), (addr + len, number));
         }
     }
 
-    /// Stops trusting `len` bytes at `addr` of `node`; what lies around them stays.
-    pub fn untrust(&mut self, node: NodeId, addr: u64, len: u64) {
+    /// Removes `len` bytes at `addr` of `node`; what lies around them stays.
+    pub fn unset(&mut self, node: NodeId, addr: u64, len: u64) {
         let end = addr + len;
-        let first = (self.ranges.range(..=(node, addr)).next_back())
-            .filter(|(&(n, _), &(e, _))| n == node && e > addr)
-            .map(|(&k, _)| k);
-        let rest = (self.ranges.range((node, addr)..(node, end))).map(|(&k, _)| k);
-        let hit: Vec<(NodeId, u64)> = first.into_iter().chain(rest).collect();
+        let hit: Vec<(NodeId, u64)> = (self.overlapping(node, addr, len))
+            .map(|(k, _)| k)
+            .collect();
         for key in hit {
-            let Some((e, epoch)) = self.ranges.remove(&key) else {
+            let Some((e, number)) = self.ranges.remove(&key) else {
                 continue;
             };
             if key.1 < addr {
-                self.ranges.insert(key, (addr, epoch));
+                self.ranges.insert(key, (addr, number));
             }
             if e > end {
-                self.ranges.insert((node, end), (e, epoch));
+                self.ranges.insert((node, end), (e, number));
             }
         }
     }
 
-    /// Whether every one of `len` bytes at `addr` of `node` is trusted in `epoch`.
-    pub fn holds(&self, node: NodeId, addr: u64, len: u64, epoch: u64) -> bool {
+    /// The ranges overlapping `len` bytes at `addr` of `node`, in order.
+    fn overlapping(
+        &self,
+        node: NodeId,
+        addr: u64,
+        len: u64,
+    ) -> impl Iterator<Item = ((NodeId, u64), (u64, u64))> + '_ {
+        let first = (self.ranges.range(..=(node, addr)).next_back())
+            .filter(|(&(n, _), &(e, _))| n == node && e > addr);
+        let rest = self
+            .ranges
+            .range((node, addr + 1)..(node, addr + len.max(1)));
+        (first.into_iter().chain(rest))
+            .filter(move |_| len > 0)
+            .map(|(&k, &v)| (k, v))
+    }
+
+    /// The ranges overlapping `len` bytes at `addr` of `node`, as (start, end, number).
+    fn within(
+        &self,
+        node: NodeId,
+        addr: u64,
+        len: u64,
+    ) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.overlapping(node, addr, len)
+            .map(|((_, a), (e, number))| (a, e, number))
+    }
+
+    /// Whether every one of `len` bytes at `addr` of `node` is set to `number`.
+    pub fn all(&self, node: NodeId, addr: u64, len: u64, number: u64) -> bool {
         let (mut at, end) = (addr, addr + len);
         while at < end {
             match self.ranges.range(..=(node, at)).next_back() {
-                Some((&(n, _), &(e, ep))) if n == node && e > at && ep == epoch => at = e,
+                Some((&(n, _), &(e, v))) if n == node && e > at && v == number => at = e,
                 _ => return false,
             }
         }
         true
+    }
+
+    /// The largest number set among `len` bytes at `addr` of `node`, if any is.
+    pub fn max_within(&self, node: NodeId, addr: u64, len: u64) -> Option<u64> {
+        self.within(node, addr, len).map(|(_, _, v)| v).max()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
     }
 
     pub fn clear(&mut self) {
@@ -537,60 +693,117 @@ mod tests {
 
     #[test]
     fn trust_needs_the_lease_and_no_write_announced_since_the_read_began() {
+        const A: (NodeId, u64, u64) = (1, 100, 50);
+        let covers = |t: &Trust, s: Stamp, now: u64| t.grant(s, now).covers(A.0, A.1, A.2);
         let mut t = Trust::new(2000);
         let s = t.stamp();
-        assert!(!t.may_trust(s, 0), "no lease yet");
+        assert!(!covers(&t, s, 0), "no lease yet");
         t.renewed(100);
-        assert!(t.may_trust(s, 500));
-        assert_eq!(t.ttl_ms(s, 500), 2100 - 500 - TTL_MARGIN_MS);
+        assert!(covers(&t, s, 500));
+        assert_eq!(t.ttl_ms(s, A, 500), 2100 - 500 - TTL_MARGIN_MS);
         assert!(
-            !t.may_trust(s, 2100 - TTL_MARGIN_MS),
+            !covers(&t, s, 2100 - TTL_MARGIN_MS),
             "too close to the lease's end"
         );
-        t.announced(9, 1, 600);
+        t.announced(9, 1, &[(1, 140, 8)], 600);
         let during = t.stamp();
-        assert!(!t.may_trust(during, 600), "a write is open");
+        assert!(!covers(&t, during, 600), "a write is open");
         t.ended(9, 1);
-        assert!(!t.may_trust(s, 700), "read before the announcement");
-        assert!(!t.may_trust(during, 700), "read while the write was open");
-        assert!(t.may_trust(t.stamp(), 700));
+        assert!(!covers(&t, s, 700), "read before the announcement");
+        assert!(!covers(&t, during, 700), "read while the write was open");
+        assert!(covers(&t, t.stamp(), 700));
         let s = t.stamp();
         t.lapse();
         t.renewed(800);
-        assert!(!t.may_trust(s, 900), "read under a lease that lapsed");
-        assert_eq!(t.ttl_ms(s, 900), 0);
+        assert!(!covers(&t, s, 900), "read under a lease that lapsed");
+        assert_eq!(t.ttl_ms(s, A, 900), 0);
     }
 
     #[test]
-    fn trusted_bytes_are_kept_per_range() {
-        let mut t = TrustedBytes::default();
-        t.trust(1, 100, 50, 3);
-        assert!(t.holds(1, 100, 50, 3));
-        assert!(!t.holds(1, 100, 50, 4), "another epoch");
-        assert!(!t.holds(2, 100, 8, 3), "another node");
-        assert!(!t.holds(1, 96, 8, 3), "starts before");
-        t.untrust(1, 120, 8);
-        assert!(t.holds(1, 100, 20, 3) && t.holds(1, 128, 22, 3));
-        assert!(!t.holds(1, 116, 8, 3), "the hole");
-        t.trust(1, 120, 8, 3);
-        assert!(t.holds(1, 100, 50, 3), "adjacent ranges cover together");
-        t.trust(1, 140, 20, 4);
-        assert!(!t.holds(1, 100, 50, 3) && t.holds(1, 100, 40, 3));
-        t.untrust(1, 0, 1000);
-        assert!(!t.holds(1, 130, 1, 3) && !t.holds(1, 150, 1, 4));
-        t.trust(1, 10, 10, 1);
-        t.trust(1, 30, 10, 1);
-        t.untrust(1, 15, 20);
-        assert!(t.holds(1, 10, 5, 1) && t.holds(1, 35, 5, 1));
-        assert!(!t.holds(1, 15, 1, 1) && !t.holds(1, 34, 1, 1));
+    fn a_move_untrusts_only_the_bytes_it_writes() {
+        let mut t = Trust::new(2000);
+        t.renewed(0);
+        let before = t.stamp();
+        t.announced(9, 1, &[(1, 100, 8), (2, 0, 64)], 10);
+        let during = t.stamp();
+        let g = t.grant(before, 10);
+        assert!(g.covers(1, 0, 100) && g.covers(1, 108, 100), "around it");
+        assert!(!g.covers(1, 96, 8) && !g.covers(2, 63, 1));
+        assert_eq!(g.pieces(1, 50, 100), vec![(50, 50), (108, 42)]);
+        assert!(
+            !t.grant(during, 10).covers(1, 100, 8),
+            "the window holds it open"
+        );
+        t.moved(&[(1, 104, 16)]);
+        assert_eq!(
+            t.grant(during, 10).pieces(1, 90, 40),
+            vec![(90, 10), (120, 10)]
+        );
+        t.ended(9, 1);
+        let after = t.stamp();
+        assert!(
+            !t.grant(during, 20).covers(1, 100, 1),
+            "read during the write"
+        );
+        assert!(t.grant(during, 20).covers(2, 64, 8));
+        assert!(t.grant(after, 20).covers(1, 0, 1000));
+        assert_eq!(t.ttl_ms(during, (1, 0, 100), 20), 2000 - 20 - TTL_MARGIN_MS);
+        assert_eq!(t.ttl_ms(during, (1, 0, 101), 20), 0);
+    }
+
+    #[test]
+    fn marks_are_bounded_and_what_they_forgot_is_not_trusted() {
+        let mut t = Trust::new(2000);
+        t.renewed(0);
+        let old = t.stamp();
+        for i in 0..MARKS_MAX as u64 + 1 {
+            t.moved(&[(1, i * 16, 8)]);
+        }
+        assert!(t.marks.len() <= MARKS_MAX);
+        assert!(
+            !t.grant(old, 1).covers(3, 0, 8),
+            "a move it no longer knows"
+        );
+        assert!(t.grant(t.stamp(), 1).covers(1, 0, 8));
+    }
+
+    #[test]
+    fn byte_ranges_are_kept_per_range() {
+        let mut t = ByteRanges::default();
+        t.set(1, 100, 50, 3);
+        assert!(t.all(1, 100, 50, 3));
+        assert!(!t.all(1, 100, 50, 4), "another number");
+        assert!(!t.all(2, 100, 8, 3), "another node");
+        assert!(!t.all(1, 96, 8, 3), "starts before");
+        t.unset(1, 120, 8);
+        assert!(t.all(1, 100, 20, 3) && t.all(1, 128, 22, 3));
+        assert!(!t.all(1, 116, 8, 3), "the hole");
+        t.set(1, 120, 8, 3);
+        assert!(t.all(1, 100, 50, 3), "adjacent ranges cover together");
+        t.set(1, 140, 20, 4);
+        assert!(!t.all(1, 100, 50, 3) && t.all(1, 100, 40, 3));
+        assert_eq!(t.max_within(1, 0, 141), Some(4));
+        assert_eq!(t.max_within(1, 0, 140), Some(3));
+        assert_eq!(
+            (t.max_within(1, 0, 100), t.max_within(1, 0, 0)),
+            (None, None)
+        );
+        t.unset(1, 0, 1000);
+        assert!(!t.all(1, 130, 1, 3) && !t.all(1, 150, 1, 4));
+        assert!(t.is_empty());
+        t.set(1, 10, 10, 1);
+        t.set(1, 30, 10, 1);
+        t.unset(1, 15, 20);
+        assert!(t.all(1, 10, 5, 1) && t.all(1, 35, 5, 1));
+        assert!(!t.all(1, 15, 1, 1) && !t.all(1, 34, 1, 1));
     }
 
     #[test]
     fn a_write_left_open_too_long_names_its_writer() {
         let mut t = Trust::new(2000);
-        t.announced(9, 1, 0);
-        t.announced(9, 2, 10);
-        t.announced(8, 1, 500);
+        t.announced(9, 1, &[(1, 0, 8)], 0);
+        t.announced(9, 2, &[(1, 8, 8)], 10);
+        t.announced(8, 1, &[(1, 0, 8)], 500);
         assert!(t.overdue(999, 1000).is_empty());
         assert_eq!(t.overdue(1010, 1000), vec![9]);
         t.forget(9);

@@ -38,6 +38,11 @@ pub enum Bug {
     /// A member commits a write without announcing it to the other members: they keep
     /// trusting (and their kernels keep) what it changed.
     WriteNotAnnounced,
+    /// A member does not note which bytes a write moved: a read of them that began before
+    /// the move is trusted when it ends.
+    MoveNotMarked,
+    /// A member trusts bytes read while another member's announced write of them is open.
+    WindowIgnored,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -3,7 +3,7 @@
 //! commits, takes their announcements, and revokes members that stop answering. The rules
 //! themselves are `coherence`'s.
 
-use crate::coherence::{self, Announcement, Member, Members, Stamp, Trust, ACK_TIMEOUT_MS};
+use crate::coherence::{self, Announcement, Grant, Member, Members, Stamp, Trust, ACK_TIMEOUT_MS};
 use crate::layout::{Ino, Volume, INODE_BYTES};
 use crate::volume::{FileSystem, FsError};
 use std::collections::HashMap;
@@ -104,16 +104,19 @@ impl FileSystem {
         self.trust().stamp()
     }
 
-    pub(crate) fn may_trust(&self, stamp: Stamp) -> bool {
+    /// `f` of what this member's trust grants now to bytes read since `stamp`, under the
+    /// trust's lock.
+    pub(crate) fn granted<R>(&self, stamp: Stamp, f: impl FnOnce(&Grant<'_>) -> R) -> R {
         let now = self.now_ms();
-        self.trust().may_trust(stamp, now)
+        f(&self.trust().grant(stamp, now))
     }
 
-    /// A write of this member's own begins or ends: reads in flight may have seen either
-    /// side of it, so what they read is not trusted. Returns the stamp after it.
-    pub(crate) fn own_write(&self) -> Stamp {
+    /// A write of this member's own of `ranges` begins or ends: reads of them in flight may
+    /// have seen either side of it, so what they read of them is not trusted. Returns the
+    /// stamp after it.
+    pub(crate) fn own_write(&self, ranges: &[(NodeId, u64, u32)]) -> Stamp {
         let mut trust = self.trust();
-        trust.moved();
+        trust.moved(ranges);
         trust.stamp()
     }
 
@@ -122,14 +125,11 @@ impl FileSystem {
         self.trust().distrust();
     }
 
-    pub(crate) fn trust_epoch(&self) -> u64 {
-        self.trust().epoch()
-    }
-
-    /// How long the kernel may keep attributes this member read since `stamp`.
-    pub fn attr_ttl(&self, stamp: Stamp) -> Duration {
+    /// How long the kernel may keep the attributes of `ino` this member read since `stamp`.
+    pub fn attr_ttl(&self, stamp: Stamp, ino: Ino) -> Duration {
         let now = self.now_ms();
-        Duration::from_millis(self.trust().ttl_ms(stamp, now))
+        let inode = (ino.node(), self.volume().inode_addr(ino), INODE_BYTES);
+        Duration::from_millis(self.trust().ttl_ms(stamp, inode, now))
     }
 
     /// Sets what tells the kernel to forget files' attributes (the mount's notifier).
@@ -356,6 +356,29 @@ impl FileSystem {
         }
         debug_assert!(announcement.complete());
         Ok(Some((seq, took)))
+    }
+
+    /// Fences this member's writes whose outcome it does not know (`coherence::fence_minitx`)
+    /// and learns the version it moved to. Until this returns, their announcements must not
+    /// end: a write that commits after the others' windows closed would leave them trusting
+    /// what it changed. If it fails, the windows stay open and the others revoke this member
+    /// when they are overdue, which fences the write the same way.
+    pub(crate) async fn fence_unknown(&self) -> Result<(), FsError> {
+        let until = Instant::now() + self.deadline;
+        loop {
+            let tx = coherence::fence_minitx(&self.volume());
+            if crate::volume::exec(&self.cluster, &tx, until)
+                .await?
+                .committed
+            {
+                return self.refresh_members().await;
+            }
+            if Instant::now() >= until {
+                return Err(FsError::Deadline("fencing a write".into()));
+            }
+            // The volume grew: fence its new nodes too.
+            self.refresh_volume().await?;
+        }
     }
 
     /// Tells the members an announced write has its outcome.

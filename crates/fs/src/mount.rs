@@ -425,7 +425,7 @@ impl State {
         // the decision finds the note (and has the kernel forget), one before it has moved
         // the trust the decision reads (and the answer gets no time).
         let mut given = self.given.lock().expect("given poisoned");
-        let ttl = self.fs.attr_ttl(stamp);
+        let ttl = self.fs.attr_ttl(stamp, ino);
         if !ttl.is_zero() {
             given.insert(ino, self.kernel_ino(ino, i.igeneration).0);
         }

@@ -4,7 +4,7 @@
 //! turns that into one minitransaction. A failed compare drops the stale objects and the
 //! operation runs again. Sans-I/O: the mount's driver and the simulator run the plans.
 
-use crate::coherence::TrustedBytes;
+use crate::coherence::{ByteRanges, Grant};
 use crate::layout::{BlockRef, Ino, Volume};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tutti_client::Minitx;
@@ -44,7 +44,7 @@ pub struct Cache {
     objects: BTreeMap<(NodeId, u64), Vec<u8>>,
     /// The cached bytes this mount may use without a compare (docs/fs.md, "Coherent
     /// caching"). Only bytes of cached objects: removing an object untrusts its bytes.
-    trusted: TrustedBytes,
+    trusted: ByteRanges,
     /// Objects inserted so far, and the number each object got when it was inserted.
     fills: u64,
     filled: HashMap<(NodeId, u64), u64>,
@@ -115,7 +115,7 @@ impl Cache {
     fn remove(&mut self, node: NodeId, at: u64) {
         if let Some(old) = self.objects.remove(&(node, at)) {
             self.bytes -= old.len();
-            self.trusted.untrust(node, at, old.len() as u64);
+            self.trusted.unset(node, at, old.len() as u64);
             self.filled.remove(&(node, at));
         }
     }
@@ -125,17 +125,19 @@ impl Cache {
         (self.containing(node, addr)).is_some_and(|(at, olen)| addr + len <= at + olen as u64)
     }
 
-    /// Marks the `len` cached bytes at `addr` of `node` as usable without a compare in trust
-    /// epoch `epoch` (nothing, unless one cached object holds them all).
-    fn trust(&mut self, node: NodeId, addr: u64, len: u64, epoch: u64) {
+    /// Marks what `grant` grants of the `len` cached bytes at `addr` of `node` as usable
+    /// without a compare (nothing, unless one cached object holds them all).
+    fn trust(&mut self, node: NodeId, addr: u64, len: u64, grant: &Grant<'_>) {
         if self.covers(node, addr, len) {
-            self.trusted.trust(node, addr, len, epoch);
+            for (at, len) in grant.pieces(node, addr, len) {
+                self.trusted.set(node, at, len, grant.epoch());
+            }
         }
     }
 
-    /// Whether the `len` bytes at `addr` of `node` are cached and trusted in epoch `epoch`.
-    fn is_trusted(&self, node: NodeId, addr: u64, len: u64, epoch: u64) -> bool {
-        self.trusted.holds(node, addr, len, epoch)
+    /// Whether the `len` bytes at `addr` of `node` are cached, trusted, and granted now.
+    fn is_trusted(&self, node: NodeId, addr: u64, len: u64, grant: &Grant<'_>) -> bool {
+        self.trusted.all(node, addr, len, grant.epoch()) && grant.covers(node, addr, len)
     }
 
     /// Every cached object that overlaps `len` bytes at `addr` of `node`, as (start,
@@ -166,36 +168,30 @@ impl Cache {
     }
 
     /// After this member's committed write `tx` (its effects applied): the bytes it wrote
-    /// or added to are trusted no more, unless `trust_in` (the epoch, when nothing else
-    /// moved meanwhile), and then the bytes it compared and the bytes it wrote that the
-    /// cache holds are trusted: the commit found the first as cached and made the second
+    /// or added to are trusted no more, and then what `grant` grants (what nothing moved
+    /// under since the write began) of the bytes it compared and the bytes it wrote that
+    /// the cache holds is trusted: the commit found the first as cached and made the second
     /// so. A word it added to stays trusted only if it was: the cached word plus the delta
     /// is only as good as the cached word was.
-    fn settle_trust(&mut self, tx: &Minitx, trust_in: Option<u64>) {
-        if let Some(epoch) = trust_in {
-            for (node, item) in tx.items() {
-                if let Item::Compare {
-                    addr,
-                    op: CmpOp::Eq,
-                    bytes,
-                } = item
-                {
-                    self.trust(*node, *addr, bytes.len() as u64, epoch);
-                }
+    fn settle_trust(&mut self, tx: &Minitx, grant: &Grant<'_>) {
+        for (node, item) in tx.items() {
+            if let Item::Compare {
+                addr,
+                op: CmpOp::Eq,
+                bytes,
+            } = item
+            {
+                self.trust(*node, *addr, bytes.len() as u64, grant);
             }
         }
         for (node, item) in tx.items() {
             match item {
                 Item::Write { addr, bytes } => {
-                    self.trusted.untrust(*node, *addr, bytes.len() as u64);
-                    if let Some(epoch) = trust_in {
-                        self.trust(*node, *addr, bytes.len() as u64, epoch);
-                    }
+                    self.trusted.unset(*node, *addr, bytes.len() as u64);
+                    self.trust(*node, *addr, bytes.len() as u64, grant);
                 }
-                Item::Add { addr, .. }
-                    if !trust_in.is_some_and(|e| self.trusted.holds(*node, *addr, 8, e)) =>
-                {
-                    self.trusted.untrust(*node, *addr, 8);
+                Item::Add { addr, .. } if !self.is_trusted(*node, *addr, 8, grant) => {
+                    self.trusted.unset(*node, *addr, 8);
                 }
                 _ => {}
             }
@@ -210,24 +206,24 @@ impl Cache {
         }
     }
 
-    /// Stores what a fetch read, trusting an object's bytes in epoch `trust_in` if given
-    /// (the member's trust held from before the read until now).
-    pub fn fill_trusting(&mut self, fetch: &Fetch, bytes: Vec<u8>, trust_in: Option<u64>) {
+    /// Stores what a fetch read, trusting what `grant` (the member's trust since before the
+    /// read) grants of an object's bytes.
+    pub fn fill_trusting(&mut self, fetch: &Fetch, bytes: Vec<u8>, grant: &Grant<'_>) {
         self.fill(fetch, bytes);
-        if let (Some(epoch), Dest::Object) = (trust_in, &fetch.dest) {
-            self.trust(fetch.node, fetch.addr, fetch.len as u64, epoch);
+        if fetch.dest == Dest::Object {
+            self.trust(fetch.node, fetch.addr, fetch.len as u64, grant);
         }
     }
 
-    /// Whether `tx`, a plan's minitransaction, only compares bytes trusted in `epoch`: then
-    /// its answer stands without it.
-    pub fn answers_on_trust(&self, tx: &Minitx, epoch: u64) -> bool {
+    /// Whether `tx`, a plan's minitransaction, only compares bytes trusted and granted:
+    /// then its answer stands without it.
+    pub fn answers_on_trust(&self, tx: &Minitx, grant: &Grant<'_>) -> bool {
         (tx.items().iter()).all(|(node, item)| match item {
             Item::Compare {
                 addr,
                 op: CmpOp::Eq,
                 bytes,
-            } => self.is_trusted(*node, *addr, bytes.len() as u64, epoch),
+            } => self.is_trusted(*node, *addr, bytes.len() as u64, grant),
             _ => false,
         })
     }
@@ -243,7 +239,7 @@ impl Cache {
         compared: &[(NodeId, u64)],
         effects: Effects,
         since: u64,
-        trust_in: Option<u64>,
+        grant: &Grant<'_>,
     ) {
         let (committed, failed) = outcome;
         if committed {
@@ -251,7 +247,7 @@ impl Cache {
         }
         self.settle(committed, failed, compared, effects);
         if committed {
-            self.settle_trust(tx, trust_in);
+            self.settle_trust(tx, grant);
         }
     }
 

@@ -419,10 +419,11 @@ impl FileSystem {
                         .map_err(|e| self.failed(e))?;
                     let mut cache = self.cache();
                     // Under the cache's hold, as announcements open their windows.
-                    let trusted = self.may_trust(stamp).then(|| self.trust_epoch());
-                    for (f, bytes) in fetches.iter().zip(data) {
-                        cache.fill_trusting(f, bytes, trusted);
-                    }
+                    self.granted(stamp, |grant| {
+                        for (f, bytes) in fetches.iter().zip(data) {
+                            cache.fill_trusting(f, bytes, grant);
+                        }
+                    });
                 }
                 Plan::Run {
                     tx,
@@ -454,21 +455,26 @@ impl FileSystem {
                     };
                     // This mount's own write is announced to its other operations: a read
                     // of what it writes that began before it ends is not trusted, and the
-                    // write trusts what it commits only if no other write came meanwhile.
+                    // write trusts what it commits only where no other write came meanwhile.
                     let (own, since) = match writes.is_empty() {
                         true => (stamp, u64::MAX),
                         false => {
                             let cache = self.cache();
-                            (self.own_write(), cache.fills())
+                            (self.own_write(&writes), cache.fills())
                         }
                     };
                     let outcome = exec_noting(&self.cluster, &tx, until, &mut uncertain).await;
-                    if let Some((seq, took)) = announced {
-                        self.end_announcement(seq, took);
-                    }
-                    if !writes.is_empty() && (outcome.is_err() || uncertain) {
+                    let unknown = !writes.is_empty() && (outcome.is_err() || uncertain);
+                    if unknown {
                         // It may have committed unseen: nothing cached is sure any more.
                         self.distrust_all();
+                    }
+                    if let Some((seq, took)) = announced {
+                        // A write that may still commit is fenced before the others
+                        // trust what it writes again (or they revoke this member).
+                        if !unknown || self.fence_unknown().await.is_ok() {
+                            self.end_announcement(seq, took);
+                        }
                     }
                     let outcome = outcome.map_err(|e| self.failed(e))?;
                     let committed = outcome.committed;
@@ -478,13 +484,14 @@ impl FileSystem {
                         .collect();
                     {
                         let mut cache = self.cache();
-                        let trust_in = self.may_trust(own).then(|| self.trust_epoch());
                         let outcome = (committed, failed.as_slice());
-                        cache.settle_run(&tx, outcome, &compared, *effects, since, trust_in);
+                        self.granted(own, |grant| {
+                            cache.settle_run(&tx, outcome, &compared, *effects, since, grant);
+                        });
                         if !writes.is_empty() {
                             // Under the cache's lock: a read that fetched the old bytes and
                             // fills them after this settles must not trust them.
-                            self.own_write();
+                            self.own_write(&writes);
                         }
                     }
                     if committed {
@@ -562,9 +569,7 @@ impl FileSystem {
         let answer = op(&mut tx);
         let plan = tx.finish(answer);
         let trusted = match &plan {
-            Plan::Run { tx, .. } => {
-                self.may_trust(stamp) && cache.answers_on_trust(tx, self.trust_epoch())
-            }
+            Plan::Run { tx, .. } => self.granted(stamp, |grant| cache.answers_on_trust(tx, grant)),
             _ => false,
         };
         (plan, trusted)

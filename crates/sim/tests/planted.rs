@@ -268,6 +268,14 @@ fn first_failing_fs_seed(bug: tutti_fs::Bug) -> Option<(u64, String)> {
     found
 }
 
+/// With `bug` planted, a client answers on trust bytes the memory nodes no longer hold.
+fn caught_stale(bug: tutti_fs::Bug) {
+    let found = first_failing_fs_seed(bug);
+    let (seed, what) = found.expect("not caught in 1,000 seeds");
+    assert!(what.contains("stale"), "seed {seed}: {what}");
+    eprintln!("caught: seed {seed}: {what}");
+}
+
 /// A directory operation that changes a bucket without comparing the version it read: two
 /// clients' entries overwrite each other, and fsck or a client's model finds it.
 #[test]
@@ -301,10 +309,20 @@ fn a_grow_run_again_without_validation_is_caught() {
 /// trust what it changed, and the simulator finds an answer the memory nodes contradict.
 #[test]
 fn a_write_not_announced_to_the_other_members_is_caught() {
-    let found = first_failing_fs_seed(tutti_fs::Bug::WriteNotAnnounced);
-    let (seed, what) = found.expect("not caught in 1,000 seeds");
-    assert!(what.contains("stale"), "seed {seed}: {what}");
-    eprintln!("caught: seed {seed}: {what}");
+    caught_stale(tutti_fs::Bug::WriteNotAnnounced);
+}
+
+/// A member that does not note which bytes a write moved trusts a read of them that began
+/// before the write and ended after it.
+#[test]
+fn a_move_not_marked_is_caught() {
+    caught_stale(tutti_fs::Bug::MoveNotMarked);
+}
+
+/// A member that trusts what it reads of bytes another member's open write is changing.
+#[test]
+fn a_read_trusted_inside_an_open_window_is_caught() {
+    caught_stale(tutti_fs::Bug::WindowIgnored);
 }
 
 #[test]

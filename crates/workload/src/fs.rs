@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use tutti_client::{ExecError, Minitx, Outcome};
 use tutti_fs::coherence::{self, Stamp, Trust};
 use tutti_fs::inode::{Inode, Time, S_IFDIR, S_IFREG};
-use tutti_fs::layout::{Geometry, Ino, Volume, INODE_BYTES};
+use tutti_fs::layout::{get_u32, Geometry, Ino, Volume, INODE_BYTES};
 use tutti_fs::ops::{self, Caller, Made, NewFile, SetAttr};
 use tutti_fs::txn::{Cache, Effects, Fetch, OpResult, Plan, Txn};
 use tutti_wire::NodeId;
@@ -175,6 +175,8 @@ enum Step {
     /// Look the file of a write or truncate up.
     Find,
     Act,
+    /// Fence the client's writes whose outcome it does not know, before anything else.
+    Fence,
 }
 
 #[derive(Debug)]
@@ -189,8 +191,15 @@ enum Answer {
 enum Pending {
     /// Reads, begun when the client's trust stood at the stamp.
     Fetch(Vec<Fetch>, Stamp),
-    /// The grow's minitransaction, to the volume it makes.
-    Grow(Volume),
+    /// The grow's minitransaction, to the volume it makes; the position of its compare of
+    /// the membership version.
+    Grow(Volume, usize),
+    /// Learning the membership version and the node count (a fence failed its compare);
+    /// then the step again.
+    Version,
+    /// The client's writes whose outcome it does not know are fenced
+    /// (`coherence::fence_minitx`) before their announcements end.
+    Fence,
     Run {
         tx: Minitx,
         result: Result<Answer, i32>,
@@ -198,6 +207,8 @@ enum Pending {
         compared: Vec<(NodeId, u64)>,
         /// The announcement of a write, ended when its outcome is known.
         announced: Option<u64>,
+        /// The position of a write's compare of the membership version.
+        fence_at: Option<usize>,
         /// The client's trust after the write began (or when the read was planned), and
         /// its fill count then.
         own: Stamp,
@@ -386,6 +397,12 @@ impl DirModel {
 struct Client {
     cache: Cache,
     trust: Trust,
+    /// The membership version as this client last learned it: its writes compare it.
+    version: u64,
+    /// Its announced writes whose outcome it does not know: its next operation fences
+    /// them, then ends their announcements (a real member's next write, or the members
+    /// that revoke a dead one, do the same).
+    unfenced: Vec<u64>,
     own: Option<Ino>,
     shared: Option<Ino>,
     model: DirModel,
@@ -403,6 +420,8 @@ impl Client {
         Client {
             cache: Cache::default(),
             trust,
+            version: 0,
+            unfenced: vec![],
             own: None,
             shared: None,
             model: DirModel::default(),
@@ -544,7 +563,7 @@ impl FsWorkload {
                 _ => unreachable!("only writes, truncates and attributes find a file"),
             },
             Step::Act => self.act(&mut tx, client, op, prefer),
-            Step::Grow => unreachable!("a grow is not planned"),
+            Step::Grow | Step::Fence => unreachable!("a grow or a fence is not planned"),
         };
         tx.finish(answer)
     }
@@ -626,6 +645,10 @@ impl FsWorkload {
 
     /// Plans until there is a minitransaction to run; `None` when the operation is over.
     fn advance(&mut self, client: u64, op: &mut FsOp, rng: &mut dyn RngCore) -> Option<Minitx> {
+        if let Step::Fence = op.step {
+            op.pending = Some(Pending::Fence);
+            return Some(coherence::fence_minitx(&self.vol));
+        }
         if let Step::Grow = op.step {
             // Onto the node after the volume's last (the volume as this client knows it),
             // or, once every spare is in, onto the last again: a rerun.
@@ -636,9 +659,17 @@ impl FsWorkload {
                 None => old.nodes.truncate(spans - 1),
             }
             let superblock = self.vol.header(0, 1, NOW.s as u64);
-            // The simulated clients are not members: the membership version stays 0.
-            let tx = tutti_fs::volume::grow_minitx(&old, &new, &superblock, 0);
-            op.pending = Some(Pending::Grow(new));
+            let version = self.clients[client as usize].version;
+            let tx = tutti_fs::volume::grow_minitx(&old, &new, &superblock, version);
+            let (first, base) = self.vol.nodes[0];
+            let fence_at = (tx.items().iter())
+                .position(|(n, item)| {
+                    *n == first
+                        && matches!(item, tutti_wire::Item::Compare { addr, .. }
+                            if *addr == base + coherence::MEMBERSHIP_AT)
+                })
+                .expect("a grow compares the version");
+            op.pending = Some(Pending::Grow(new, fence_at));
             return Some(tx);
         }
         loop {
@@ -664,13 +695,23 @@ impl FsWorkload {
                     compared,
                 } => {
                     let writes = coherence::written(&tx);
+                    // Fenced as the real members' writes are (`FileSystem::run_for`).
+                    let (tx, fence_at) = match writes.first() {
+                        None => (tx, None),
+                        Some(&(node, _, _)) => {
+                            let version = self.clients[client as usize].version;
+                            let (node, addr, bytes) = coherence::fence(&self.vol, node, version);
+                            let at = tx.items().len();
+                            (tx.compare(node, addr, bytes), Some(at))
+                        }
+                    };
                     let (announced, own, since) = match writes.is_empty() {
                         true => (None, stamp, u64::MAX),
                         false => {
                             let announced = (coherence::must_announce(&writes))
                                 .then(|| self.announce(client, &writes));
                             let c = &mut self.clients[client as usize];
-                            c.trust.moved();
+                            c.trust.moved(&writes);
                             (announced, c.trust.stamp(), c.cache.fills())
                         }
                     };
@@ -680,6 +721,7 @@ impl FsWorkload {
                         effects,
                         compared,
                         announced,
+                        fence_at,
                         own,
                         since,
                     });
@@ -698,8 +740,7 @@ impl FsWorkload {
     /// is trusted, no write is announced): if so, the bytes go to the simulator's check.
     fn answers_on_trust(&mut self, client: u64, tx: &Minitx) -> bool {
         let c = &self.clients[client as usize];
-        let trusted =
-            c.trust.may_trust(c.trust.stamp(), 0) && c.cache.answers_on_trust(tx, c.trust.epoch());
+        let trusted = (c.cache).answers_on_trust(tx, &c.trust.grant(c.trust.stamp(), 0));
         if trusted {
             for (node, item) in tx.items() {
                 if let tutti_wire::Item::Compare { addr, bytes, .. } = item {
@@ -737,6 +778,12 @@ impl FsWorkload {
                 other.trust.ended(client, seq);
             }
         }
+    }
+
+    /// Reads the member table, for the membership version.
+    fn version_read(&self) -> Minitx {
+        let (node, addr, len) = coherence::table_read(&self.vol);
+        Minitx::new().read(node, addr, len).class("fs-members")
     }
 
     /// What clients answered on trust since the last call, for the simulator to compare
@@ -843,6 +890,16 @@ impl Workload for FsWorkload {
     }
 
     fn next(&mut self, client: u64, rng: &mut dyn RngCore) -> (FsOp, Minitx) {
+        if !self.clients[client as usize].unfenced.is_empty() {
+            let mut op = FsOp {
+                action: Action::random(rng),
+                step: Step::Fence,
+                file: None,
+                pending: None,
+            };
+            let tx = self.advance(client, &mut op, rng).expect("a fence to run");
+            return (op, tx);
+        }
         loop {
             let action = Action::random(rng);
             let mut op = FsOp {
@@ -876,13 +933,19 @@ impl Workload for FsWorkload {
             ended,
         ) {
             (Pending::Fetch(fetches, stamp), Ok(outcome)) => {
-                let trust_in = c.trust.may_trust(stamp, 0).then(|| c.trust.epoch());
+                let grant = c.trust.grant(stamp, 0);
                 for (f, bytes) in fetches.iter().zip(&outcome.reads) {
-                    c.cache.fill_trusting(f, bytes.clone(), trust_in);
+                    c.cache.fill_trusting(f, bytes.clone(), &grant);
                 }
             }
             (Pending::Fetch(..), Err(_)) => {}
-            (Pending::Grow(new), Ok(outcome)) => {
+            (Pending::Grow(_, fence_at), Ok(outcome))
+                if outcome.failed_compares.contains(&fence_at) =>
+            {
+                op.pending = Some(Pending::Version);
+                return Some(self.version_read());
+            }
+            (Pending::Grow(new, _), Ok(outcome)) => {
                 // A failed compare means the volume spans `new` already (this grow is a
                 // rerun, or another client's came first; the only grows are these).
                 let spans = outcome.committed || !outcome.failed_compares.is_empty();
@@ -891,7 +954,7 @@ impl Workload for FsWorkload {
                 }
                 op.step = self.first_step(client, op);
             }
-            (Pending::Grow(_), Err(_)) => {
+            (Pending::Grow(..), Err(_)) => {
                 // Unknown: the next grow finds out (its compares fail if this one committed).
                 // The operation ends here, its action not run.
                 self.grows_left += 1;
@@ -904,6 +967,7 @@ impl Workload for FsWorkload {
                     effects,
                     compared,
                     announced,
+                    fence_at,
                     own,
                     since,
                 },
@@ -912,13 +976,21 @@ impl Workload for FsWorkload {
                 self.end_announcement(client, announced);
                 let c = &mut self.clients[client as usize];
                 let committed = outcome.committed;
-                let trust_in = c.trust.may_trust(own, 0).then(|| c.trust.epoch());
-                let ended = (committed, outcome.failed_compares.as_slice());
-                c.cache
-                    .settle_run(&tx, ended, &compared, *effects, since, trust_in);
-                if !coherence::written(&tx).is_empty() {
+                let fenced = fence_at.is_some_and(|at| outcome.failed_compares.contains(&at));
+                let failed: Vec<usize> = (outcome.failed_compares.iter().copied())
+                    .filter(|&i| Some(i) != fence_at)
+                    .collect();
+                let grant = c.trust.grant(own, 0);
+                let ended = (committed, failed.as_slice());
+                (c.cache).settle_run(&tx, ended, &compared, *effects, since, &grant);
+                let writes = coherence::written(&tx);
+                if !writes.is_empty() {
                     // Reads that began before this write ended may hold either side of it.
-                    c.trust.moved();
+                    c.trust.moved(&writes);
+                }
+                if fenced {
+                    op.pending = Some(Pending::Version);
+                    return Some(self.version_read());
                 }
                 if committed && !self.step_done(client, op, result) {
                     return None;
@@ -926,13 +998,48 @@ impl Workload for FsWorkload {
             }
             (Pending::Run { announced, .. }, Err(_)) => {
                 // It may or may not have committed: start this client's cache over, and
-                // end the operation with its names uncertain.
-                self.end_announcement(client, announced);
-                self.clients[client as usize].forget();
+                // end the operation with its names uncertain. Its announcement ends once
+                // the client's next operation has fenced it.
+                let c = &mut self.clients[client as usize];
+                c.forget();
+                c.unfenced.extend(announced);
                 if matches!(op.step, Step::Act) {
                     self.unknown(client, &op.action);
                 }
                 return None;
+            }
+            (Pending::Fence, Ok(outcome)) if outcome.committed => {
+                let unfenced = std::mem::take(&mut self.clients[client as usize].unfenced);
+                for seq in unfenced {
+                    self.end_announcement(client, Some(seq));
+                }
+                return None;
+            }
+            (Pending::Fence, Ok(_)) => {
+                // The volume grew: learn it, and fence again.
+                op.pending = Some(Pending::Version);
+                return Some(self.version_read());
+            }
+            (Pending::Fence, Err(_)) => {
+                // Not known to have moved the version: the next operation fences again
+                // (twice is harmless).
+                return None;
+            }
+            (Pending::Version, Ok(outcome)) => {
+                let header = &outcome.reads[0];
+                let version = coherence::Members::decode(header).version;
+                self.clients[client as usize].version = version;
+                // A grow whose outcome its client did not learn: the volume spans more.
+                let nodes = get_u32(header, tutti_fs::layout::field::NODES) as usize;
+                while self.vol.nodes.len() < nodes {
+                    let spare = self.spare.iter().find(|n| !self.vol.holds(**n));
+                    let &node = spare.expect("the nodes grown onto are spares");
+                    self.vol.nodes.push((node, 0));
+                }
+            }
+            (Pending::Version, Err(_)) => {
+                op.pending = Some(Pending::Version);
+                return Some(self.version_read());
             }
         }
         self.advance(client, op, rng)

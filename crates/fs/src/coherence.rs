@@ -213,8 +213,9 @@ pub fn must_announce(writes: &[(NodeId, u64, u32)]) -> bool {
     !writes.is_empty() && !crate::planted(crate::Bug::WriteNotAnnounced)
 }
 
-/// Another member announces a write (`writer`, `seq`) of `ranges`: its window opens and
-/// the cache forgets what overlaps them. The caller holds the cache (see `Cache`).
+/// Another member announces a write (`writer`, `seq`) of `ranges`: its window opens, and
+/// the cache stops trusting those bytes and marks them changed. The caller holds the cache
+/// (see `Cache`).
 pub fn take_announcement(
     trust: &mut Trust,
     cache: &mut Cache,
@@ -225,7 +226,7 @@ pub fn take_announcement(
 ) {
     trust.announced(writer, seq, ranges, now);
     for &(node, addr, len) in ranges {
-        cache.drop_overlapping(node, addr, len as u64);
+        cache.changed_elsewhere(node, addr, len as u64);
     }
 }
 

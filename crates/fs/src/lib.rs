@@ -43,6 +43,10 @@ pub enum Bug {
     MoveNotMarked,
     /// A member trusts bytes read while another member's announced write of them is open.
     WindowIgnored,
+    /// A member acknowledges another's announcement but neither stops trusting the bytes
+    /// announced nor marks them changed: it answers lookups and stats from what the write
+    /// replaced.
+    AnnouncementIgnored,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -429,9 +429,10 @@ impl FileSystem {
         self.refresh_members().await
     }
 
-    /// Another member announces a write of `ranges`: forget them in the cache, and trust
-    /// nothing until it ends. Returns what makes the kernel forget the files among them
-    /// that it keeps, to send before acknowledging (`None`: it keeps none of them).
+    /// Another member announces a write of `ranges`: the cache stops trusting them and
+    /// marks them changed, and nothing read of them is trusted until it ends. Returns what
+    /// makes the kernel forget the files among them that it keeps, to send before
+    /// acknowledging (`None`: it keeps none of them).
     pub fn announced(
         &self,
         writer: u64,

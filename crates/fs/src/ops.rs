@@ -34,12 +34,17 @@ pub fn inode(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Inode> {
 }
 
 /// The inode `ino`, validated only as the same live file (its `igeneration` and mode): for
-/// a directory whose entries, not attributes, the operation depends on. A directory removed
-/// by another
-/// mount between the kernel's lookup and this operation is ENOENT, as a removed directory
-/// is on a local file system.
+/// a directory whose entries, not attributes, the operation depends on. The caller compares
+/// any other field it relies on, except `root`, which a directory keeps for life; so the
+/// cached inode serves even after other mounts changed its times and counts. A directory
+/// removed by another mount between the kernel's lookup and this operation is ENOENT, as a
+/// removed directory is on a local file system.
 pub fn identity(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Inode> {
-    let i = slot(tx, ino)?;
+    if !tx.vol.valid_ino(ino) {
+        return errno(libc::ESTALE);
+    }
+    let addr = tx.vol.inode_addr(ino);
+    let i = Inode::decode(&tx.object_despite_changes(ino.node(), addr, INODE_BYTES as u32)?);
     tx.check(ino.node(), tx.vol.inode_addr(ino) + field::IGENERATION, 12);
     if i.is_free() || !tx.is_expected(ino, &i) {
         return errno(libc::ENOENT);
@@ -565,6 +570,8 @@ pub fn list(tx: &mut Txn<'_>, ino: Ino) -> OpResult<(Inode, Vec<Entry>, u64)> {
     if !dir.is_dir() {
         return errno(libc::ENOTDIR);
     }
+    // `..` names the parent.
+    tx.check(ino.node(), tx.vol.inode_addr(ino) + field::PARENT, 8);
     let t = table(tx, ino, &dir)?;
     let mut refs = t.buckets.clone();
     refs.sort();

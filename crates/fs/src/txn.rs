@@ -45,6 +45,12 @@ pub struct Cache {
     /// The cached bytes this mount may use without a compare (docs/fs.md, "Coherent
     /// caching"). Only bytes of cached objects: removing an object untrusts its bytes.
     trusted: ByteRanges,
+    /// Byte ranges of cached objects that another member announced a write to since they
+    /// were read, per object start. A run that compares such a byte reads the object again
+    /// first (the compare would fail); the rest of the object still serves operations that
+    /// compare every byte they rely on (creates by other mounts change a directory's times
+    /// and counts, not what a create in it reads).
+    changed: HashMap<(NodeId, u64), Vec<(u64, u64)>>,
     /// Objects inserted so far, and the number each object got when it was inserted.
     fills: u64,
     filled: HashMap<(NodeId, u64), u64>,
@@ -117,6 +123,31 @@ impl Cache {
             self.bytes -= old.len();
             self.trusted.unset(node, at, old.len() as u64);
             self.filled.remove(&(node, at));
+            self.changed.remove(&(node, at));
+        }
+    }
+
+    /// Whether another member announced a write to any of the `len` bytes at `addr` of
+    /// `node` since the object holding them was read.
+    fn is_changed(&self, node: NodeId, addr: u64, len: u64) -> bool {
+        let Some((at, _)) = self.containing(node, addr) else {
+            return false;
+        };
+        (self.changed.get(&(node, at)))
+            .is_some_and(|spans| spans.iter().any(|&(s, e)| s < addr + len && addr < e))
+    }
+
+    /// Another member is about to write `len` bytes at `addr` of `node`: this member
+    /// trusts them no more and marks them changed in the objects that hold them, which it
+    /// keeps for their other bytes.
+    pub fn changed_elsewhere(&mut self, node: NodeId, addr: u64, len: u64) {
+        if crate::planted(crate::Bug::AnnouncementIgnored) {
+            return;
+        }
+        self.trusted.unset(node, addr, len);
+        for (at, olen) in self.overlapping(node, addr, len) {
+            let span = (addr.max(at), (addr + len).min(at + olen as u64));
+            self.changed.entry((node, at)).or_default().push(span);
         }
     }
 
@@ -198,9 +229,9 @@ impl Cache {
         }
     }
 
-    /// Forgets every object that overlaps `len` bytes at `addr` of `node` (another member
-    /// is about to write there).
-    pub fn drop_overlapping(&mut self, node: NodeId, addr: u64, len: u64) {
+    /// Forgets every object that overlaps `len` bytes at `addr` of `node` (a write went
+    /// there that the cache does not copy).
+    fn drop_overlapping(&mut self, node: NodeId, addr: u64, len: u64) {
         for (at, _) in self.overlapping(node, addr, len) {
             self.remove(node, at);
         }
@@ -472,11 +503,31 @@ impl<'a> Txn<'a> {
             return Ok(b.clone());
         }
         match self.cache.object(node, addr) {
+            Some(_) if self.cache.is_changed(node, addr, len as u64) => {
+                Err(self.refetch(node, addr, len))
+            }
             Some(b) if b.len() == len as usize => Ok(b.clone()),
             _ => {
                 self.want(node, addr, len);
                 Err(Stop::Miss)
             }
+        }
+    }
+
+    /// `object`, even if another member has announced writes to some of its bytes since
+    /// this mount read it: for an operation that compares every byte it relies on (a
+    /// compare of a changed byte makes the run read the object again, see `finish`).
+    pub fn object_despite_changes(
+        &mut self,
+        node: NodeId,
+        addr: u64,
+        len: u32,
+    ) -> OpResult<Vec<u8>> {
+        match self.cache.object(node, addr) {
+            Some(b) if b.len() == len as usize && !self.staged.contains_key(&(node, addr)) => {
+                Ok(b.clone())
+            }
+            _ => self.object(node, addr, len),
         }
     }
 
@@ -802,6 +853,21 @@ impl<'a> Txn<'a> {
             }
             Ok(t) => Ok(t),
         };
+        // A compare of bytes another member announced a write to would fail: read the
+        // object again first. So would the write of a staged object with such bytes (its
+        // other fields may have been decided from them).
+        let compared = (self.compares.iter()).map(|(&(n, a), b)| (n, a, b.len()));
+        let staged = (self.staged.iter()).map(|(&(n, a), b)| (n, a, b.len()));
+        let stale: BTreeSet<Fetch> = (compared.chain(staged))
+            .filter(|&(n, a, len)| self.cache.is_changed(n, a, len as u64))
+            .filter_map(|(n, a, _)| {
+                let (at, len) = self.cache.containing(n, a)?;
+                Some(Fetch::object(n, at, len as u32))
+            })
+            .collect();
+        if !stale.is_empty() {
+            return Plan::Fetch(stale.into_iter().collect());
+        }
         let mut tx = Minitx::new();
         let mut compared = vec![];
         for ((node, addr), bytes) in &self.compares {
@@ -899,5 +965,65 @@ mod tests {
         new[150] = 1;
         assert_eq!(changed_spans(&old, &new), vec![(3, 11), (150, 151)]);
         assert!(changed_spans(&old, &old).is_empty());
+    }
+
+    /// Another member's announced write to some bytes of a cached object: those bytes are
+    /// no longer trusted, a run that compares them reads the object again first, and the
+    /// object still serves a run that compares only the others.
+    #[test]
+    fn bytes_another_member_changes_are_read_again_only_when_compared() {
+        let geometry = crate::layout::Geometry::new(64 << 20, 16 << 10, 8 << 10).unwrap();
+        let vol = Volume {
+            geometry,
+            nodes: vec![(1, 0)],
+        };
+        let addr = vol.inode_addr(Ino::new(1, 5));
+        let inode = Fetch::object(1, addr, 256);
+        let mut cache = Cache::default();
+        let mut trust = crate::coherence::Trust::new(2000);
+        trust.renewed(0);
+        let grant = trust.grant(trust.stamp(), 1);
+        cache.fill_trusting(&inode, vec![7; 256], &grant);
+        cache.changed_elsewhere(1, addr + 40, 16);
+        let trusted = |at, len| cache.is_trusted(1, at, len, &grant);
+        assert!(trusted(addr, 40) && trusted(addr + 56, 200));
+        assert!(!trusted(addr + 40, 1) && !trusted(addr + 55, 1));
+
+        // What a run that reads the inode and compares 8 bytes at `at` fetches first.
+        fn fetches(vol: &Volume, cache: &Cache, addr: u64, at: u64, strict: bool) -> Vec<Fetch> {
+            let mut tx = Txn::new(vol, cache, 0);
+            let read = match strict {
+                true => tx.object(1, addr, 256),
+                false => tx.object_despite_changes(1, addr, 256),
+            };
+            let answer = read.map(|_| tx.check(1, at, 8));
+            match tx.finish(answer) {
+                Plan::Fetch(f) => f,
+                _ => vec![],
+            }
+        }
+        let again = vec![inode.clone()];
+        assert_eq!(
+            fetches(&vol, &cache, addr, addr + 8, false),
+            vec![],
+            "unchanged: it runs"
+        );
+        assert_eq!(
+            fetches(&vol, &cache, addr, addr + 48, false),
+            again,
+            "changed: read again"
+        );
+        assert_eq!(
+            fetches(&vol, &cache, addr, addr + 8, true),
+            again,
+            "`object` reads again"
+        );
+
+        cache.fill(&inode, vec![8; 256]);
+        assert_eq!(
+            fetches(&vol, &cache, addr, addr + 48, true),
+            vec![],
+            "a fill clears marks"
+        );
     }
 }

@@ -325,6 +325,14 @@ fn a_read_trusted_inside_an_open_window_is_caught() {
     caught_stale(tutti_fs::Bug::WindowIgnored);
 }
 
+/// A member that acknowledges announcements and does nothing with them (the receiving
+/// side of `WriteNotAnnounced`): it keeps answering on trust what the writes changed, and
+/// the simulator finds an answer the memory nodes contradict.
+#[test]
+fn an_announcement_taken_without_untrusting_its_bytes_is_caught() {
+    caught_stale(tutti_fs::Bug::AnnouncementIgnored);
+}
+
 #[test]
 fn a_backup_cut_taken_while_locks_are_held_is_caught() {
     plant(Some(Bug::CutWithLocksHeld));

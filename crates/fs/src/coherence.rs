@@ -652,34 +652,34 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_change_of_membership_compares_the_slot_and_moves_the_version_everywhere() {
+    /// A volume over nodes 1 and 2 (the second's region at 1 GiB).
+    fn two_nodes() -> Volume {
         let geometry = crate::layout::Geometry::new(64 << 20, 16 << 10, 8 << 10).unwrap();
-        let vol = Volume {
+        Volume {
             geometry,
             nodes: vec![(1, 0), (2, 1 << 30)],
-        };
-        let tx = membership_minitx(&vol, 7, 3, 42, None);
-        let slot = TABLE_AT + 3 * SLOT_BYTES;
-        let items: Vec<String> = (tx.items().iter())
+        }
+    }
+
+    /// `tx`'s items, one line each, with the bytes as a little-endian number.
+    fn described(tx: &Minitx) -> Vec<String> {
+        let number = |b: &Vec<u8>| get_u64(&[b.clone(), vec![0; 8]].concat(), 0);
+        (tx.items().iter())
             .map(|(n, i)| match i {
-                tutti_wire::Item::Compare { addr, bytes, .. } => {
-                    format!(
-                        "{n} cmp {addr} {}",
-                        get_u64(&[bytes.clone(), vec![0; 8]].concat(), 0)
-                    )
-                }
-                tutti_wire::Item::Write { addr, bytes } => {
-                    format!(
-                        "{n} put {addr} {}",
-                        get_u64(&[bytes.clone(), vec![0; 8]].concat(), 0)
-                    )
-                }
+                Item::Compare { addr, bytes, .. } => format!("{n} cmp {addr} {}", number(bytes)),
+                Item::Write { addr, bytes } => format!("{n} put {addr} {}", number(bytes)),
+                Item::Add { addr, delta } => format!("{n} add {addr} {delta}"),
                 other => format!("{other:?}"),
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn a_change_of_membership_compares_the_slot_and_moves_the_version_everywhere() {
+        let tx = membership_minitx(&two_nodes(), 7, 3, 42, None);
+        let slot = TABLE_AT + 3 * SLOT_BYTES;
         assert_eq!(
-            items,
+            described(&tx),
             vec![
                 format!("1 cmp {} 2", field::NODES),
                 format!("1 cmp {slot} 42"),
@@ -688,6 +688,18 @@ mod tests {
                 format!("1 put {MEMBERSHIP_AT} 8"),
                 format!("2 cmp {} 7", (1u64 << 30) + MEMBERSHIP_AT),
                 format!("2 put {} 8", (1u64 << 30) + MEMBERSHIP_AT),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fence_moves_the_version_on_every_node_the_volume_spans() {
+        assert_eq!(
+            described(&fence_minitx(&two_nodes())),
+            vec![
+                format!("1 cmp {} 2", field::NODES),
+                format!("1 add {MEMBERSHIP_AT} 1"),
+                format!("2 add {} 1", (1u64 << 30) + MEMBERSHIP_AT),
             ]
         );
     }

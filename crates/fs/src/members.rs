@@ -220,15 +220,20 @@ impl FileSystem {
     }
 
     /// Gives this member's slot up (unmount); what it cached is no longer kept coherent.
+    /// Waits at most three leases: the others reclaim a slot that long without renewals
+    /// anyway, so a mount whose cluster is gone does not wait out its deadline to exit.
     pub async fn leave(&self) {
         let Some(m) = self.membership().take() else {
             return;
         };
         self.trust().lapse();
-        match self.clear_slot(m.slot, m.token).await {
-            Ok(_) => tracing::info!(slot = m.slot, "left the volume's members"),
-            // Others reclaim the slot once it has not been renewed for three leases.
-            Err(e) => tracing::warn!("leaving the volume's members: {e}"),
+        let bound = Duration::from_millis(3 * self.coherent().lease_ms);
+        match tokio::time::timeout(bound, self.clear_slot(m.slot, m.token)).await {
+            Ok(Ok(_)) => tracing::info!(slot = m.slot, "left the volume's members"),
+            Ok(Err(e)) => tracing::warn!("leaving the volume's members: {e}"),
+            Err(_) => tracing::warn!(
+                "leaving the volume's members: no answer within three leases; the others reclaim the slot"
+            ),
         }
     }
 

@@ -3,7 +3,7 @@
 //! other's changes, concurrent rename/unlink/create storms from both leave a tree they agree
 //! on and fsck finds clean; the fsx exerciser runs clean on a mount; a mount killed with
 //! -9 leaves only what `fsck --repair` frees; a memory node restarted under a mount makes
-//! it wait, not fail.
+//! it wait, not fail; a mount whose cluster is gone still exits soon after its unmount.
 
 use crate::common;
 
@@ -114,6 +114,34 @@ impl Drop for Mounted {
             let _ = Command::new("umount").arg("-l").arg(&self.at).status();
         }
     }
+}
+
+/// A mount whose cluster is gone exits soon after it is unmounted: it gives its member slot
+/// up for three leases at most (the others would reclaim it), not for its whole deadline.
+#[test]
+fn a_mount_whose_cluster_is_gone_exits_soon_after_it_is_unmounted() {
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let mut c = common::start("fs-gone", 1, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+    let mut m = Mounted::new(&c.local.dir, c.local.dir.join("m"));
+    fs::write(m.at.join("f"), b"x").unwrap();
+    c.local.stop_all();
+    let detached = Command::new("umount").arg("-l").arg(&m.at).status();
+    assert!(detached.unwrap().success(), "umount -l");
+    let since = Instant::now();
+    while m.child.try_wait().unwrap().is_none() {
+        assert!(
+            since.elapsed() < Duration::from_secs(20),
+            "the mount still runs 20 s after it was unmounted"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "the mount exited {:?} after it was unmounted",
+        since.elapsed()
+    );
 }
 
 /// Errors a storm expects: another mount got there first. ESTALE is what a file removed by

@@ -400,11 +400,20 @@ impl Trust {
         }
     }
 
-    /// Whether a window open now holds any of `len` bytes at `addr` of `node`.
-    fn open_over(&self, node: NodeId, addr: u64, len: u64) -> bool {
+    /// The ranges of open windows that overlap `len` bytes at `addr` of `node`, as (start,
+    /// end).
+    fn open_over(
+        &self,
+        node: NodeId,
+        addr: u64,
+        len: u64,
+    ) -> impl Iterator<Item = (u64, u64)> + '_ {
         let planted = crate::planted(crate::Bug::WindowIgnored);
         (self.windows.values().flat_map(|w| &w.ranges))
-            .any(|&(n, a, l)| n == node && a < addr + len && addr < a + l as u64 && !planted)
+            .filter(move |&&(n, a, l)| {
+                n == node && a < addr + len && addr < a + l as u64 && !planted
+            })
+            .map(|&(_, a, l)| (a, a + l as u64))
     }
 }
 
@@ -426,7 +435,7 @@ impl Grant<'_> {
     /// Whether every one of `len` bytes at `addr` of `node` is granted.
     pub fn covers(&self, node: NodeId, addr: u64, len: u64) -> bool {
         self.trust.is_some_and(|t| {
-            !t.open_over(node, addr, len)
+            t.open_over(node, addr, len).next().is_none()
                 && (t.marks.max_within(node, addr, len)).is_none_or(|m| m <= self.stamp.moves)
         })
     }
@@ -445,11 +454,7 @@ impl Grant<'_> {
             .filter(|&(_, _, m)| m > self.stamp.moves)
             .map(|(a, e, _)| (a, e))
             .collect();
-        moved.extend(
-            (t.windows.values().flat_map(|w| &w.ranges))
-                .filter(|&&(n, a, l)| n == node && a < end && addr < a + l as u64)
-                .map(|&(_, a, l)| (a, a + l as u64)),
-        );
+        moved.extend(t.open_over(node, addr, len));
         moved.sort_unstable();
         let mut pieces = vec![];
         let mut at = addr;

@@ -45,7 +45,7 @@ pub fn identity(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Inode> {
     }
     let addr = tx.vol.inode_addr(ino);
     let i = Inode::decode(&tx.object_despite_changes(ino.node(), addr, INODE_BYTES as u32)?);
-    tx.check(ino.node(), tx.vol.inode_addr(ino) + field::IGENERATION, 12);
+    tx.check(ino.node(), addr + field::IGENERATION, 12);
     if i.is_free() || !tx.is_expected(ino, &i) {
         return errno(libc::ENOENT);
     }

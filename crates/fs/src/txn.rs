@@ -45,12 +45,12 @@ pub struct Cache {
     /// The cached bytes this mount may use without a compare (docs/fs.md, "Coherent
     /// caching"). Only bytes of cached objects: removing an object untrusts its bytes.
     trusted: ByteRanges,
-    /// Byte ranges of cached objects that another member announced a write to since they
-    /// were read, per object start. A run that compares such a byte reads the object again
+    /// Bytes of cached objects that another member announced a write to since they were
+    /// read (the numbers unused). A run that compares such a byte reads the object again
     /// first (the compare would fail); the rest of the object still serves operations that
     /// compare every byte they rely on (creates by other mounts change a directory's times
     /// and counts, not what a create in it reads).
-    changed: HashMap<(NodeId, u64), Vec<(u64, u64)>>,
+    changed: ByteRanges,
     /// Objects inserted so far, and the number each object got when it was inserted.
     fills: u64,
     filled: HashMap<(NodeId, u64), u64>,
@@ -123,18 +123,14 @@ impl Cache {
             self.bytes -= old.len();
             self.trusted.unset(node, at, old.len() as u64);
             self.filled.remove(&(node, at));
-            self.changed.remove(&(node, at));
+            self.changed.unset(node, at, old.len() as u64);
         }
     }
 
     /// Whether another member announced a write to any of the `len` bytes at `addr` of
     /// `node` since the object holding them was read.
     fn is_changed(&self, node: NodeId, addr: u64, len: u64) -> bool {
-        let Some((at, _)) = self.containing(node, addr) else {
-            return false;
-        };
-        (self.changed.get(&(node, at)))
-            .is_some_and(|spans| spans.iter().any(|&(s, e)| s < addr + len && addr < e))
+        self.changed.max_within(node, addr, len).is_some()
     }
 
     /// Another member is about to write `len` bytes at `addr` of `node`: this member
@@ -146,8 +142,8 @@ impl Cache {
         }
         self.trusted.unset(node, addr, len);
         for (at, olen) in self.overlapping(node, addr, len) {
-            let span = (addr.max(at), (addr + len).min(at + olen as u64));
-            self.changed.entry((node, at)).or_default().push(span);
+            let (from, to) = (addr.max(at), (addr + len).min(at + olen as u64));
+            self.changed.set(node, from, to - from, 0);
         }
     }
 

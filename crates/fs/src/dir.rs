@@ -126,30 +126,9 @@ impl Bucket {
 
     /// Decodes a bucket; `None` if its entries run past the block (not a bucket).
     pub fn decode(b: &[u8]) -> Option<Bucket> {
-        let count = get_u32(b, 28) as usize;
-        let used = get_u32(b, 32) as usize;
-        if BUCKET_HEADER_BYTES + used > b.len() {
-            return None;
-        }
-        let mut entries = Vec::with_capacity(count);
-        let mut at = BUCKET_HEADER_BYTES;
-        for _ in 0..count {
-            if at + ENTRY_HEADER_BYTES > BUCKET_HEADER_BYTES + used {
-                return None;
-            }
-            let len = b[at + 17] as usize;
-            let name_at = at + ENTRY_HEADER_BYTES;
-            if name_at + len > BUCKET_HEADER_BYTES + used {
-                return None;
-            }
-            entries.push(Entry {
-                ino: Ino(get_u64(b, at as u64)),
-                generation: get_u64(b, at as u64 + 8),
-                kind: b[at + 16],
-                name: b[name_at..name_at + len].to_vec(),
-            });
-            at = name_at + len;
-        }
+        let entries = (RawEntries::of(b)?)
+            .map(|e| e.map(RawEntry::into_entry))
+            .collect::<Option<Vec<Entry>>>()?;
         Some(Bucket {
             version: get_u64(b, 0),
             owner: Ino(get_u64(b, 8)),
@@ -157,6 +136,25 @@ impl Bucket {
             depth: get_u32(b, 24),
             entries,
         })
+    }
+
+    /// The entry named `name` in bucket bytes `b`, without decoding the others (a lookup
+    /// needs one of hundreds); `None` if `b` is not a bucket of directory `(owner,
+    /// generation)`.
+    pub fn find_in(b: &[u8], owner: Ino, generation: u64, name: &[u8]) -> Option<Option<Entry>> {
+        if Ino(get_u64(b, 8)) != owner || get_u64(b, 16) != generation {
+            return None;
+        }
+        let mut found = None;
+        for e in RawEntries::of(b)? {
+            // Every entry walked, as `decode` does: a block whose entries do not parse is
+            // not a bucket, whatever its first entries say.
+            let e = e?;
+            if found.is_none() && e.name == name {
+                found = Some(e.into_entry());
+            }
+        }
+        Some(found)
     }
 
     pub fn used_bytes(&self) -> usize {
@@ -197,6 +195,71 @@ impl Bucket {
     }
 }
 
+/// An entry as it lies in a bucket's bytes.
+struct RawEntry<'a> {
+    ino: Ino,
+    generation: u64,
+    kind: u8,
+    name: &'a [u8],
+}
+
+impl RawEntry<'_> {
+    fn into_entry(self) -> Entry {
+        Entry {
+            ino: self.ino,
+            generation: self.generation,
+            kind: self.kind,
+            name: self.name.to_vec(),
+        }
+    }
+}
+
+/// The entries of a bucket's bytes in order; `None` for one that runs past the bytes of
+/// entries the header gives (the block is not a bucket), and nothing after it.
+struct RawEntries<'a> {
+    b: &'a [u8],
+    at: usize,
+    end: usize,
+    left: usize,
+}
+
+impl<'a> RawEntries<'a> {
+    fn of(b: &'a [u8]) -> Option<RawEntries<'a>> {
+        let end = BUCKET_HEADER_BYTES + get_u32(b, 32) as usize;
+        (end <= b.len()).then_some(RawEntries {
+            b,
+            at: BUCKET_HEADER_BYTES,
+            end,
+            left: get_u32(b, 28) as usize,
+        })
+    }
+}
+
+impl<'a> Iterator for RawEntries<'a> {
+    type Item = Option<RawEntry<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let (b, at) = (self.b, self.at);
+        let name_at = at + ENTRY_HEADER_BYTES;
+        if name_at > self.end || name_at + b[at + 17] as usize > self.end {
+            self.left = 0;
+            return Some(None);
+        }
+        let len = b[at + 17] as usize;
+        self.at = name_at + len;
+        Some(Some(RawEntry {
+            ino: Ino(get_u64(b, at as u64)),
+            generation: get_u64(b, at as u64 + 8),
+            kind: b[at + 16],
+            name: &b[name_at..name_at + len],
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +287,24 @@ mod tests {
         }
         assert_eq!(Bucket::decode(&b.encode(4096)), Some(b.clone()));
         assert_eq!(b.find(b"bb"), Some(1));
+        let bytes = b.encode(4096);
+        assert_eq!(
+            Bucket::find_in(&bytes, Ino(77), 4, b"bb"),
+            Some(Some(b.entries[1].clone()))
+        );
+        assert_eq!(Bucket::find_in(&bytes, Ino(77), 4, b"b"), Some(None));
+        assert_eq!(
+            Bucket::find_in(&bytes, Ino(77), 5, b"bb"),
+            None,
+            "another owner"
+        );
+        let mut cut = bytes.clone();
+        put_u32(&mut cut, 32, 30);
+        assert_eq!(Bucket::decode(&cut), None, "entries past their bytes");
+        assert_eq!(
+            Bucket::find_in(&cut, Ino(77), 4, b"a-much-longer-name"),
+            None
+        );
     }
 
     #[test]

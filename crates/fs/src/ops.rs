@@ -107,7 +107,7 @@ fn table(tx: &mut Txn<'_>, ino: Ino, dir: &Inode) -> OpResult<Table> {
         return errno(libc::EIO);
     }
     let addr = tx.vol.block_addr(b);
-    let t = Table::decode(&tx.object(b.node(), addr, bs)?);
+    let t = Table::decode(tx.object_ref(b.node(), addr, bs)?);
     if !t.owned_by(ino, dir.igeneration) {
         // The block was reused since this mount read it, or this mount's copy of the
         // directory is what is stale (freed, its blocks reused): read both again, or the
@@ -120,19 +120,34 @@ fn table(tx: &mut Txn<'_>, ino: Ino, dir: &Inode) -> OpResult<Table> {
 }
 
 fn bucket(tx: &mut Txn<'_>, ino: Ino, dir: &Inode, b: BlockRef) -> OpResult<Bucket> {
+    let generation = dir.igeneration;
+    read_bucket(tx, ino, dir, b, |bytes| {
+        Bucket::decode(bytes).filter(|k| k.owned_by(ino, generation))
+    })
+}
+
+/// What `read` finds in bucket `b` of directory `ino` (`None`: the block is not one of its
+/// buckets, or not a bucket at all), with the bucket's header validated.
+fn read_bucket<T>(
+    tx: &mut Txn<'_>,
+    ino: Ino,
+    dir: &Inode,
+    b: BlockRef,
+    read: impl FnOnce(&[u8]) -> Option<T>,
+) -> OpResult<T> {
     let bs = tx.vol.geometry.block_bytes;
     if !tx.vol.valid_block(b) {
         return errno(libc::EIO);
     }
     let addr = tx.vol.block_addr(b);
-    match Bucket::decode(&tx.object(b.node(), addr, bs)?) {
-        Some(k) if k.owned_by(ino, dir.igeneration) => {
+    match read(tx.object_ref(b.node(), addr, bs)?) {
+        Some(k) => {
             if !crate::planted(crate::Bug::BucketNotValidated) {
                 tx.check(b.node(), addr, 24);
             }
             Ok(k)
         }
-        _ => {
+        None => {
             // As in `table`: the bucket, the table or the directory may be the stale one.
             tx.refetch(ino.node(), tx.vol.inode_addr(ino), INODE_BYTES as u32);
             if tx.vol.valid_block(dir.root) {
@@ -143,14 +158,20 @@ fn bucket(tx: &mut Txn<'_>, ino: Ino, dir: &Inode, b: BlockRef) -> OpResult<Buck
     }
 }
 
-/// Finds where `name` goes in directory `ino`.
-pub fn place(tx: &mut Txn<'_>, ino: Ino, name: &[u8]) -> OpResult<Place> {
+/// Directory `ino`, its table, and the bucket where `name` goes.
+fn bucket_for(tx: &mut Txn<'_>, ino: Ino, name: &[u8]) -> OpResult<(Inode, Table, BlockRef)> {
     let dir = identity(tx, ino)?;
     if !dir.is_dir() {
         return errno(libc::ENOTDIR);
     }
     let table = table(tx, ino, &dir)?;
     let bucket_ref = table.buckets[table.slot(name_hash(name))];
+    Ok((dir, table, bucket_ref))
+}
+
+/// Finds where `name` goes in directory `ino`.
+pub fn place(tx: &mut Txn<'_>, ino: Ino, name: &[u8]) -> OpResult<Place> {
+    let (dir, table, bucket_ref) = bucket_for(tx, ino, name)?;
     let bucket = bucket(tx, ino, &dir, bucket_ref)?;
     let index = bucket.find(name);
     Ok(Place {
@@ -389,11 +410,15 @@ pub fn lookup(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> OpResult<(Ino, Inod
     if name.len() > NAME_BYTES_MAX {
         return errno(libc::ENAMETOOLONG);
     }
-    let p = place(tx, parent, name)?;
-    let Some(i) = p.index else {
+    // `place` without decoding the bucket's other entries: lookups are most requests.
+    let (dir, _, b) = bucket_for(tx, parent, name)?;
+    let generation = dir.igeneration;
+    let found = read_bucket(tx, parent, &dir, b, |bytes| {
+        Bucket::find_in(bytes, parent, generation, name)
+    })?;
+    let Some(e) = found else {
         return errno(libc::ENOENT);
     };
-    let e = &p.bucket.entries[i];
     let child = inode(tx, e.ino)?;
     if child.igeneration != e.generation {
         return errno(libc::EIO);

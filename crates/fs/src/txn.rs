@@ -492,17 +492,24 @@ impl<'a> Txn<'a> {
 
     /// The object of `len` bytes at `addr` of `node`, as this run has staged it or as cached.
     pub fn object(&mut self, node: NodeId, addr: u64, len: u32) -> OpResult<Vec<u8>> {
-        if let Some(b) = self.staged.get(&(node, addr)) {
-            return Ok(b.clone());
+        self.object_ref(node, addr, len).map(<[u8]>::to_vec)
+    }
+
+    /// `object`, borrowed: a directory block is 16 KiB, and a lookup reads a few bytes of it.
+    pub fn object_ref(&mut self, node: NodeId, addr: u64, len: u32) -> OpResult<&[u8]> {
+        let key = (node, addr);
+        if self.staged.contains_key(&key) {
+            return Ok(&self.staged[&key]);
         }
-        if let Some((b, _)) = self.fresh.get(&(node, addr)) {
-            return Ok(b.clone());
+        if self.fresh.contains_key(&key) {
+            return Ok(&self.fresh[&key].0);
         }
-        match self.cache.object(node, addr) {
-            Some(_) if self.cache.is_changed(node, addr, len as u64) => {
+        let cache = self.cache;
+        match cache.object(node, addr) {
+            Some(_) if cache.is_changed(node, addr, len as u64) => {
                 Err(self.refetch(node, addr, len))
             }
-            Some(b) if b.len() == len as usize => Ok(b.clone()),
+            Some(b) if b.len() == len as usize => Ok(b),
             _ => {
                 self.want(node, addr, len);
                 Err(Stop::Miss)

@@ -27,7 +27,7 @@ pub struct Target {
     pub path: PathBuf,
     /// A second mount of the same file system (tutti's two-mount case).
     pub second: Option<PathBuf>,
-    mounts: Vec<Daemon>,
+    mounts: Vec<FuseMount>,
     kernel_mount: Option<KernelMount>,
     gluster: Option<GlusterVolume>,
     servers: Vec<Daemon>,
@@ -40,6 +40,23 @@ struct RemoveDir(PathBuf);
 impl Drop for RemoveDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A FUSE mount served by a daemon of ours, stopped when dropped. A daemon that had to be
+/// killed (it did not leave within its grace period) cannot unmount: its mount point, left
+/// mounted with nothing serving it, is unmounted here so that no run leaves one behind.
+struct FuseMount(Option<Daemon>);
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        let Some(daemon) = self.0.take() else { return };
+        let at = daemon.dir.clone();
+        drop(daemon);
+        if is_mounted(&at) {
+            let _ = Command::new("umount").arg("-l").arg(&at).status();
+            let _ = std::fs::remove_dir_all(&at);
+        }
     }
 }
 
@@ -152,7 +169,7 @@ impl Target {
             cmd.args(["fs", "mount", "--cluster"]).arg(&data).arg(&at);
             let mut daemon = Daemon::spawn("tutti-fs-mount", at.clone(), 0, cmd)?;
             mounted(&mut daemon, &at).await?;
-            t.mounts.push(daemon);
+            t.mounts.push(FuseMount(Some(daemon)));
             match k {
                 0 => t.path = at,
                 _ => t.second = Some(at),
@@ -175,7 +192,7 @@ impl Target {
         let mut daemon = Daemon::spawn("bindfs", at.clone(), 0, cmd)?;
         mounted(&mut daemon, &at).await?;
         let mut t = Target::new("bindfs", "fuse-passthrough", at);
-        t.mounts.push(daemon);
+        t.mounts.push(FuseMount(Some(daemon)));
         t._scratch = Some(RemoveDir(src));
         Ok(t)
     }
@@ -285,7 +302,7 @@ impl Target {
         let mut daemon = Daemon::spawn("juicefs", at.clone(), 0, cmd)?;
         mounted(&mut daemon, &at).await?;
         let mut t = Target::new("juicefs", "redis-appendfsync-always", at);
-        t.mounts.push(daemon);
+        t.mounts.push(FuseMount(Some(daemon)));
         t.servers.push(redis);
         t._scratch = Some(RemoveDir(bucket));
         Ok(t)

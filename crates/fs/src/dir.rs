@@ -129,20 +129,26 @@ impl Bucket {
         let entries = (RawEntries::of(b)?)
             .map(|e| e.map(RawEntry::into_entry))
             .collect::<Option<Vec<Entry>>>()?;
+        let (owner, owner_generation) = Self::owner_in(b);
         Some(Bucket {
             version: get_u64(b, 0),
-            owner: Ino(get_u64(b, 8)),
-            owner_generation: get_u64(b, 16),
+            owner,
+            owner_generation,
             depth: get_u32(b, 24),
             entries,
         })
+    }
+
+    /// The directory (inode number and igeneration) bucket bytes `b` name as their owner.
+    fn owner_in(b: &[u8]) -> (Ino, u64) {
+        (Ino(get_u64(b, 8)), get_u64(b, 16))
     }
 
     /// The entry named `name` in bucket bytes `b`, without decoding the others (a lookup
     /// needs one of hundreds); `None` if `b` is not a bucket of directory `(owner,
     /// generation)`.
     pub fn find_in(b: &[u8], owner: Ino, generation: u64, name: &[u8]) -> Option<Option<Entry>> {
-        if Ino(get_u64(b, 8)) != owner || get_u64(b, 16) != generation {
+        if Self::owner_in(b) != (owner, generation) {
             return None;
         }
         let mut found = None;
@@ -245,11 +251,11 @@ impl<'a> Iterator for RawEntries<'a> {
         self.left -= 1;
         let (b, at) = (self.b, self.at);
         let name_at = at + ENTRY_HEADER_BYTES;
-        if name_at > self.end || name_at + b[at + 17] as usize > self.end {
+        let len = (name_at <= self.end).then(|| b[at + 17] as usize);
+        let Some(len) = len.filter(|len| name_at + len <= self.end) else {
             self.left = 0;
             return Some(None);
-        }
-        let len = b[at + 17] as usize;
+        };
         self.at = name_at + len;
         Some(Some(RawEntry {
             ino: Ino(get_u64(b, at as u64)),

@@ -14,10 +14,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tutti_client::Minitx;
 use tutti_wire::{Connection, NodeId, Request, Response};
 
-/// What makes the kernel forget the attributes of files: picks, at once, those of these it
-/// was let keep (every one, for an empty list) and returns the notices to send it, which
-/// may block; `None` if it keeps none of them.
-pub type Forget = Box<dyn Fn(&[Ino]) -> Option<Notices> + Send + Sync>;
+/// What another member's write changed, for the kernel to forget what it keeps of it.
+#[derive(Clone, Copy, Debug)]
+pub enum Changed<'a> {
+    /// Everything: this member's lease lapsed or it was revoked.
+    All,
+    /// `ranges`, which hold the inodes `inodes` (and perhaps directory buckets).
+    Ranges {
+        ranges: &'a [(NodeId, u64, u32)],
+        inodes: &'a [Ino],
+    },
+}
+
+/// What makes the kernel forget the attributes and entries a change covers: picks, at once,
+/// those it was let keep and returns the notices to send it, which may block (an entry's
+/// takes its directory's lock in the kernel); `None` if it keeps none of them.
+pub type Forget = Box<dyn Fn(Changed<'_>) -> Option<Notices> + Send + Sync>;
 pub type Notices = Box<dyn FnOnce() + Send>;
 
 /// This process's place among the volume's members.
@@ -127,12 +139,31 @@ impl FileSystem {
 
     /// How long the kernel may keep the attributes of `ino` this member read since `stamp`.
     pub fn attr_ttl(&self, stamp: Stamp, ino: Ino) -> Duration {
-        let now = self.now_ms();
-        let inode = (ino.node(), self.volume().inode_addr(ino), INODE_BYTES);
-        Duration::from_millis(self.trust().ttl_ms(stamp, inode, now))
+        self.ttl(
+            stamp,
+            (ino.node(), self.volume().inode_addr(ino), INODE_BYTES),
+        )
     }
 
-    /// Sets what tells the kernel to forget files' attributes (the mount's notifier).
+    /// How long the kernel may keep what it was told of `len` bytes at `addr` of `node`, read
+    /// since `stamp`.
+    pub fn ttl(&self, stamp: Stamp, bytes: (NodeId, u64, u64)) -> Duration {
+        let now = self.now_ms();
+        Duration::from_millis(self.trust().ttl_ms(stamp, bytes, now))
+    }
+
+    /// How long a lease lasts: nothing is trusted longer past a renewal.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.coherent().lease_ms)
+    }
+
+    /// Whether no other member takes invalidations, as far as this one knows. A member that
+    /// joins later knows of this one, so two members never both believe it.
+    pub fn caches_alone(&self) -> bool {
+        (self.membership().as_ref()).is_some_and(|m| m.members.peers(m.token).is_empty())
+    }
+
+    /// Sets what tells the kernel to forget attributes and entries (the mount's notifier).
     pub fn on_forget(&self, forget: Forget) {
         let _ = self.coherent().forget.set(forget);
     }
@@ -286,11 +317,14 @@ impl FileSystem {
         Ok(())
     }
 
-    /// Stops trusting anything cached, in user space and in the kernel.
+    /// Stops trusting anything cached, in user space and in the kernel (whose timeouts
+    /// end with the lease anyway).
     fn lose_trust(&self) {
         self.trust().lapse();
-        if let Some(notices) = self.coherent().forget.get().and_then(|forget| forget(&[])) {
-            notices();
+        let forget = self.coherent().forget.get();
+        if let Some(notices) = forget.and_then(|forget| forget(Changed::All)) {
+            // The kernel forgets in the notification's write: off the runtime.
+            tokio::task::spawn_blocking(notices);
         }
     }
 
@@ -436,8 +470,8 @@ impl FileSystem {
 
     /// Another member announces a write of `ranges`: the cache stops trusting them and
     /// marks them changed, and nothing read of them is trusted until it ends. Returns what
-    /// makes the kernel forget the files among them that it keeps, to send before
-    /// acknowledging (`None`: it keeps none of them).
+    /// makes the kernel forget the attributes and entries among them that it keeps, to send
+    /// before acknowledging (`None`: it keeps none of them).
     pub fn announced(
         &self,
         writer: u64,
@@ -457,7 +491,10 @@ impl FileSystem {
             }
         }
         let forget = self.coherent().forget.get()?;
-        (!inodes.is_empty()).then(|| forget(&inodes)).flatten()
+        forget(Changed::Ranges {
+            ranges,
+            inodes: &inodes,
+        })
     }
 
     pub fn write_ended(&self, writer: u64, seq: u64) {

@@ -1,14 +1,15 @@
 //! The FUSE adapter (fuser 0.18): maps the kernel's requests onto `FileSystem` operations,
 //! keeps this mount's open files and its write-back buffers. With the default `cache_ms` of
-//! 0 the kernel keeps attributes only while this mount's lease lets it trust them, and is
-//! told to forget them when another member announces a write to them (docs/fs.md,
-//! "Coherent caching"); it keeps no entries, whose lookups the mount answers from its
-//! cache, so other mounts' changes show at once.
+//! 0 the kernel keeps attributes, and entries while no other mount caches, only while this
+//! mount's lease lets it trust them, and is told to forget them when another member
+//! announces a write to them (docs/fs.md, "Coherent caching"), so that other mounts'
+//! changes show at once.
 
 use crate::coherence::Stamp;
 use crate::inode::{Inode, Time, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
-use crate::layout::Ino;
-use crate::ops::{Caller, NewFile, SetAttr};
+use crate::layout::{BlockRef, Ino};
+use crate::members::Changed;
+use crate::ops::{Caller, Found, NewFile, SetAttr};
 use crate::volume::{FileSystem, Handle};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -16,13 +17,14 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
     Request, TimeOrNow, WriteFlags,
 };
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::runtime::Handle as Runtime;
+use tutti_wire::NodeId;
 
 /// Bytes of writes one open file buffers before they go out as one minitransaction.
 pub const WRITE_BACK_BYTES_DEFAULT: usize = 4 << 20;
@@ -89,9 +91,74 @@ struct Handles {
     orphans: std::collections::HashSet<Handle>,
 }
 
-/// Files whose attributes the kernel was given to keep, and the number it knows each by:
-/// what another member's write covers is forgotten there.
-pub type Given = Arc<Mutex<HashMap<Ino, u64>>>;
+/// What the kernel was given to keep: what another member's write covers is forgotten
+/// there.
+pub type Given = Arc<Mutex<Kept>>;
+
+/// An entry the kernel keeps: the bucket that holds it (node, address), its directory's
+/// kernel number and its name.
+type KeptEntry = ((NodeId, u64), u64, Vec<u8>);
+
+/// An entry to forget: its directory's kernel number, its name, and when it was given.
+type Doomed = (u64, Vec<u8>, Instant);
+
+/// How long after its reply an entry may still be on its way into the kernel's cache: a
+/// notice to forget it that arrives first finds nothing (the kernel need not wait for
+/// lookups in flight), so an entry given this recently is told again this much later.
+const ENTRY_IN_FLIGHT: Duration = Duration::from_millis(20);
+
+/// Attributes and entries the kernel keeps.
+pub struct Kept {
+    /// Files whose attributes it keeps, and the number it knows each by.
+    attrs: HashMap<Ino, u64>,
+    /// Entries given since `since`, and in the lease before (`older`). One given earlier
+    /// has timed out in the kernel (no timeout outlasts the lease), so the notes stay
+    /// bounded by two leases of lookups.
+    entries: BTreeMap<KeptEntry, Instant>,
+    older: BTreeMap<KeptEntry, Instant>,
+    since: Instant,
+    lease: Duration,
+    bucket_bytes: u32,
+}
+
+impl Kept {
+    fn new(lease: Duration, bucket_bytes: u32) -> Kept {
+        Kept {
+            attrs: HashMap::new(),
+            entries: BTreeMap::new(),
+            older: BTreeMap::new(),
+            since: Instant::now(),
+            lease,
+            bucket_bytes,
+        }
+    }
+
+    fn keep_entry(&mut self, entry: KeptEntry) {
+        if self.since.elapsed() >= self.lease {
+            self.older = std::mem::take(&mut self.entries);
+            self.since = Instant::now();
+        }
+        self.entries.insert(entry, Instant::now());
+    }
+
+    /// Takes the entries held in the buckets that `len` bytes at `addr` of `node` overlap.
+    fn take_entries(&mut self, node: NodeId, addr: u64, len: u32, into: &mut Vec<Doomed>) {
+        let first = addr.saturating_sub(self.bucket_bytes as u64 - 1);
+        let (from, to) = (
+            ((node, first), 0, vec![]),
+            ((node, addr + len as u64), 0, vec![]),
+        );
+        for kept in [&mut self.entries, &mut self.older] {
+            let covered: Vec<KeptEntry> = (kept.range(from.clone()..to.clone()))
+                .map(|(e, _)| e.clone())
+                .collect();
+            for e in covered {
+                let given = kept.remove(&e).expect("just found");
+                into.push((e.1, e.2, given));
+            }
+        }
+    }
+}
 
 /// What one mount keeps: its volume, open files and write-back buffers.
 struct State {
@@ -161,35 +228,59 @@ impl Mount {
         self.state.given.clone()
     }
 
-    /// What makes the kernel forget files' attributes once mounted, through `notifier`:
-    /// for `FileSystem::on_forget` (an empty list: every file it was given).
+    /// What makes the kernel forget attributes and entries once mounted, through
+    /// `notifier`: for `FileSystem::on_forget`.
     pub fn forgetter(given: Given, notifier: fuser::Notifier) -> crate::members::Forget {
-        Box::new(move |inodes: &[Ino]| {
-            let doomed: Vec<u64> = {
-                let mut given = given.lock().expect("given poisoned");
-                match inodes {
-                    [] => given.drain().map(|(_, k)| k).collect(),
-                    _ => inodes.iter().filter_map(|i| given.remove(i)).collect(),
+        Box::new(move |changed: Changed<'_>| {
+            let (mut files, mut entries) = (vec![], vec![]);
+            {
+                let mut kept = given.lock().expect("given poisoned");
+                match changed {
+                    Changed::All => {
+                        files.extend(kept.attrs.drain().map(|(_, k)| k));
+                        let recent = std::mem::take(&mut kept.entries);
+                        let older = std::mem::take(&mut kept.older);
+                        let all = recent.into_iter().chain(older);
+                        entries.extend(all.map(|(e, given)| (e.1, e.2, given)));
+                    }
+                    Changed::Ranges { ranges, inodes } => {
+                        files.extend(inodes.iter().filter_map(|i| kept.attrs.remove(i)));
+                        for &(node, addr, len) in ranges {
+                            kept.take_entries(node, addr, len, &mut entries);
+                        }
+                    }
                 }
-            };
-            if doomed.is_empty() {
+            }
+            if files.is_empty() && entries.is_empty() {
                 return None;
             }
             let notifier = notifier.clone();
             Some(Box::new(move || {
-                for k in doomed {
-                    // ENOENT: the kernel let it go already.
+                // ENOENT: the kernel let it go already.
+                for k in files {
                     let _ = notifier.inval_inode(INodeNo(k), 0, 0);
+                }
+                let forget = |(dir, name, _): &Doomed| {
+                    let _ = notifier.inval_entry(INodeNo(*dir), OsStr::from_bytes(name));
+                };
+                let recent: Vec<&Doomed> = (entries.iter())
+                    .filter(|e| e.2.elapsed() < ENTRY_IN_FLIGHT)
+                    .collect();
+                entries.iter().for_each(forget);
+                if !recent.is_empty() {
+                    std::thread::sleep(ENTRY_IN_FLIGHT);
+                    recent.into_iter().for_each(forget);
                 }
             }) as crate::members::Notices)
         })
     }
 
     pub fn new(fs: Arc<FileSystem>, rt: Runtime, opts: &MountOptions) -> Mount {
+        let kept = Kept::new(fs.lease(), fs.volume().geometry.block_bytes);
         let state = State {
             fs,
             fixed_ttl: (opts.cache_ms > 0).then(|| Duration::from_millis(opts.cache_ms)),
-            given: Given::default(),
+            given: Arc::new(Mutex::new(kept)),
             write_back_bytes: opts.write_back_bytes,
             handles: Mutex::default(),
             dirty: Mutex::default(),
@@ -427,24 +518,71 @@ impl State {
         let mut given = self.given.lock().expect("given poisoned");
         let ttl = self.fs.attr_ttl(stamp, ino);
         if !ttl.is_zero() {
-            given.insert(ino, self.kernel_ino(ino, i.igeneration).0);
+            given
+                .attrs
+                .insert(ino, self.kernel_ino(ino, i.igeneration).0);
         }
         ttl
     }
 
-    /// Entries: none kept, unless `--cache-ms` (FUSE cannot make the kernel forget an
-    /// entry whose lookup is in flight; the mount answers lookups from its cache instead).
-    fn entry_ttl(&self) -> Duration {
+    /// How long the kernel may keep entry `name` of `dir`, held in `bucket` and read since
+    /// `stamp` (noted, as `attr_ttl` notes attributes). Only while no other member caches:
+    /// the kernel forgets an entry under its directory's lock, which a create there may
+    /// hold while it waits for another member's acknowledgement, so two members that both
+    /// kept entries could each wait for the other until one is revoked.
+    fn entry_ttl(&self, stamp: Stamp, dir: INodeNo, name: &[u8], bucket: BlockRef) -> Duration {
+        if let Some(ttl) = self.fixed_ttl {
+            return ttl;
+        }
+        if !self.fs.caches_alone() {
+            return Duration::ZERO;
+        }
+        let vol = self.fs.volume();
+        let (node, addr) = (bucket.node(), vol.block_addr(bucket));
+        let mut given = self.given.lock().expect("given poisoned");
+        let ttl = self
+            .fs
+            .ttl(stamp, (node, addr, vol.geometry.block_bytes as u64));
+        if !ttl.is_zero() {
+            given.keep_entry(((node, addr), dir.0, name.to_vec()));
+        }
+        ttl
+    }
+
+    /// How long the kernel may keep the entry of a file this mount just made: `--cache-ms`,
+    /// or not at all (what it read before is not trusted past its own write).
+    fn made_entry_ttl(&self) -> Duration {
         self.fixed_ttl.unwrap_or(Duration::ZERO)
     }
 
+    /// Replies the entry of a file this mount made or linked.
     fn entry(&self, stamp: Stamp, reply: ReplyEntry, r: Result<(Ino, Inode), i32>) {
         match r {
             Ok((ino, i)) => reply.entry_with_ttls(
                 &self.attr_ttl(stamp, ino, &i),
-                &self.entry_ttl(),
+                &self.made_entry_ttl(),
                 &self.attr(ino, &i),
                 Generation(i.igeneration),
+            ),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    /// Replies what a lookup of `name` in `dir` found.
+    fn found(
+        &self,
+        stamp: Stamp,
+        reply: ReplyEntry,
+        dir: INodeNo,
+        name: &[u8],
+        r: Result<Found, i32>,
+    ) {
+        match r {
+            Ok(f) => reply.entry_with_ttls(
+                &self.attr_ttl(stamp, f.ino, &f.inode),
+                &self.entry_ttl(stamp, dir, name, f.bucket),
+                &self.attr(f.ino, &f.inode),
+                Generation(f.inode.igeneration),
             ),
             Err(e) => reply.error(err(e)),
         }
@@ -460,13 +598,13 @@ impl State {
         }
     }
 
-    async fn lookup(&self, parent: Handle, name: &[u8]) -> Result<(Ino, Inode), i32> {
-        let (ino, i) = self.fs.lookup(parent, name).await?;
-        let h = self.handle(ino, i.igeneration);
+    async fn lookup(&self, parent: Handle, name: &[u8]) -> Result<Found, i32> {
+        let mut found = self.fs.lookup(parent, name).await?;
+        let h = self.handle(found.ino, found.inode.igeneration);
         if self.dirty_of(h).is_some() {
-            return Ok((ino, self.getattr_fresh(h).await?));
+            found.inode = self.getattr_fresh(h).await?;
         }
-        Ok((ino, i))
+        Ok(found)
     }
 
     async fn write(
@@ -588,17 +726,16 @@ impl Filesystem for Mount {
         let stamp = m.fs.stamp();
         let p = m.ino(parent);
         if let Some(r) = m.fs.trusted_lookup(p, name.as_bytes()) {
-            let clean =
-                |(ino, i): &(Ino, Inode)| m.dirty_of(m.handle(*ino, i.igeneration)).is_none();
+            let clean = |f: &Found| m.dirty_of(m.handle(f.ino, f.inode.igeneration)).is_none();
             if r.as_ref().map_or(true, clean) {
-                return m.entry(stamp, reply, r);
+                return m.found(stamp, reply, parent, name.as_bytes(), r);
             }
         }
         let name = name.as_bytes().to_vec();
         self.spawn(move |m| async move {
             let stamp = m.fs.stamp();
             let r = m.lookup(m.ino(parent), &name).await;
-            m.entry(stamp, reply, r);
+            m.found(stamp, reply, parent, &name, r);
         });
     }
 
@@ -1024,7 +1161,7 @@ impl Filesystem for Mount {
                     let fh =
                         m.new_handle(m.handle(ino, i.igeneration), flags & libc::O_APPEND != 0);
                     reply.created(
-                        &m.entry_ttl(),
+                        &m.made_entry_ttl(),
                         &m.attr(ino, &i),
                         Generation(i.igeneration),
                         FileHandle(fh),

@@ -407,6 +407,20 @@ pub fn readlink(tx: &mut Txn<'_>, ino: Ino) -> OpResult<Target> {
 
 /// Looks `name` up in directory `parent`.
 pub fn lookup(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> OpResult<(Ino, Inode)> {
+    find(tx, parent, name).map(|f| (f.ino, f.inode))
+}
+
+/// A directory entry and the file it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub ino: Ino,
+    pub inode: Inode,
+    /// The bucket that holds the entry: every change of the entry writes it.
+    pub bucket: BlockRef,
+}
+
+/// `lookup`, and where the entry lies.
+pub fn find(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> OpResult<Found> {
     if name.len() > NAME_BYTES_MAX {
         return errno(libc::ENAMETOOLONG);
     }
@@ -423,7 +437,11 @@ pub fn lookup(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> OpResult<(Ino, Inod
     if child.igeneration != e.generation {
         return errno(libc::EIO);
     }
-    Ok((e.ino, child))
+    Ok(Found {
+        ino: e.ino,
+        inode: child,
+        bucket: b,
+    })
 }
 
 /// What became of an inode whose last link went.

@@ -8,7 +8,7 @@ use crate::inode::{Inode, Time, S_IFDIR};
 use crate::layout::{
     self, Bitmap, BlockRef, Geometry, Ino, LayoutError, Volume, INODE_BYTES, REGION_KIND,
 };
-use crate::ops::{self, Caller, Made, NewFile, Piece, SetAttr, Target, Unlinked};
+use crate::ops::{self, Caller, Found, Made, NewFile, Piece, SetAttr, Target, Unlinked};
 use crate::txn::{Cache, Fetch, OpResult, Plan, Txn};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
@@ -544,8 +544,8 @@ impl FileSystem {
         self.trusted(&[h], |tx| ops::inode(tx, h.ino))
     }
 
-    pub fn trusted_lookup(&self, parent: Handle, name: &[u8]) -> Option<Result<(Ino, Inode), i32>> {
-        self.trusted(&[parent], |tx| ops::lookup(tx, parent.ino, name))
+    pub fn trusted_lookup(&self, parent: Handle, name: &[u8]) -> Option<Result<Found, i32>> {
+        self.trusted(&[parent], |tx| ops::find(tx, parent.ino, name))
     }
 
     /// One run of `op` against the cache, on files the kernel named by `handles`, and
@@ -598,9 +598,9 @@ impl FileSystem {
         Ok(self.run_for(&[h], |tx| ops::inode(tx, h.ino)).await?.0)
     }
 
-    pub async fn lookup(&self, parent: Handle, name: &[u8]) -> Result<(Ino, Inode), i32> {
+    pub async fn lookup(&self, parent: Handle, name: &[u8]) -> Result<Found, i32> {
         Ok(self
-            .run_for(&[parent], |tx| ops::lookup(tx, parent.ino, name))
+            .run_for(&[parent], |tx| ops::find(tx, parent.ino, name))
             .await?
             .0)
     }

@@ -588,8 +588,8 @@ pub async fn check(cluster: &Cluster, dir: &Path, clients: u64) -> Result<FsChec
         let own = format!("own-{client}").into_bytes();
         let root = tutti_fs::Handle::any(fs.root());
         let listed = match fs.lookup(root, &own).await {
-            Ok((ino, _)) => {
-                (fs.list(tutti_fs::Handle::any(ino)).await).map(|(_, entries, _)| entries)
+            Ok(found) => {
+                (fs.list(tutti_fs::Handle::any(found.ino)).await).map(|(_, entries, _)| entries)
             }
             Err(libc::ENOENT) => Ok(vec![]),
             Err(e) => Err(e),

@@ -308,9 +308,13 @@ pub(crate) async fn start_session(
     }
     config.n_threads = Some(opts.threads);
     let at = at.to_path_buf();
+    let told = fs.clone();
     let fuse = tokio::task::spawn_blocking(move || {
-        fuser::spawn_mount(mount, &at, &config)
-            .map_err(|e| format!("cannot mount {}: {e}", at.display()))
+        let session = fuser::Session::new(mount, &at, &config)
+            .map_err(|e| format!("cannot mount {}: {e}", at.display()))?;
+        // Before the first request is served: nothing the kernel is given goes unforgotten.
+        told.on_forget(Mount::forgetter(given, session.notifier()));
+        (session.spawn()).map_err(|e| format!("cannot serve {}: {e}", at.display()))
     })
     .await
     .map_err(|e| e.to_string())?;
@@ -321,7 +325,6 @@ pub(crate) async fn start_session(
             return Err(e);
         }
     };
-    fs.on_forget(Mount::forgetter(given, fuse.notifier()));
     Ok(FsSession { fuse, fs })
 }
 

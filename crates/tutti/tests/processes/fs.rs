@@ -626,3 +626,59 @@ fn a_change_through_one_member_shows_at_once_through_another() {
     let report = fsck(&c.local.dir, false);
     assert_eq!(report["clean"], true, "{report}");
 }
+
+/// The kernel of a mount that caches alone keeps the entries it looks up, and forgets one as
+/// soon as another member changes it: a name another member renamed or unlinked is gone
+/// through the mount at once, and the new name is there.
+#[test]
+fn an_entry_a_lone_mount_keeps_is_forgotten_when_another_member_changes_it() {
+    use std::sync::Arc;
+    use tutti_fs::{FileSystem, Handle};
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("fs-entries", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+    let a = Mounted::new(&c.local.dir, c.local.dir.join("a"));
+    let manager = c.local.file.manager.clone();
+    let gone = |p: PathBuf| fs::metadata(p).is_err_and(|e| e.kind() == ErrorKind::NotFound);
+    rt.block_on(async {
+        let opts = tutti_client::ClientOptions::default();
+        let cluster = tutti_client::Cluster::connect(&manager, opts)
+            .await
+            .unwrap();
+        let unused = |_, _| false;
+        for round in 0..5 {
+            let (x, y) = (format!("x{round}"), format!("y{round}"));
+            fs::write(a.at.join(&x), b"kept").unwrap();
+            // The mount learns the member table every quarter lease: it now caches alone,
+            // and its kernel keeps the entry this stat looks up.
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            fs::metadata(a.at.join(&x)).unwrap();
+
+            let b = FileSystem::open(&cluster, "fs", Duration::from_secs(10));
+            let b = Arc::new(b.await.unwrap());
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            b.join(Some(listener.local_addr().unwrap())).await.unwrap();
+            b.serve_invalidations(listener);
+            let root = Handle::any(b.root());
+            (b.rename(root, x.as_bytes(), root, y.as_bytes(), 0, &unused)
+                .await)
+                .unwrap();
+            assert!(
+                gone(a.at.join(&x)),
+                "round {round}: {x} renamed, still there"
+            );
+            assert_eq!(fs::read(a.at.join(&y)).unwrap(), b"kept", "round {round}");
+            b.unlink(root, y.as_bytes(), &unused).await.unwrap();
+            assert!(
+                gone(a.at.join(&y)),
+                "round {round}: {y} unlinked, still there"
+            );
+            b.leave().await;
+        }
+    });
+    drop(a);
+    let report = fsck(&c.local.dir, false);
+    assert_eq!(report["clean"], true, "{report}");
+}

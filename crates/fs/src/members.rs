@@ -42,6 +42,23 @@ pub(crate) struct Membership {
     seen: HashMap<u64, (u64, u64)>,
 }
 
+impl Membership {
+    /// The member table as read now; says when this member starts or stops being the only
+    /// one that caches (what decides whether the kernel keeps entries).
+    fn learn(&mut self, members: Members) {
+        let (was, is) = (self.members.peers(self.token), members.peers(self.token));
+        match (was.is_empty(), is.is_empty()) {
+            (false, true) => tracing::info!("no other member caches: the kernel may keep entries"),
+            (true, false) => tracing::info!(
+                others = is.len(),
+                "other members cache: the kernel keeps no entries"
+            ),
+            _ => {}
+        }
+        self.members = members;
+    }
+}
+
 /// A `FileSystem`'s coherence state.
 pub(crate) struct Coherent {
     born: Instant,
@@ -303,7 +320,7 @@ impl FileSystem {
             };
             match members.slot_of(m.token) {
                 Some(_) => {
-                    m.members = members;
+                    m.learn(members);
                     None
                 }
                 None => guard.take().map(|m| m.callback),
@@ -600,7 +617,7 @@ impl FileSystem {
                 }
             }
             m.seen.retain(|t, _| members.slot_of(*t).is_some());
-            m.members = members;
+            m.learn(members);
         }
         for (slot, token) in gone {
             tracing::warn!(

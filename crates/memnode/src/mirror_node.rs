@@ -123,8 +123,9 @@ pub(crate) async fn run(
     let _lock = open_data_dir(&data, cfg)?;
     // A `ram-repl` copy dies with its process: what a predecessor left is not the node's,
     // unless it was a primary that stopped on being replaced and left its copy to this
-    // process, which holds it while the managers may name it primary again.
-    let mut holds_copy = !cfg.volatile;
+    // process, which holds it while the managers may name it primary again. A `log-repl`
+    // directory holds one unless marked empty (new, lost, or emptied to join).
+    let mut holds_copy = !cfg.volatile && crate::node::holds_copy(&data);
     let mut former = None;
     if cfg.volatile {
         former = take_former_marker(&data);
@@ -185,8 +186,9 @@ pub(crate) async fn run(
                 tracing::warn!(
                     node = cfg.id,
                     config_epoch = placement.config_epoch,
-                    "the placement names this process, which started empty (ram-repl): \
-                     waiting for the manager to name another copy, then joining"
+                    "the placement names this process, which holds no copy of the node \
+                     (ram-repl, or a new or lost disk): waiting for the manager to name \
+                     another copy, then joining"
                 );
             }
             tokio::select! {
@@ -397,9 +399,10 @@ impl From<RpcError> for SeedError {
     }
 }
 
-/// Removes the copy of the node that `data` holds (its join marker first, then the image
-/// and the log), leaving the directory's lock and `node.json`.
+/// Removes the copy of the node that `data` holds (marked empty first, then its join
+/// marker, the image and the log), leaving the directory's lock and `node.json`.
 pub(crate) fn empty_copy(data: &Path) -> Result<(), NodeError> {
+    crate::node::mark_empty(data)?;
     for stale in [
         data.join(JOIN_MARKER),
         data.join(FORMER_MARKER),
@@ -538,6 +541,7 @@ async fn seed(
         primary: primary.to_string(),
     };
     write_join_marker(data, &marker)?;
+    crate::node::mark_whole(data)?;
     tracing::info!(
         ms = started.elapsed().as_millis() as u64,
         bytes = total,

@@ -411,6 +411,10 @@ pub async fn run(
     if cfg.volatile {
         enter_volatile(&mut cfg).await?;
     }
+    let creating = match (cfg.volatile, cfg.role, &cfg.mirror) {
+        (false, Role::Primary, Some(_)) => enter_without_copy(&mut cfg).await?,
+        _ => false,
+    };
     let listener = TcpListener::bind(&cfg.listen)
         .await
         .map_err(io(format!("listen on {}", cfg.listen)))?;
@@ -462,6 +466,9 @@ pub async fn run(
             let lock = open_data_dir(&data, &cfg)?;
             if cfg.volatile && !promoted {
                 crate::mirror_node::empty_copy(&data)?;
+            }
+            if creating {
+                mark_whole(&data)?;
             }
             let space = Space::image(&data.join(IMAGE_FILE), cfg.size_bytes)
                 .map_err(io("open the image"))?;
@@ -638,6 +645,33 @@ async fn enter_volatile(cfg: &mut NodeConfig) -> Result<(), NodeError> {
     Ok(())
 }
 
+/// A `log-repl` primary whose data directory holds no copy of the node (new, or its disk
+/// was lost): if the node exists already, it starts as a mirror and joins, as a `ram-repl`
+/// copy does; if not, this is the cluster's creation, and it holds the (empty) node from
+/// now on. Returns whether it is the creation.
+async fn enter_without_copy(cfg: &mut NodeConfig) -> Result<bool, NodeError> {
+    let data =
+        (cfg.data.clone()).ok_or_else(|| NodeError::Config("log-repl needs --data DIR".into()))?;
+    if holds_copy(&data) {
+        return Ok(false);
+    }
+    let managers = Managers::parse(&cfg.manager, cfg.frame_bytes_max, cfg.dialer.clone())
+        .map_err(NodeError::Config)?;
+    let Some(p) = placement(&managers, cfg.id).await else {
+        return Ok(true);
+    };
+    tracing::warn!(
+        node = cfg.id,
+        primary = %p.primary,
+        data = %data.display(),
+        "the node exists already and this data directory holds no copy of it (new, or its \
+         disk was lost): this process starts as a mirror and joins"
+    );
+    cfg.role = Role::Mirror;
+    cfg.mirror = None;
+    Ok(false)
+}
+
 /// Whether `dir` is on a file system held in memory (tmpfs, ramfs).
 fn on_ram(dir: &std::path::Path) -> std::io::Result<bool> {
     use std::os::unix::ffi::OsStrExt;
@@ -681,7 +715,37 @@ pub(crate) async fn placement(managers: &Managers, node: NodeId) -> Option<tutti
 /// without a header and records in bincode.
 const DATA_FORMAT: u32 = 2;
 
-/// Checks (or records, on first start) that the data directory belongs to this node.
+/// In a `log-repl` process's data directory: the directory may not hold a whole copy of the
+/// node, because it started empty (new, or its disk was lost) or was emptied to join. Made
+/// before anything else in a new directory, and removed once the copy is whole: seeded by a
+/// join, or the node's first primary at the cluster's creation (docs/replication.md, "A
+/// lost disk"). A copy marked so is never named, nor promoted, as one.
+const EMPTY_MARKER: &str = "empty";
+
+/// Whether a `log-repl` data directory holds a whole copy of its node.
+pub(crate) fn holds_copy(data: &std::path::Path) -> bool {
+    data.join("node.json").exists() && !data.join(EMPTY_MARKER).exists()
+}
+
+/// Marks `data` as not holding a whole copy (`EMPTY_MARKER`), durably.
+pub(crate) fn mark_empty(data: &std::path::Path) -> Result<(), NodeError> {
+    std::fs::File::create(data.join(EMPTY_MARKER)).map_err(io("create the empty marker"))?;
+    Ok(crate::redo_log::sync_dir(data)?)
+}
+
+/// Marks `data` as holding a whole copy, durably.
+pub(crate) fn mark_whole(data: &std::path::Path) -> Result<(), NodeError> {
+    match std::fs::remove_file(data.join(EMPTY_MARKER)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(io("remove the empty marker")(e))
+        }
+        _ => {}
+    }
+    Ok(crate::redo_log::sync_dir(data)?)
+}
+
+/// Checks (or records, on first start) that the data directory belongs to this node. A new
+/// directory of a `log-repl` process is marked empty first.
 pub(crate) fn open_data_dir(
     data: &std::path::Path,
     cfg: &NodeConfig,
@@ -715,7 +779,13 @@ pub(crate) fn open_data_dir(
                 )));
             }
         }
-        Err(_) => write_data_dir_meta(data, &meta)?,
+        Err(_) => {
+            let replicated = cfg.mirror.is_some() || cfg.role == Role::Mirror;
+            if replicated && !cfg.volatile {
+                mark_empty(data)?;
+            }
+            write_data_dir_meta(data, &meta)?
+        }
     }
     Ok(lock)
 }

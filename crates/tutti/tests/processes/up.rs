@@ -495,6 +495,116 @@ fn a_replaced_primary_comes_back_as_the_new_mirror() {
     assert_eq!(stop_and_count_children(&mut child, &data), 0);
 }
 
+/// Process `name` (pid `pid`) of the cluster in `data` loses its disk: its data directory
+/// is emptied while it is stopped, then it is killed (`tutti up` starts it again).
+fn lose_disk(data: &std::path::Path, name: &str, pid: u64) {
+    // SAFETY: kill(2) on a process of this test's cluster.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    for e in std::fs::read_dir(data.join(name)).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).unwrap();
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// `tutti up --mode log-repl`: a primary whose disk is lost comes back empty while the
+/// placement still names it: it must not serve. The mirror takes over with everything
+/// written, and the emptied process joins it as the new mirror.
+#[test]
+fn a_log_repl_primary_that_lost_its_disk_gives_way_to_its_mirror() {
+    let data = common::scratch("up-repl-primary-disk");
+    let (mut child, manager) = up_with(&data, &["--mode", "log-repl"]);
+    let out = txn(&manager, &["write:1:0:68656c6c6f"]);
+    assert_eq!(out["committed"], true);
+    let primary = until_role(&data, "node-1", "primary");
+    let mirror = until_role(&data, "node-1-mirror", "mirror");
+    // Checkpoints (every 2 s) truncate the write out of both logs.
+    std::thread::sleep(Duration::from_secs(6));
+    lose_disk(&data, "node-1", primary);
+    assert_eq!(until_role(&data, "node-1-mirror", "primary"), mirror);
+    let out = txn(&manager, &["read:1:0:5", "write:1:8:01"]);
+    assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
+    let back = until_role(&data, "node-1", "mirror");
+    assert_ne!(back, primary, "a new process");
+    assert_eq!(stop_and_count_children(&mut child, &data), 0);
+}
+
+/// `tutti up --mode log-repl`: a mirror whose disk is lost (its data directory emptied while
+/// it is stopped, then killed) comes back empty. It must not count as a copy of the node
+/// until it joined again, seeded by the primary: the primary cut off at once, it is not
+/// promoted; once it is the mirror again, the primary cut off, it serves what was written
+/// before its disk went, long since checkpointed away from the primary's log.
+#[test]
+fn a_log_repl_mirror_that_lost_its_disk_joins_again_before_it_counts() {
+    let data = common::scratch("up-repl-disk");
+    let (mut child, manager) = up_with(&data, &["--mode", "log-repl"]);
+    let out = txn(&manager, &["write:1:0:68656c6c6f"]);
+    assert_eq!(out["committed"], true);
+    let primary = until_role(&data, "node-1", "primary");
+    let mirror = until_role(&data, "node-1-mirror", "mirror");
+    // Checkpoints (every 2 s) truncate the write out of both logs.
+    std::thread::sleep(Duration::from_secs(6));
+    // Node 1's placement (`tutti node list` prints a line per node).
+    let placement = || {
+        let out = Command::new(common::exe())
+            .args(["node", "list", "--cluster", &manager])
+            .output()
+            .unwrap();
+        let first = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .map(str::to_owned);
+        let node: serde_json::Value =
+            serde_json::from_str(&first.unwrap_or_default()).unwrap_or_default();
+        node["placement"].clone()
+    };
+    let before = placement();
+    lose_disk(&data, "node-1-mirror", mirror);
+    let until = Instant::now() + Duration::from_secs(30);
+    while !matches!(processes(&data).get("node-1-mirror"), Some((_, Some(pid))) if *pid != mirror) {
+        assert!(Instant::now() < until, "{:?}", processes(&data));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The primary cut off (stopped, so that it does not come back as itself at once) as
+    // soon as the emptied mirror is back, which the placement still names: the node must
+    // wait for its primary rather than serve from the empty copy.
+    // SAFETY: kill(2) on a process of this test's cluster.
+    unsafe { libc::kill(primary as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(4));
+    let role = processes(&data)["node-1-mirror"].0.clone();
+    // SAFETY: as above.
+    unsafe { libc::kill(primary as i32, libc::SIGCONT) };
+    assert_ne!(role, "primary", "the emptied mirror was promoted");
+    // Named again only in a later placement, once it joined.
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = placement();
+        let later = now["config_epoch"].as_u64() > before["config_epoch"].as_u64();
+        if later && now["mirror"] == before["mirror"] {
+            break;
+        }
+        assert!(Instant::now() < until, "{before} then {now}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let back = until_role(&data, "node-1-mirror", "mirror");
+    assert_ne!(back, mirror, "a new process");
+    // The primary's process as it is now: stopped that long, it may have been started again.
+    let primary = until_role(&data, "node-1", "primary");
+    // SAFETY: as above.
+    unsafe { libc::kill(primary as i32, libc::SIGSTOP) };
+    assert_eq!(until_role(&data, "node-1-mirror", "primary"), back);
+    let out = txn(&manager, &["read:1:0:5"]);
+    // SAFETY: as above.
+    unsafe { libc::kill(primary as i32, libc::SIGCONT) };
+    assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
+    assert_eq!(stop_and_count_children(&mut child, &data), 0);
+}
+
 /// `tutti up --mode ram-repl`: both copies of a node in RAM (under /dev/shm); a copy killed
 /// with SIGKILL comes back empty and joins as the mirror, and holds everything once named:
 /// the node survives the loss of each of its copies in turn. The RAM is freed at the stop,

@@ -1185,3 +1185,53 @@ impl Mount {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taken(kept: &mut Kept, node: NodeId, addr: u64, len: u32) -> Vec<(u64, Vec<u8>)> {
+        let mut out = vec![];
+        kept.take_entries(node, addr, len, &mut out);
+        out.into_iter().map(|(dir, name, _)| (dir, name)).collect()
+    }
+
+    #[test]
+    fn a_write_forgets_the_entries_of_the_buckets_it_overlaps_only() {
+        let mut kept = Kept::new(Duration::from_secs(60), 100);
+        kept.keep_entry(((2, 1000), 7, b"a".to_vec()));
+        kept.keep_entry(((2, 1000), 7, b"b".to_vec()));
+        kept.keep_entry(((2, 1100), 7, b"c".to_vec()));
+        kept.keep_entry(((3, 1000), 7, b"d".to_vec()));
+        assert!(
+            taken(&mut kept, 2, 900, 100).is_empty(),
+            "ends where a bucket starts"
+        );
+        assert!(
+            taken(&mut kept, 2, 1200, 8).is_empty(),
+            "after the last bucket"
+        );
+        assert_eq!(
+            taken(&mut kept, 2, 1099, 1),
+            vec![(7, b"a".to_vec()), (7, b"b".to_vec())]
+        );
+        assert!(taken(&mut kept, 2, 1000, 8).is_empty(), "forgotten once");
+        assert_eq!(taken(&mut kept, 2, 1050, 100), vec![(7, b"c".to_vec())]);
+        assert_eq!(taken(&mut kept, 3, 0, 2000), vec![(7, b"d".to_vec())]);
+    }
+
+    #[test]
+    fn entries_older_than_two_leases_are_let_go() {
+        let mut kept = Kept::new(Duration::from_millis(1), 100);
+        kept.keep_entry(((2, 1000), 7, b"a".to_vec()));
+        std::thread::sleep(Duration::from_millis(2));
+        kept.keep_entry(((2, 1000), 7, b"b".to_vec()));
+        std::thread::sleep(Duration::from_millis(2));
+        kept.keep_entry(((2, 1000), 7, b"c".to_vec()));
+        let names: Vec<_> = taken(&mut kept, 2, 1000, 1)
+            .into_iter()
+            .map(|e| e.1)
+            .collect();
+        assert_eq!(names, vec![b"c".to_vec(), b"b".to_vec()]);
+    }
+}

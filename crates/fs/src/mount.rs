@@ -7,7 +7,7 @@
 
 use crate::coherence::Stamp;
 use crate::inode::{Inode, Time, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
-use crate::layout::{BlockRef, Ino};
+use crate::layout::Ino;
 use crate::members::Changed;
 use crate::ops::{Caller, Found, NewFile, SetAttr};
 use crate::volume::{FileSystem, Handle};
@@ -525,26 +525,30 @@ impl State {
         ttl
     }
 
-    /// How long the kernel may keep entry `name` of `dir`, held in `bucket` and read since
+    /// How long the kernel may keep entry `name` of `dir`, held in the bucket at `bucket` and
+    /// read since
     /// `stamp` (noted, as `attr_ttl` notes attributes). Only while no other member caches:
     /// the kernel forgets an entry under its directory's lock, which a create there may
     /// hold while it waits for another member's acknowledgement, so two members that both
     /// kept entries could each wait for the other until one is revoked.
-    fn entry_ttl(&self, stamp: Stamp, dir: INodeNo, name: &[u8], bucket: BlockRef) -> Duration {
+    fn entry_ttl(
+        &self,
+        stamp: Stamp,
+        dir: INodeNo,
+        name: &[u8],
+        bucket: (NodeId, u64),
+    ) -> Duration {
         if let Some(ttl) = self.fixed_ttl {
             return ttl;
         }
         if !self.fs.caches_alone() {
             return Duration::ZERO;
         }
-        let vol = self.fs.volume();
-        let (node, addr) = (bucket.node(), vol.block_addr(bucket));
         let mut given = self.given.lock().expect("given poisoned");
-        let ttl = self
-            .fs
-            .ttl(stamp, (node, addr, vol.geometry.block_bytes as u64));
+        let (node, addr) = bucket;
+        let ttl = self.fs.ttl(stamp, (node, addr, given.bucket_bytes as u64));
         if !ttl.is_zero() {
-            given.keep_entry(((node, addr), dir.0, name.to_vec()));
+            given.keep_entry((bucket, dir.0, name.to_vec()));
         }
         ttl
     }

@@ -415,8 +415,9 @@ pub fn lookup(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> OpResult<(Ino, Inod
 pub struct Found {
     pub ino: Ino,
     pub inode: Inode,
-    /// The bucket that holds the entry: every change of the entry writes it.
-    pub bucket: BlockRef,
+    /// Where the bucket that holds the entry lies (node, address): every change of the
+    /// entry writes it.
+    pub bucket: (NodeId, u64),
 }
 
 /// `lookup`, and where the entry lies.
@@ -440,7 +441,7 @@ pub fn find(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> OpResult<Found> {
     Ok(Found {
         ino: e.ino,
         inode: child,
-        bucket: b,
+        bucket: (b.node(), tx.vol.block_addr(b)),
     })
 }
 

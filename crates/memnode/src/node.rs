@@ -630,19 +630,30 @@ async fn enter_volatile(cfg: &mut NodeConfig) -> Result<(), NodeError> {
     if cfg.role == Role::Mirror {
         return Ok(());
     }
+    let why = "a ram-repl copy does not survive its process";
+    start_as_mirror_if_the_node_exists(cfg, why).await?;
+    Ok(())
+}
+
+/// A primary holding no copy of the node (`why`): if the node exists already (it has a
+/// placement), the process starts as a mirror and joins. Returns whether it exists.
+async fn start_as_mirror_if_the_node_exists(
+    cfg: &mut NodeConfig,
+    why: &str,
+) -> Result<bool, NodeError> {
     let managers = Managers::parse(&cfg.manager, cfg.frame_bytes_max, cfg.dialer.clone())
         .map_err(NodeError::Config)?;
-    if let Some(p) = placement(&managers, cfg.id).await {
-        tracing::warn!(
-            node = cfg.id,
-            primary = %p.primary,
-            "the node exists already, and a ram-repl copy does not survive its process: \
-             this one starts as a mirror and joins"
-        );
-        cfg.role = Role::Mirror;
-        cfg.mirror = None;
-    }
-    Ok(())
+    let Some(p) = placement(&managers, cfg.id).await else {
+        return Ok(false);
+    };
+    tracing::warn!(
+        node = cfg.id,
+        primary = %p.primary,
+        "the node exists already, and {why}: this process starts as a mirror and joins"
+    );
+    cfg.role = Role::Mirror;
+    cfg.mirror = None;
+    Ok(true)
 }
 
 /// A `log-repl` primary whose data directory holds no copy of the node (new, or its disk
@@ -655,21 +666,11 @@ async fn enter_without_copy(cfg: &mut NodeConfig) -> Result<bool, NodeError> {
     if holds_copy(&data) {
         return Ok(false);
     }
-    let managers = Managers::parse(&cfg.manager, cfg.frame_bytes_max, cfg.dialer.clone())
-        .map_err(NodeError::Config)?;
-    let Some(p) = placement(&managers, cfg.id).await else {
-        return Ok(true);
-    };
-    tracing::warn!(
-        node = cfg.id,
-        primary = %p.primary,
-        data = %data.display(),
-        "the node exists already and this data directory holds no copy of it (new, or its \
-         disk was lost): this process starts as a mirror and joins"
+    let why = format!(
+        "its data directory {} holds no copy of it (new, or its disk was lost)",
+        data.display()
     );
-    cfg.role = Role::Mirror;
-    cfg.mirror = None;
-    Ok(false)
+    Ok(!start_as_mirror_if_the_node_exists(cfg, &why).await?)
 }
 
 /// Whether `dir` is on a file system held in memory (tmpfs, ramfs).

@@ -550,23 +550,28 @@ fn a_memory_node_added_to_a_full_volume_extends_it_under_running_mounts() {
     assert_eq!(report["clean"], true, "{report}");
 }
 
+/// A member of volume `fs` in this process that takes invalidations, as a mount is.
+async fn member(cluster: &tutti_client::Cluster) -> std::sync::Arc<tutti_fs::FileSystem> {
+    let fs = tutti_fs::FileSystem::open(cluster, "fs", Duration::from_secs(10));
+    let fs = std::sync::Arc::new(fs.await.unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    fs.join(Some(listener.local_addr().unwrap())).await.unwrap();
+    fs.serve_invalidations(listener);
+    fs
+}
+
 /// Two members of one volume in this process (as two mounts hold them), each taking the
 /// other's invalidations: `rounds` times, a file made and stated through `a` (which then
 /// trusts it), its mode changed through `b`, and stated through `a` again. Returns how
 /// many of those last stats answered the old mode.
 async fn stale_modes(manager: &str, rounds: u32) -> u32 {
-    use std::sync::Arc;
     use tutti_fs::ops::{Caller, NewFile, SetAttr};
-    use tutti_fs::{FileSystem, Handle};
+    use tutti_fs::Handle;
     let opts = tutti_client::ClientOptions::default();
     let cluster = tutti_client::Cluster::connect(manager, opts).await.unwrap();
     let mut members = vec![];
     for _ in 0..2 {
-        let fs = FileSystem::open(&cluster, "fs", Duration::from_secs(10));
-        let fs = Arc::new(fs.await.unwrap());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        fs.join(Some(listener.local_addr().unwrap())).await.unwrap();
-        fs.serve_invalidations(listener);
+        let fs = member(&cluster).await;
         fs.spawn_renewals();
         members.push(fs);
     }
@@ -632,8 +637,7 @@ fn a_change_through_one_member_shows_at_once_through_another() {
 /// through the mount at once, and the new name is there.
 #[test]
 fn an_entry_a_lone_mount_keeps_is_forgotten_when_another_member_changes_it() {
-    use std::sync::Arc;
-    use tutti_fs::{FileSystem, Handle};
+    use tutti_fs::Handle;
     let rt = common::runtime();
     let _guard = rt.enter();
     let c = common::start("fs-entries", 2, "log", &[], &[]);
@@ -656,11 +660,7 @@ fn an_entry_a_lone_mount_keeps_is_forgotten_when_another_member_changes_it() {
             tokio::time::sleep(Duration::from_millis(700)).await;
             fs::metadata(a.at.join(&x)).unwrap();
 
-            let b = FileSystem::open(&cluster, "fs", Duration::from_secs(10));
-            let b = Arc::new(b.await.unwrap());
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            b.join(Some(listener.local_addr().unwrap())).await.unwrap();
-            b.serve_invalidations(listener);
+            let b = member(&cluster).await;
             let root = Handle::any(b.root());
             (b.rename(root, x.as_bytes(), root, y.as_bytes(), 0, &unused)
                 .await)

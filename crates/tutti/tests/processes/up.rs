@@ -512,19 +512,26 @@ fn lose_disk(data: &std::path::Path, name: &str, pid: u64) {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }
 
+/// `tutti up --mode log-repl` in `data`, `hello` written at node 1's address 0 and then
+/// checkpointed out of both copies' logs (checkpoints run every 2 s): the cluster, its
+/// manager, and the pids of node 1's primary and mirror.
+fn log_repl_with_a_checkpointed_write(data: &std::path::Path) -> (Up, String, u64, u64) {
+    let (child, manager) = up_with(data, &["--mode", "log-repl"]);
+    let out = txn(&manager, &["write:1:0:68656c6c6f"]);
+    assert_eq!(out["committed"], true);
+    let primary = until_role(data, "node-1", "primary");
+    let mirror = until_role(data, "node-1-mirror", "mirror");
+    std::thread::sleep(Duration::from_secs(6));
+    (child, manager, primary, mirror)
+}
+
 /// `tutti up --mode log-repl`: a primary whose disk is lost comes back empty while the
 /// placement still names it: it must not serve. The mirror takes over with everything
 /// written, and the emptied process joins it as the new mirror.
 #[test]
 fn a_log_repl_primary_that_lost_its_disk_gives_way_to_its_mirror() {
     let data = common::scratch("up-repl-primary-disk");
-    let (mut child, manager) = up_with(&data, &["--mode", "log-repl"]);
-    let out = txn(&manager, &["write:1:0:68656c6c6f"]);
-    assert_eq!(out["committed"], true);
-    let primary = until_role(&data, "node-1", "primary");
-    let mirror = until_role(&data, "node-1-mirror", "mirror");
-    // Checkpoints (every 2 s) truncate the write out of both logs.
-    std::thread::sleep(Duration::from_secs(6));
+    let (mut child, manager, primary, mirror) = log_repl_with_a_checkpointed_write(&data);
     lose_disk(&data, "node-1", primary);
     assert_eq!(until_role(&data, "node-1-mirror", "primary"), mirror);
     let out = txn(&manager, &["read:1:0:5", "write:1:8:01"]);
@@ -542,13 +549,7 @@ fn a_log_repl_primary_that_lost_its_disk_gives_way_to_its_mirror() {
 #[test]
 fn a_log_repl_mirror_that_lost_its_disk_joins_again_before_it_counts() {
     let data = common::scratch("up-repl-disk");
-    let (mut child, manager) = up_with(&data, &["--mode", "log-repl"]);
-    let out = txn(&manager, &["write:1:0:68656c6c6f"]);
-    assert_eq!(out["committed"], true);
-    let primary = until_role(&data, "node-1", "primary");
-    let mirror = until_role(&data, "node-1-mirror", "mirror");
-    // Checkpoints (every 2 s) truncate the write out of both logs.
-    std::thread::sleep(Duration::from_secs(6));
+    let (mut child, manager, primary, mirror) = log_repl_with_a_checkpointed_write(&data);
     // Node 1's placement (`tutti node list` prints a line per node).
     let placement = || {
         let out = Command::new(common::exe())

@@ -89,6 +89,35 @@ fn try_txn(cluster: &str, items: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `tutti txn` right after node 1 failed over, which must succeed: the JSON it printed. The
+/// promoted copy waits out the old primary's lease and the emptied one joins it meanwhile,
+/// which on a loaded machine may take longer than `try_txn`'s deadline. On failure it shows
+/// the tails of node 1's and the manager's logs, so that a run on CI says what happened.
+fn txn_after_fail_over(data: &std::path::Path, cluster: &str, items: &[&str]) -> serde_json::Value {
+    let out = Command::new(common::exe())
+        .args(["txn", "--deadline-ms", "15000", "--cluster", cluster])
+        .args(items)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let tail = |name: &str| {
+            let log = std::fs::read_to_string(data.join("logs").join(name)).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            format!(
+                "== {name}\n{}",
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            )
+        };
+        let logs = ["node-1.log", "node-1-mirror.log", "manager.log"].map(tail);
+        panic!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            logs.join("\n")
+        );
+    }
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// The error a failed command printed; asserts that it failed.
 fn failure(out: &std::process::Output) -> String {
     assert!(!out.status.success(), "succeeded: {out:?}");
@@ -490,7 +519,7 @@ fn a_replaced_primary_comes_back_as_the_new_mirror() {
     unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     let back = until_role(&data, "node-1", "mirror");
     assert_ne!(back, pid, "a new process");
-    let out = txn(&manager, &["read:1:0:5", "write:1:8:01"]);
+    let out = txn_after_fail_over(&data, &manager, &["read:1:0:5", "write:1:8:01"]);
     assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
     assert_eq!(stop_and_count_children(&mut child, &data), 0);
 }
@@ -534,7 +563,7 @@ fn a_log_repl_primary_that_lost_its_disk_gives_way_to_its_mirror() {
     let (mut child, manager, primary, mirror) = log_repl_with_a_checkpointed_write(&data);
     lose_disk(&data, "node-1", primary);
     assert_eq!(until_role(&data, "node-1-mirror", "primary"), mirror);
-    let out = txn(&manager, &["read:1:0:5", "write:1:8:01"]);
+    let out = txn_after_fail_over(&data, &manager, &["read:1:0:5", "write:1:8:01"]);
     assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
     let back = until_role(&data, "node-1", "mirror");
     assert_ne!(back, primary, "a new process");
@@ -599,7 +628,7 @@ fn a_log_repl_mirror_that_lost_its_disk_joins_again_before_it_counts() {
     // SAFETY: as above.
     unsafe { libc::kill(primary as i32, libc::SIGSTOP) };
     assert_eq!(until_role(&data, "node-1-mirror", "primary"), back);
-    let out = txn(&manager, &["read:1:0:5"]);
+    let out = txn_after_fail_over(&data, &manager, &["read:1:0:5"]);
     // SAFETY: as above.
     unsafe { libc::kill(primary as i32, libc::SIGCONT) };
     assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
@@ -627,7 +656,7 @@ fn a_ram_repl_node_survives_the_loss_of_each_copy_in_turn() {
         // SAFETY: kill(2) on a process of this test's cluster.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         until_role(&data, other, "primary");
-        let out = txn(&manager, &["read:1:0:5", "write:1:8:01"]);
+        let out = txn_after_fail_over(&data, &manager, &["read:1:0:5", "write:1:8:01"]);
         assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
         let back = until_role(&data, serving, "mirror");
         assert_ne!(back, pid, "a new process");

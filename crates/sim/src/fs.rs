@@ -46,6 +46,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         epoch_interval_us: base.epoch_interval_us,
         replicated: false,
         in_ram: false,
+        lose_disks: false,
     };
     let dir = crate::spawn_cluster(&mut world, images, &servers, &fs, cfg.clients, &client_cfg);
     let nodes: Vec<_> = (1..=cfg.nodes).map(|n| dir.node(n)).collect();
@@ -99,6 +100,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         formers_named_again: 0,
         answered_on_trust: fs.counts.trusted,
         nodes_lost: 0,
+        disks_lost: 0,
         violations,
     }
 }

@@ -69,6 +69,9 @@ pub struct SimConfig {
     /// With `replicated`, `ram-repl`: both copies in RAM, so every crash loses the
     /// process's copy; the fault schedule never crashes the only copy holding a node.
     pub in_ram: bool,
+    /// With `replicated` and not `in_ram`: a share of the crashes of a node process also
+    /// take its disk, where the node keeps a copy the managers reach without it.
+    pub lose_disks: bool,
 }
 
 impl Default for SimConfig {
@@ -96,6 +99,7 @@ impl Default for SimConfig {
             managers: 3,
             replicated: false,
             in_ram: false,
+            lose_disks: true,
         }
     }
 }
@@ -139,8 +143,11 @@ pub struct Report {
     pub fail_overs: u64,
     /// `log-repl`: mirrors that joined a primary running without one (re-replication).
     pub mirror_joins: u64,
-    /// `ram-repl`: nodes both of whose copies were lost by the end.
+    /// `ram-repl`, and `log-repl` with its lost disks: nodes both of whose copies were
+    /// lost by the end.
     pub nodes_lost: u64,
+    /// `log-repl`: crashes that also took the process's disk.
+    pub disks_lost: u64,
     /// `ram-repl`: replaced primaries named primary again, holding the copy they kept (the
     /// copy that replaced them died before it registered).
     pub formers_named_again: u64,
@@ -170,6 +177,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         epoch_interval_us: cfg.epoch_interval_us,
         replicated: cfg.replicated,
         in_ram: cfg.in_ram,
+        lose_disks: cfg.lose_disks,
     };
     let dir = spawn_cluster(
         &mut world,
@@ -225,15 +233,16 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         mirror_joins: world.counter("mirror_joins"),
         formers_named_again: world.counter("formers_named_again"),
         answered_on_trust: 0,
-        nodes_lost: match cfg.replicated && cfg.in_ram {
+        nodes_lost: match cfg.replicated {
             true => nodes_lost(&world, &dir),
             false => 0,
         },
+        disks_lost: world.counter("disks_lost"),
         violations,
     }
 }
 
-/// `ram-repl`: nodes neither of whose processes holds a copy at the end (both lost).
+/// Nodes neither of whose processes holds a copy at the end (both lost).
 fn nodes_lost(world: &World, dir: &Directory) -> u64 {
     let holds = |a: Addr| world.is_up(a) && world.process::<SimNode>(a).holds_copy();
     (1..=dir.nodes_len() as NodeId)
@@ -295,6 +304,8 @@ pub(crate) struct Servers {
     pub(crate) replicated: bool,
     /// `ram-repl` (with `replicated`).
     pub(crate) in_ram: bool,
+    /// `log-repl` (`replicated`, not `in_ram`): crashes may take a node process's disk.
+    pub(crate) lose_disks: bool,
 }
 
 /// Spawns memory nodes holding `images` (node i + 1 the i-th), the `servers`, and
@@ -312,6 +323,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
         epoch_interval_us,
         replicated,
         in_ram,
+        lose_disks,
     } = *servers;
     let nodes = images.len() as u32;
     let dir = Rc::new(Directory::new(
@@ -371,11 +383,29 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
     if replicated && in_ram {
         world.guard_faults(copies_guard(dir.clone()));
     }
+    if replicated && !in_ram && lose_disks {
+        world.lose_disks(DISK_LOSS_PROBABILITY, disks_guard(dir.clone()));
+    }
     for c in 0..clients {
         let client = SimClient::new(c as u64, client_cfg.clone(), workload.clone(), dir.clone());
         world.spawn(Box::new(client), false);
     }
     dir
+}
+
+/// `log-repl`: the share of a node process's crashes that also take its disk.
+const DISK_LOSS_PROBABILITY: f64 = 0.2;
+
+/// `log-repl` survives a lost disk as `ram-repl` survives a crash (`copies_guard`): only a
+/// node process may lose its disk (the managers' and the sequencer's are beyond the mode),
+/// and only while the node keeps a copy the managers can reach without it.
+fn disks_guard(dir: Rc<Directory>) -> crate::world::FaultGuard {
+    let copies = copies_guard(dir.clone());
+    Rc::new(move |world: &World, victim: Addr| {
+        let node_process = (1..=dir.nodes_len() as NodeId)
+            .any(|id| first_primary(id) == victim || first_mirror(&dir, id) == victim);
+        node_process && copies(world, victim)
+    })
 }
 
 /// `ram-repl` survives the loss of one copy while the managers see the other: a node

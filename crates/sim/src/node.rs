@@ -850,8 +850,9 @@ impl SimNode {
     }
 
     /// `ram-repl`: the process died and its copy with it (the real one empties its tmpfs
-    /// directory at start): it comes back outside the placement, holding nothing, whatever
-    /// it was, and joins once the manager has named another copy.
+    /// directory at start); `log-repl`: its disk was lost (the real one finds its data
+    /// directory marked `empty`). It comes back outside the placement, holding nothing,
+    /// whatever it was, and joins once the manager has named another copy.
     fn lose_copy(&mut self, _ctx: &mut Ctx<'_>) {
         self.retire();
         self.synced.clear();
@@ -1634,6 +1635,14 @@ impl Process for SimNode {
         self.recovering = None;
         self.pending.clear();
         self.checkpoint = None;
+    }
+
+    fn on_disk_lost(&mut self, ctx: &mut Ctx<'_>) {
+        assert!(
+            self.repl.is_some(),
+            "only a replicated node's disk is taken"
+        );
+        self.lose_copy(ctx);
     }
 
     fn on_restart(&mut self, ctx: &mut Ctx<'_>) {

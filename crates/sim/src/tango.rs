@@ -130,6 +130,7 @@ pub fn run(seed: u64, cfg: &TangoSimConfig) -> Report {
         formers_named_again: 0,
         answered_on_trust: 0,
         nodes_lost: 0,
+        disks_lost: 0,
         violations,
     }
 }

@@ -39,6 +39,12 @@ pub trait Process: Any {
     /// Killed: with `power_loss`, what was written but not synced is gone too. Timers set
     /// before the crash never fire and messages to a crashed process are lost.
     fn on_crash(&mut self, ctx: &mut Ctx<'_>, power_loss: bool);
+    /// Its disk replaced while it was down (right after `on_crash`): everything it ever
+    /// wrote is gone. Only processes the guard of [`World::lose_disks`] lets lose their
+    /// disk are told; the others keep theirs.
+    fn on_disk_lost(&mut self, _ctx: &mut Ctx<'_>) {
+        panic!("this process has no disk the fault schedule may take");
+    }
     /// Starts: once when the world starts it, and again after every crash.
     fn on_restart(&mut self, ctx: &mut Ctx<'_>);
     /// Done with its work and holding nothing up: the run ends when every process is.
@@ -245,6 +251,8 @@ pub struct World {
     core: Core,
     slots: Vec<Slot>,
     fault_guard: Option<FaultGuard>,
+    /// The share of crashes that also take the process's disk, where the guard allows it.
+    disk_loss: Option<(f64, FaultGuard)>,
     events: u64,
     /// `TUTTI_SIM_TRACE=1` prints every event (for debugging one seed).
     print_trace: bool,
@@ -275,6 +283,7 @@ impl World {
             },
             slots: Vec::new(),
             fault_guard: None,
+            disk_loss: None,
             events: 0,
             print_trace: std::env::var_os("TUTTI_SIM_TRACE").is_some(),
             after_event: None,
@@ -291,6 +300,12 @@ impl World {
     /// allows it.
     pub fn guard_faults(&mut self, guard: FaultGuard) {
         self.fault_guard = Some(guard);
+    }
+
+    /// From now on a crash of the schedule also takes the process's disk (a replaced disk:
+    /// `Process::on_disk_lost`) with `probability`, where `guard` allows it at the crash.
+    pub fn lose_disks(&mut self, probability: f64, guard: FaultGuard) {
+        self.disk_loss = Some((probability, guard));
     }
 
     /// Whether the process at `addr` is up (not crashed).
@@ -482,8 +497,17 @@ impl World {
                     let power_loss = self.core.rng.gen_bool(0.5);
                     self.core.mix(u64::from(victim.0));
                     if self.slots[victim.0 as usize].up && !self.spared(victim) {
+                        // Drawn only where disks may be lost, so that other runs keep their
+                        // schedules. The guard looks at the world before the crash.
+                        let disk_lost = self.disk_loss.clone().is_some_and(|(p, guard)| {
+                            self.core.rng.gen_bool(p) && guard(self, victim)
+                        });
                         self.crash(victim, power_loss);
                         *self.core.counters.entry("crashes").or_default() += 1;
+                        if disk_lost {
+                            self.with(victim, |p, ctx| p.on_disk_lost(ctx));
+                            *self.core.counters.entry("disks_lost").or_default() += 1;
+                        }
                     }
                     let down = self.core.rng.gen_range(5_000..200_000);
                     self.core.at(down, Event::Restart(victim));

@@ -12,6 +12,10 @@ fn seeds() -> u64 {
         .unwrap_or(500)
 }
 
+/// `log-repl`, where a fifth of the crashes of a node process also take its disk (never
+/// while the node's other copy is unreachable): the process comes back empty and joins
+/// again. As in `ram-repl` below, a seed may lose a node, which breaks liveness only; those
+/// seeds are counted, not failed (8 of 20,000 when this was written, none of the first 500).
 #[test]
 fn replicated_seeds_pass_every_checker() {
     let seeds = seeds();
@@ -20,21 +24,26 @@ fn replicated_seeds_pass_every_checker() {
         ..SimConfig::default()
     };
     let mut failures = Vec::new();
-    let (mut committed, mut fail_overs, mut crashes) = (0, 0, 0);
+    let (mut committed, mut fail_overs, mut crashes, mut disks, mut lost) = (0, 0, 0, 0, 0);
     for seed in 0..seeds {
         let report = run(seed, &cfg);
         committed += report.committed;
         fail_overs += report.fail_overs;
         crashes += report.node_crashes;
-        if !report.violations.is_empty() {
-            failures.push(format!("seed {seed}: {:?}", report.violations));
+        disks += report.disks_lost;
+        lost += u64::from(report.nodes_lost > 0);
+        let unexplained = (report.violations.iter())
+            .filter(|v| report.nodes_lost == 0 || v.kind != "liveness")
+            .collect::<Vec<_>>();
+        if !unexplained.is_empty() {
+            failures.push(format!("seed {seed}: {unexplained:?}"));
         }
     }
-    eprintln!("{seeds} replicated seeds: {committed} committed, {crashes} crashes, {fail_overs} nodes served by their mirror at the end");
+    eprintln!("{seeds} replicated seeds: {committed} committed, {crashes} crashes, {disks} of them took the disk, {fail_overs} nodes served by their mirror at the end, {lost} seeds lost a node");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(
-        fail_overs > seeds / 4,
-        "fail-overs happen: {fail_overs} in {seeds} seeds"
+        fail_overs > seeds / 4 && disks > seeds / 2,
+        "fail-overs and lost disks happen: {fail_overs} and {disks} in {seeds} seeds"
     );
 }
 

@@ -85,7 +85,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     );
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::default();
-    let totals: [AtomicU64; 9] = Default::default();
+    let totals: [AtomicU64; 10] = Default::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -106,6 +106,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
                     u64::from(report.nodes_lost > 0),
                     report.formers_named_again,
                     report.answered_on_trust,
+                    report.disks_lost,
                 ]) {
                     total.fetch_add(n, Ordering::Relaxed);
                 }
@@ -139,7 +140,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             first.trace_hash
         );
     }
-    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers, trusted] =
+    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers, trusted, disks_lost] =
         totals.map(|t| t.into_inner());
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
@@ -162,6 +163,12 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
         outln!(
             "{fail_overs} nodes served by another copy than their first primary at the end; \
              {mirror_joins} mirrors joined a primary running without one"
+        );
+    }
+    if a.workload == SimWorkload::BankRepl {
+        outln!(
+            "{disks_lost} crashes also took the process's disk (it joins again, empty); \
+             {lost} seeds lost a node (both copies)"
         );
     }
     if a.workload == SimWorkload::BankRamRepl {

@@ -407,7 +407,7 @@ pub(crate) fn empty_copy(data: &Path) -> Result<(), NodeError> {
         data.join(JOIN_MARKER),
         data.join(FORMER_MARKER),
         data.join(IMAGE_FILE),
-        data.join("log"),
+        data.join(crate::node::LOG_DIR),
     ] {
         let removed = if stale.is_dir() {
             std::fs::remove_dir_all(&stale)
@@ -531,7 +531,12 @@ async fn seed(
             "the seed's records do not decode to lsns {first_lsn} .. {next_lsn}"
         )));
     }
-    let mut log = RedoLog::create_at(&data.join("log"), first_lsn, cfg.log_segment_bytes)?.log;
+    let mut log = RedoLog::create_at(
+        &data.join(crate::node::LOG_DIR),
+        first_lsn,
+        cfg.log_segment_bytes,
+    )?
+    .log;
     if count > 0 {
         log.append(first_lsn, count, &records)?;
         log.sync()?;
@@ -582,7 +587,7 @@ async fn serve(
             let space = Space::image(&data.join(IMAGE_FILE), cfg.size_bytes)
                 .map_err(io("open the image"))?;
             let flusher = space.flusher();
-            let recovered = RedoLog::open(&data.join("log"), cfg.log_segment_bytes)?;
+            let recovered = RedoLog::open(&data.join(crate::node::LOG_DIR), cfg.log_segment_bytes)?;
             let next = recovered.log.next_lsn();
             tracing::info!(
                 records = recovered.records.len(),

@@ -467,13 +467,14 @@ pub async fn run(
             if cfg.volatile && !promoted {
                 crate::mirror_node::empty_copy(&data)?;
             }
-            if creating {
-                mark_whole(&data)?;
-            }
             let space = Space::image(&data.join(IMAGE_FILE), cfg.size_bytes)
                 .map_err(io("open the image"))?;
             let flusher = space.flusher();
-            let recovered = RedoLog::open(&data.join("log"), cfg.log_segment_bytes)?;
+            let recovered = RedoLog::open(&data.join(LOG_DIR), cfg.log_segment_bytes)?;
+            // Once its image and log are there (`lost`).
+            if creating {
+                mark_whole(&data)?;
+            }
             let rebooted = !recovered.records.is_empty();
             let (mut log, mut records) = (recovered.log, recovered.records);
             if replicated {
@@ -725,7 +726,36 @@ const EMPTY_MARKER: &str = "empty";
 
 /// Whether a `log-repl` data directory holds a whole copy of its node.
 pub(crate) fn holds_copy(data: &std::path::Path) -> bool {
-    data.join("node.json").exists() && !data.join(EMPTY_MARKER).exists()
+    data.join("node.json").exists() && !data.join(EMPTY_MARKER).exists() && lost(data).is_none()
+}
+
+/// What a data directory that has its `node.json` lacks of its image and redo log, if
+/// anything: both are made before `node.json` (and before the empty mark goes), so a
+/// directory without them lost them since (files deleted, a damaged file system).
+fn lost(data: &std::path::Path) -> Option<String> {
+    let image = data.join(IMAGE_FILE);
+    match std::fs::metadata(&image) {
+        Ok(m) if m.len() > 0 => {}
+        Ok(_) => return Some(format!("{} is empty", image.display())),
+        Err(e) => return Some(format!("{}: {e}", image.display())),
+    }
+    let log = data.join(LOG_DIR);
+    (!log.is_dir()).then(|| format!("{} is missing", log.display()))
+}
+
+/// Makes the image (`size_bytes`, sparse) and the redo log's directory of a new data
+/// directory, durably, before its `node.json` is written.
+fn make_image_and_log(data: &std::path::Path, size_bytes: u64) -> Result<(), NodeError> {
+    let image = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(data.join(IMAGE_FILE))
+        .map_err(io("create the image"))?;
+    image.set_len(size_bytes).map_err(io("size the image"))?;
+    image.sync_all().map_err(io("sync the image"))?;
+    std::fs::create_dir_all(data.join(LOG_DIR)).map_err(io("create the log directory"))?;
+    Ok(crate::redo_log::sync_dir(data)?)
 }
 
 /// Marks `data` as not holding a whole copy (`EMPTY_MARKER`), durably.
@@ -779,11 +809,35 @@ pub(crate) fn open_data_dir(
                     meta_path.display()
                 )));
             }
+            // A `ram-repl` copy is emptied at every start, and a marked one holds nothing.
+            let lost = (!cfg.volatile && !data.join(EMPTY_MARKER).exists())
+                .then(|| lost(data))
+                .flatten();
+            match lost {
+                None => {}
+                // It joins again, as after a lost disk (docs/replication.md).
+                Some(what) if replicated(cfg) => {
+                    tracing::warn!(
+                        "{what}: this data directory no longer holds the node; it joins again"
+                    );
+                    mark_empty(data)?;
+                }
+                Some(what) => {
+                    return Err(NodeError::Config(format!(
+                        "{what}: the data directory {} lost part of node {}'s data; restore \
+                         the node from a backup (tutti backup restore, docs/backup.md)",
+                        data.display(),
+                        cfg.id
+                    )))
+                }
+            }
         }
         Err(_) => {
-            let replicated = cfg.mirror.is_some() || cfg.role == Role::Mirror;
-            if replicated && !cfg.volatile {
+            if replicated(cfg) && !cfg.volatile {
                 mark_empty(data)?;
+            }
+            if !cfg.volatile {
+                make_image_and_log(data, cfg.size_bytes)?;
             }
             write_data_dir_meta(data, &meta)?
         }
@@ -791,8 +845,16 @@ pub(crate) fn open_data_dir(
     Ok(lock)
 }
 
+/// Whether this process holds a copy of a replicated node (its primary, or a mirror).
+fn replicated(cfg: &NodeConfig) -> bool {
+    cfg.mirror.is_some() || cfg.role == Role::Mirror
+}
+
 /// The image file in a `log` node's data directory (docs/storage.md).
 pub const IMAGE_FILE: &str = "image";
+
+/// The redo log's directory in a data directory (docs/storage.md).
+pub(crate) const LOG_DIR: &str = "log";
 
 /// What `node.json` records of the node whose data directory it is.
 fn data_dir_meta(id: NodeId, size_bytes: u64) -> serde_json::Value {
@@ -820,6 +882,8 @@ pub fn create_data_dir(
 ) -> Result<(), NodeError> {
     std::fs::create_dir(data).map_err(io(format!("create {}", data.display())))?;
     std::fs::rename(image, data.join(IMAGE_FILE)).map_err(io("move the image in"))?;
+    std::fs::create_dir(data.join(LOG_DIR)).map_err(io("create the log directory"))?;
+    crate::redo_log::sync_dir(data)?;
     write_data_dir_meta(data, &data_dir_meta(id, size_bytes))
 }
 

@@ -356,10 +356,11 @@ async fn offer(node: &Arc<Node>, addr: &str) -> Result<Response, String> {
         .map_err(|()| "the redo log writer stopped".to_string())?;
     let data = (node.cfg.data.clone()).ok_or("a replicated primary has a data directory")?;
     let below = terms.next_lsn;
-    let records = tokio::task::spawn_blocking(move || read_synced(&data.join("log"), below))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("reading the redo log for the seed: {e}"))?;
+    let records =
+        tokio::task::spawn_blocking(move || read_synced(&data.join(crate::node::LOG_DIR), below))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("reading the redo log for the seed: {e}"))?;
     let first_lsn = records.first().map_or(below, |(lsn, _)| *lsn);
     let records = encode_records(&records);
     let records_bytes = records.len() as u64;

@@ -570,6 +570,61 @@ fn a_log_repl_primary_that_lost_its_disk_gives_way_to_its_mirror() {
     assert_eq!(stop_and_count_children(&mut child, &data), 0);
 }
 
+/// `tutti up`: a `log` node whose image file is lost (its `node.json` and log kept) does
+/// not start: before, it served zeros where its writes had been checkpointed.
+#[test]
+fn a_log_node_that_lost_its_image_refuses_to_start() {
+    let data = common::scratch("up-lost-image");
+    let (mut child, manager) = up(&data);
+    assert_eq!(txn(&manager, &["write:1:0:68656c6c6f"])["committed"], true);
+    assert_eq!(stop_and_count_children(&mut child, &data), 0);
+    std::fs::remove_file(data.join("node-1").join("image")).unwrap();
+    let mut again = Command::new(common::exe())
+        .args(["up", "--nodes", "2", "--size", "16M", "--data"])
+        .arg(&*data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while again.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = again.kill();
+            panic!("tutti up serves a node that lost its image");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = again.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("lost part of node 1's data"), "{stderr}");
+    assert!(
+        !data.join("node-1").join("image").exists(),
+        "an image made anew"
+    );
+    assert_eq!(children_alive(&data), 0);
+}
+
+/// `tutti up --mode log-repl`: a primary whose image file alone is lost (its `node.json`
+/// and log kept) no longer holds the node either. The cluster stopped, the image deleted
+/// and the cluster started again, the mirror serves the write (before, the primary served
+/// zeros where the write had been checkpointed), and the damaged process joins it. An
+/// unreplicated node refuses to start instead (`a_log_node_that_lost_its_image...`).
+#[test]
+fn a_log_repl_primary_that_lost_its_image_gives_way_to_its_mirror() {
+    let data = common::scratch("up-repl-primary-image");
+    let (mut child, _, _, _) = log_repl_with_a_checkpointed_write(&data);
+    assert_eq!(stop_and_count_children(&mut child, &data), 0);
+    std::fs::remove_file(data.join("node-1").join("image")).unwrap();
+    let (mut child, manager) = up_with(&data, &["--mode", "log-repl"]);
+    until_role(&data, "node-1-mirror", "primary");
+    let out = txn_after_fail_over(&data, &manager, &["read:1:0:5", "write:1:8:01"]);
+    assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
+    until_role(&data, "node-1", "mirror");
+    assert!(data.join("node-1").join("image").exists(), "joined again");
+    assert_eq!(stop_and_count_children(&mut child, &data), 0);
+}
+
 /// `tutti up --mode log-repl`: a mirror whose disk is lost (its data directory emptied while
 /// it is stopped, then killed) comes back empty. It must not count as a copy of the node
 /// until it joined again, seeded by the primary: the primary cut off at once, it is not

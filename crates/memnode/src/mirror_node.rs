@@ -429,7 +429,9 @@ const SEED_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Empties `data` (what it holds is of no use to a mirror the placement does not name) and
 /// fills it from `primary`'s seed: the image, written and flushed, then a log holding the
-/// seed's records, synced. The primary ships the records from the seed's end on.
+/// seed's records, synced. The primary ships the records from the seed's end on. What
+/// `data` holds goes only once the primary offers the join: a replaced primary whose
+/// successor never serves keeps the node's data meanwhile.
 async fn seed(
     cfg: &NodeConfig,
     data: &Path,
@@ -437,7 +439,6 @@ async fn seed(
     addr: &str,
 ) -> Result<Seeded, SeedError> {
     let primary = placement.primary.as_str();
-    empty_copy(data)?;
     let conn = tokio::time::timeout(
         SEED_CALL_TIMEOUT,
         Connection::connect(primary, cfg.frame_bytes_max, &cfg.dialer),
@@ -476,6 +477,7 @@ async fn seed(
         ))
         .into());
     }
+    empty_copy(data)?;
     tracing::info!(join, session, first_lsn, next_lsn, records_bytes, image_bytes, %primary, "joining: reading the seed");
     let started = Instant::now();
     let mut space =

@@ -43,14 +43,21 @@ impl Drop for Up {
     }
 }
 
-/// `up`, with more flags.
+/// `up`, with more flags. What it says on stderr goes to `DIR/up.stderr`, for the
+/// messages of a test that fails.
 fn up_with(data: &std::path::Path, flags: &[&str]) -> (Up, String) {
+    std::fs::create_dir_all(data).unwrap();
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data.join("up.stderr"))
+        .unwrap();
     let mut child = Command::new(common::exe())
         .args(["up", "--nodes", "2", "--size", "16M", "--data"])
         .arg(data)
         .args(flags)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -92,7 +99,8 @@ fn try_txn(cluster: &str, items: &[&str]) -> std::process::Output {
 /// `tutti txn` right after node 1 failed over, which must succeed: the JSON it printed. The
 /// promoted copy waits out the old primary's lease and the emptied one joins it meanwhile,
 /// which on a loaded machine may take longer than `try_txn`'s deadline. On failure it shows
-/// the tails of node 1's and the manager's logs, so that a run on CI says what happened.
+/// the tails of node 1's and the manager's logs and what `tutti up` said, so that a run on
+/// CI says what happened.
 fn txn_after_fail_over(data: &std::path::Path, cluster: &str, items: &[&str]) -> serde_json::Value {
     let out = Command::new(common::exe())
         .args(["txn", "--deadline-ms", "15000", "--cluster", cluster])
@@ -101,14 +109,20 @@ fn txn_after_fail_over(data: &std::path::Path, cluster: &str, items: &[&str]) ->
         .unwrap();
     if !out.status.success() {
         let tail = |name: &str| {
-            let log = std::fs::read_to_string(data.join("logs").join(name)).unwrap_or_default();
+            let log = std::fs::read_to_string(data.join(name)).unwrap_or_default();
             let lines: Vec<&str> = log.lines().collect();
             format!(
                 "== {name}\n{}",
                 lines[lines.len().saturating_sub(40)..].join("\n")
             )
         };
-        let logs = ["node-1.log", "node-1-mirror.log", "manager.log"].map(tail);
+        let logs = [
+            "logs/node-1.log",
+            "logs/node-1-mirror.log",
+            "logs/manager.log",
+            "up.stderr",
+        ]
+        .map(tail);
         panic!(
             "{}\n{}",
             String::from_utf8_lossy(&out.stderr),

@@ -119,7 +119,8 @@ impl Round {
 
     /// The replies so far; a call not answered counts as lost (it may have been delivered).
     fn into_replies(self) -> Vec<NodeReply> {
-        let missing = || NodeReply::Lost("no reply within the reply timeout".into());
+        let missing =
+            || NodeReply::Lost("no reply before the reply timeout or the deadline".into());
         self.replies
             .into_iter()
             .map(|r| r.unwrap_or_else(missing))
@@ -318,8 +319,9 @@ impl<'a> Coordinator<'a> {
                 else {
                     unreachable!("resolving")
                 };
-                let node = lost_node(self.plan.nodes(), &replies);
-                self.finish(&mut acts, now_us, replies, Tally::Unknown { node });
+                let (node, lost) = lost_node(self.plan.nodes(), &replies);
+                let why = format!("{lost}; REQUEST-ABORT got no answer before the deadline");
+                self.finish(&mut acts, now_us, replies, Tally::Unknown { node, why });
             }
             Phase::Resolve { .. } => self.ask_again(&mut acts, now_us),
             Phase::Release { .. } => self.release_done(&mut acts, now_us),
@@ -540,8 +542,8 @@ impl<'a> Coordinator<'a> {
                 self.decide(acts, false, Vec::new());
                 self.done(acts, Err(ExecError::Rejected { node, message }));
             }
-            Tally::Unknown { node } => {
-                self.done(acts, Err(ExecError::OutcomeUnknown { tid, node }))
+            Tally::Unknown { node, why } => {
+                self.done(acts, Err(ExecError::OutcomeUnknown { tid, node, why }))
             }
         }
     }
@@ -598,11 +600,14 @@ fn add_call(next: &mut CallId, acts: &mut Actions, node: NodeId, request: Reques
     id
 }
 
-/// The first participant whose vote was lost.
-fn lost_node(nodes: &[NodeId], replies: &[NodeReply]) -> NodeId {
+/// The first participant whose vote was lost, and why.
+fn lost_node(nodes: &[NodeId], replies: &[NodeReply]) -> (NodeId, String) {
     (nodes.iter().zip(replies))
-        .find(|(_, r)| matches!(r, NodeReply::Lost(_)))
-        .map_or(nodes[0], |(&node, _)| node)
+        .find_map(|(&node, r)| match r {
+            NodeReply::Lost(why) => Some((node, why.clone())),
+            _ => None,
+        })
+        .unwrap_or((nodes[0], "no vote was lost".into()))
 }
 
 /// SplitMix64 of (seed, attempt): the backoff's randomness, reproducible from the seed.

@@ -35,8 +35,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 pub use tutti_wire::Limits;
 use tutti_wire::{
-    Backoff, Connection, Connections, Dialer, Directory, Managers, NodeId, NodeInfo, Request,
-    Response, RpcError, StatsReport, Tid,
+    Backoff, Connection, Connections, Decision, Dialer, Directory, Managers, NodeId, NodeInfo,
+    Request, Response, RpcError, StatsReport, Tid,
 };
 
 #[derive(Clone, Debug)]
@@ -90,8 +90,8 @@ pub enum ExecError {
     Rejected { node: NodeId, message: String },
     #[error("no outcome within the deadline ({attempts} attempts); last: {last}")]
     Timeout { attempts: u32, last: String },
-    #[error("minitransaction {tid} may or may not have committed: node {node} did not answer before the deadline")]
-    OutcomeUnknown { tid: Tid, node: NodeId },
+    #[error("minitransaction {tid} may or may not have committed: node {node}'s vote is unknown ({why})")]
+    OutcomeUnknown { tid: Tid, node: NodeId, why: String },
     #[error("minitransaction {tid} committed but the reply carrying node {node}'s reads was lost")]
     ReadsLost { tid: Tid, node: NodeId },
     #[error("queued decisions not sent: {0}")]
@@ -294,6 +294,7 @@ impl Cluster {
         let jitter_seed = tid.coordinator ^ tid.seq.rotate_left(32);
         let cfg = self.coordinator_config(ahead);
         let mut co = Coordinator::new(Cow::Borrowed(tx), cfg, 0, |_| durable, jitter_seed);
+        let unsent = Unsent::default();
         // Calls in flight. Most minitransactions wait on one or two at a time: those are
         // polled in place, and only more go to a `FuturesUnordered` (which allocates per
         // call and per minitransaction: 5 % of a one-phase commit's CPU when it held all).
@@ -314,12 +315,11 @@ impl Cluster {
             let epoch = &self.inner.epoch;
             epoch.fetch_max(acts.epoch_seen, Ordering::Relaxed);
             for (node, decision) in acts.decisions {
-                if let Ok(conn) = self.conn(node).await {
-                    let _ = conn.send_decision(decision).await;
-                }
+                self.send_decision(node, decision).await;
             }
             for call in acts.calls {
-                let call = self.call(call, until).fuse();
+                unsent.add(call.id);
+                let call = self.call(call, until, &unsent).fuse();
                 if a.is_terminated() {
                     a.set(call);
                 } else if b.is_terminated() {
@@ -334,6 +334,7 @@ impl Cluster {
                     a.set(Fuse::terminated());
                     b.set(Fuse::terminated());
                     more = None;
+                    unsent.clear();
                     tokio::time::sleep_until(instant(at_us)).await;
                     acts = co.begin(now_us(), self.next_tid());
                     continue;
@@ -351,7 +352,15 @@ impl Cluster {
                 reply = &mut b, if !b.is_terminated() => reply,
                 Some(reply) = async { more.as_mut().expect("pending").next().await }, if more_pending => reply,
                 () = &mut timer => {
-                    acts = co.on_timer(now_us());
+                    // At the deadline, a call that has not left never will: it was not
+                    // delivered, and its vote is no vote rather than a lost one. (The
+                    // timer stays expired until every such call is told.)
+                    acts = match unsent.take_at(until) {
+                        Some(id) => co.on_reply(now_us(), id, NodeReply::Unreachable(
+                            "not sent before the deadline".into(),
+                        )),
+                        None => co.on_timer(now_us()),
+                    };
                     continue;
                 }
             };
@@ -394,28 +403,55 @@ impl Cluster {
     /// One call of a coordinator, reconnecting until `until`. Tells apart "not delivered"
     /// (safe to treat as no vote) from "delivered, reply lost"; a call still awaiting its
     /// reply at the deadline is the coordinator's timer's business.
-    async fn call(&self, call: Call, until: Instant) -> (CallId, NodeReply) {
+    async fn call(&self, call: Call, until: Instant, unsent: &Unsent) -> (CallId, NodeReply) {
         let Call { id, node, request } = call;
         let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
-        loop {
-            let conn = match self.conn(node).await {
-                Ok(c) => c,
+        let reply = loop {
+            let failed = match self.conn(node).await {
+                // Told undelivered at the deadline: it must not leave now.
+                Ok(_) if !unsent.remove(id) => {
+                    break NodeReply::Unreachable("not sent before the deadline".into())
+                }
+                Ok(conn) => match conn.call(&request).await {
+                    Ok(resp) => break NodeReply::from_response(resp),
+                    Err(RpcError::Remote { code, message, .. }) => {
+                        break NodeReply::Refused(code, message)
+                    }
+                    // The connection closed under a call that had not left: not delivered.
+                    Err(e @ RpcError::NotSent { .. }) => {
+                        unsent.add(id);
+                        e
+                    }
+                    Err(e) => break NodeReply::Lost(e.to_string()),
+                },
                 Err(e) => {
                     let permanent =
                         matches!(&e, RpcError::Handshake { reason, .. } if reason.is_permanent());
-                    if permanent || !backoff.pause_before(until).await {
-                        return (id, NodeReply::Unreachable(e.to_string()));
+                    if permanent {
+                        break NodeReply::Unreachable(e.to_string());
                     }
-                    self.refresh_directory().await;
-                    continue;
+                    e
                 }
             };
-            let reply = match conn.call(&request).await {
-                Ok(resp) => NodeReply::from_response(resp),
-                Err(RpcError::Remote { code, message, .. }) => NodeReply::Refused(code, message),
-                Err(e) => NodeReply::Lost(e.to_string()),
+            if !backoff.pause_before(until).await {
+                break NodeReply::Unreachable(failed.to_string());
+            }
+            self.refresh_directory().await;
+        };
+        unsent.remove(id);
+        (id, reply)
+    }
+
+    /// Best effort, one-way: a connection found closed (the node went away from it) is
+    /// replaced once; a node that stays unreachable learns the outcome from recovery.
+    async fn send_decision(&self, node: NodeId, decision: Decision) {
+        for _ in 0..2 {
+            let Ok(conn) = self.conn(node).await else {
+                return;
             };
-            return (id, reply);
+            if conn.send_decision(decision.clone()).await.is_ok() {
+                return;
+            }
         }
     }
 
@@ -444,6 +480,36 @@ impl Cluster {
             self.inner.epoch.fetch_max(d.epoch, Ordering::Relaxed);
             *self.inner.directory.lock().expect("directory poisoned") = d;
         }
+    }
+}
+
+/// The calls of one minitransaction not handed to a connection yet. A call leaves only
+/// after taking itself out of here, so one the driver takes out at the deadline (to tell
+/// the coordinator it was not delivered) never leaves.
+#[derive(Default)]
+struct Unsent(Mutex<Vec<CallId>>);
+
+impl Unsent {
+    fn add(&self, id: CallId) {
+        self.0.lock().expect("unsent poisoned").push(id);
+    }
+
+    /// Whether `id` was here (and may leave now).
+    fn remove(&self, id: CallId) -> bool {
+        let mut unsent = self.0.lock().expect("unsent poisoned");
+        let at = unsent.iter().position(|&u| u == id);
+        at.map(|at| unsent.swap_remove(at)).is_some()
+    }
+
+    /// Their calls dropped (the attempt is over).
+    fn clear(&self) {
+        self.0.lock().expect("unsent poisoned").clear();
+    }
+
+    /// One call still here, once `until` has passed.
+    fn take_at(&self, until: Instant) -> Option<CallId> {
+        let passed = Instant::now() >= until;
+        passed.then(|| self.0.lock().expect("unsent poisoned").pop())?
     }
 }
 

@@ -210,8 +210,9 @@ pub(crate) enum Tally {
     Retry(String),
     /// A participant refused the request itself (bad address, say): abort, report.
     Rejected { node: NodeId, message: String },
-    /// No participant voted abort, but one vote is unknown: the outcome is not ours to pick.
-    Unknown { node: NodeId },
+    /// No participant voted abort, but one vote is unknown (`why`): the outcome is not ours
+    /// to pick.
+    Unknown { node: NodeId, why: String },
 }
 
 /// The decision rule of Fig. 4 lines 7–8, refined for why an attempt aborted.
@@ -238,7 +239,7 @@ pub(crate) fn tally(nodes: &[NodeId], replies: &[NodeReply]) -> Tally {
                 }
             }
             NodeReply::Lost(_) if planted(Bug::LostVoteCountsAsCommit) => {}
-            NodeReply::Lost(_) => lost = lost.or(Some(node)),
+            NodeReply::Lost(why) => lost = lost.or(Some((node, why))),
             NodeReply::Other(_) => {
                 return Tally::Rejected {
                     node,
@@ -250,7 +251,10 @@ pub(crate) fn tally(nodes: &[NodeId], replies: &[NodeReply]) -> Tally {
     match (retry, compare_failed, lost) {
         (Some(reason), _, _) => Tally::Retry(reason),
         (None, true, _) => Tally::AbortCompare,
-        (None, false, Some(node)) => Tally::Unknown { node },
+        (None, false, Some((node, why))) => Tally::Unknown {
+            node,
+            why: why.clone(),
+        },
         (None, false, None) => Tally::Commit,
     }
 }
@@ -261,7 +265,9 @@ pub(crate) fn tally(nodes: &[NodeId], replies: &[NodeReply]) -> Tally {
 pub(crate) fn tally_execute_ahead(nodes: &[NodeId], replies: &[NodeReply]) -> Option<Tally> {
     match tally(nodes, replies) {
         Tally::Commit => None,
-        Tally::Unknown { node } => Some(Tally::Retry(format!("node {node}'s reply was lost"))),
+        Tally::Unknown { node, why } => {
+            Some(Tally::Retry(format!("node {node}'s reply was lost: {why}")))
+        }
         other => Some(other),
     }
 }
@@ -278,7 +284,10 @@ pub(crate) fn lost_vote_queries(
 ) -> Result<Outgoing, Tally> {
     if let [node] = plan.nodes() {
         if !plan.read_only() && !durable(*node) {
-            return Err(Tally::Unknown { node: *node });
+            return Err(Tally::Unknown {
+                node: *node,
+                why: "its reply was lost and a ram node keeps no record of its vote".into(),
+            });
         }
     }
     let participants = plan.nodes().to_vec();
@@ -341,7 +350,10 @@ pub(crate) fn resolve(plan: &Plan<'_>, replies: &[NodeReply], answers: &[(Tid, b
         .zip(replies)
         .find(|(_, r)| matches!(r, NodeReply::Lost(_)))
     {
-        Some((&node, _)) if !plan.read_only() => Tally::Unknown { node },
+        Some((&node, NodeReply::Lost(why))) if !plan.read_only() => Tally::Unknown {
+            node,
+            why: format!("{why}; it holds no vote now, as if it never voted or collected the tid after committing"),
+        },
         _ => Tally::Retry("a node's reply was lost and the read-only attempt aborted".into()),
     }
 }
@@ -388,7 +400,10 @@ mod tests {
         ));
         assert_eq!(
             tally(&nodes, &[vote(Vote::CommitOk), NodeReply::Lost("x".into())]),
-            Tally::Unknown { node: 2 }
+            Tally::Unknown {
+                node: 2,
+                why: "x".into()
+            }
         );
         // A known abort vote decides even if another vote is lost.
         assert!(matches!(

@@ -622,25 +622,28 @@ async fn serve(
             .spawn(move || mirror_writer(node, log, log_rx))
             .expect("spawn the mirror's log writer")
     };
-    let acceptor = {
+    let stop = tutti_wire::CancellationToken::new();
+    {
         let node = node.clone();
-        tokio::spawn(tutti_wire::serve(
+        tokio::spawn(tutti_wire::serve_until(
             listener,
             cfg.frame_bytes_max,
             cfg.dialer.credentials().clone(),
+            stop.clone(),
             move |id, req, replies| node.on_request(id, req, replies),
-        ))
-    };
+        ));
+    }
     let checkpoints = tokio::spawn(checkpoint_loop(node.clone(), flusher));
     tracing::info!(id = cfg.id, %addr, "mirror listening");
     let ended = tokio::select! {
         ended = heartbeat_until_promoted(&node, managers, addr, joined) => ended,
         () = shutdown => Ok(Some(Ended::Stopped)),
     };
-    acceptor.abort();
+    // Every connection goes away: no request reaches the mirror's handler from here on,
+    // and the clients retrying on it hear which of their requests it answered. The
+    // listener closes at once, so the node driver can listen on the address again.
+    stop.cancel();
     checkpoints.abort();
-    // Connections already open keep their handler, and a promoted mirror refuses every
-    // record from now on: nothing follows the stop.
     let _ = node.log.send(MirrorCmd::Stop);
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
     ended

@@ -550,13 +550,15 @@ pub async fn run(
             .spawn(move || log_writer(node, log, log_rx))
             .expect("spawn the log writer")
     });
+    let stop = tutti_wire::CancellationToken::new();
     let acceptor = {
         let node = node.clone();
         let frame_bytes_max = cfg.frame_bytes_max;
-        tokio::spawn(tutti_wire::serve(
+        tokio::spawn(tutti_wire::serve_until(
             listener,
             frame_bytes_max,
             cfg.dialer.credentials().clone(),
+            stop.clone(),
             move |id, req, replies| {
                 let req = match &node.shipper {
                     Some(_) => match crate::primary::serve_join(&node, id, req, replies.clone()) {
@@ -606,8 +608,10 @@ pub async fn run(
     };
     tracing::info!(id = cfg.id, addr = %listen_addr, mode = ?cfg.mode, "memory node listening");
     shutdown.await;
-    acceptor.abort();
+    // Clients hear which of their requests ran (the log writer still syncs meanwhile).
+    stop.cancel();
     recovery.abort();
+    let _ = acceptor.await;
     let _ = node.sync_log().await;
     drop(writer);
     tracing::info!("memory node stopped");

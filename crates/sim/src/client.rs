@@ -275,7 +275,8 @@ impl<W: Workload + 'static> Process for SimClient<W> {
         self.held.clear();
         if let Some(mut op) = self.op.take() {
             let (tid, node) = op.attempt.expect("crashed after sending");
-            let unknown = ExecError::OutcomeUnknown { tid, node };
+            let why = "the client crashed".into();
+            let unknown = ExecError::OutcomeUnknown { tid, node, why };
             let next = (self.workload.borrow_mut()).record(
                 self.client,
                 &mut op.op,

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+use tokio_util::sync::CancellationToken;
 
 /// Requests in flight on one connection before a caller waits for room.
 pub const IN_FLIGHT_MAX: usize = 4096;
@@ -31,6 +32,9 @@ pub enum RpcError {
     },
     #[error("connection to {addr} closed before the reply arrived")]
     Closed { addr: String },
+    /// The connection was closed before the request left: it was not delivered.
+    #[error("connection to {addr} closed before the request was sent")]
+    NotSent { addr: String },
     #[error("{addr} answered {code:?}: {message}")]
     Remote {
         addr: String,
@@ -145,9 +149,22 @@ impl Connection {
         let writer_closed = closed.clone();
         let decisions: Arc<Mutex<Vec<Decision>>> = Arc::default();
         let queued = decisions.clone();
+        let going_away = Arc::new(tokio::sync::Notify::new());
+        let told_to_go = going_away.clone();
         tokio::spawn(async move {
             let mut flushed = Vec::new();
-            'write: while let Some(first) = frames_rx.recv().await {
+            let mut going = false;
+            'write: loop {
+                let first = tokio::select! {
+                    first = frames_rx.recv() => first,
+                    () = told_to_go.notified(), if !going => {
+                        // Send what is queued, then nothing: the server reads to our end.
+                        going = true;
+                        frames_rx.close();
+                        continue;
+                    }
+                };
+                let Some(first) = first else { break };
                 let mut next = Some(first);
                 while let Some(out) = next.take().or_else(|| frames_rx.try_recv().ok()) {
                     let frame = match out {
@@ -174,6 +191,7 @@ impl Connection {
                 }
             }
             writer_closed.store(true, Ordering::Release);
+            let _ = SinkExt::<Bytes>::close(&mut sink).await;
         });
         let mut stream = FramedRead::new(rd, codec(frame_bytes_max));
         let reader_pending = pending.clone();
@@ -183,6 +201,12 @@ impl Connection {
                 let Ok((id, resp)) = decode_envelope::<Response>(&frame) else {
                     break;
                 };
+                if id == ONE_WAY && matches!(resp, Response::GoingAway) {
+                    // Later calls go to a new connection; replies still come on this one.
+                    reader_closed.store(true, Ordering::Release);
+                    going_away.notify_one();
+                    continue;
+                }
                 let waiter = reader_pending
                     .lock()
                     .expect("pending map poisoned")
@@ -236,7 +260,7 @@ impl Connection {
                 .lock()
                 .expect("pending map poisoned")
                 .remove(&id);
-            return Err(self.closed_error());
+            return Err(self.not_sent_error());
         }
         let frame = Outbound::Frame(encode_envelope(id, req));
         if self.frames.send(frame).await.is_err() {
@@ -244,7 +268,7 @@ impl Connection {
                 .lock()
                 .expect("pending map poisoned")
                 .remove(&id);
-            return Err(self.closed_error());
+            return Err(self.not_sent_error());
         }
         let addr = self.addr.clone();
         let closed = self.closed_error();
@@ -316,6 +340,12 @@ impl Connection {
             addr: self.addr.clone(),
         }
     }
+
+    fn not_sent_error(&self) -> RpcError {
+        RpcError::NotSent {
+            addr: self.addr.clone(),
+        }
+    }
 }
 
 /// Serves one accepted connection: opens it with `credentials` (TLS, hellos, token proofs; a
@@ -326,10 +356,16 @@ impl Connection {
 /// the connection. At most
 /// `IN_FLIGHT_MAX` requests await their reply: past that the connection is not read until
 /// replies drain, so a client that never reads cannot grow the server's memory.
+///
+/// Once `stop` is cancelled no request reaches `handle` any more: the client is told
+/// `GoingAway`, every request read after that is refused unexecuted, and the connection
+/// closes when the client has closed its side (or `GOING_AWAY_GRACE` later), so that no
+/// request is left without an answer that says whether it ran.
 pub async fn serve_connection<H>(
     stream: TcpStream,
     frame_bytes_max: usize,
     credentials: Credentials,
+    stop: CancellationToken,
     mut handle: H,
 ) where
     H: FnMut(u64, Request, Replies),
@@ -374,8 +410,19 @@ pub async fn serve_connection<H>(
         }
     });
     let mut frames = FramedRead::new(rd, codec(frame_bytes_max));
+    let mut going_away = None;
     loop {
-        let frame = match frames.next().await {
+        let frame = tokio::select! {
+            biased;
+            () = stop.cancelled(), if going_away.is_none() => {
+                going_away = Some(tokio::time::Instant::now() + GOING_AWAY_GRACE);
+                let _ = replies.send((ONE_WAY, Response::GoingAway));
+                continue;
+            }
+            () = grace_over(going_away) => break,
+            frame = frames.next() => frame,
+        };
+        let frame = match frame {
             Some(Ok(frame)) => frame,
             Some(Err(e)) => {
                 let _ = replies.send((ONE_WAY, bad_request(format!("bad frame: {e}"))));
@@ -386,12 +433,28 @@ pub async fn serve_connection<H>(
         match decode_envelope::<Request>(&frame) {
             Ok((id, req)) => {
                 if id != ONE_WAY {
-                    match in_flight.acquire().await {
+                    let permit = tokio::select! {
+                        permit = in_flight.acquire() => permit,
+                        () = grace_over(going_away) => break,
+                    };
+                    match permit {
                         Ok(permit) => permit.forget(),
                         Err(_) => break,
                     }
                 }
-                handle(id, req, replies.clone())
+                match going_away {
+                    None => handle(id, req, replies.clone()),
+                    Some(_) if id == ONE_WAY => {}
+                    Some(_) => {
+                        let refusal = Response::Error {
+                            code: ErrorCode::NotReady,
+                            message: "the server stopped serving this connection before \
+                                      reading the request; ask again on a new one"
+                                .into(),
+                        };
+                        let _ = replies.send((id, refusal));
+                    }
+                }
             }
             Err(e) => {
                 let _ = replies.send((ONE_WAY, bad_request(e.to_string())));
@@ -401,6 +464,14 @@ pub async fn serve_connection<H>(
     }
     drop(replies);
     let _ = writer.await;
+}
+
+/// Resolves at `at`; never without one.
+async fn grace_over(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 pub fn bad_request(message: String) -> Response {
@@ -421,10 +492,13 @@ pub async fn accept(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream
     }
 }
 
+/// How long a connection told `GoingAway` waits for its client to close its side before
+/// the server closes it anyway.
+pub const GOING_AWAY_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Accepts connections on `listener` forever and serves each with `handle`
 /// (see `serve_connection`). The connections are this future's: dropping it (aborting its
-/// task) closes every one, so that a process that changes what it is (a mirror promoted to
-/// primary) leaves no connection served the old way.
+/// task) closes every one at once.
 pub async fn serve<H>(
     listener: tokio::net::TcpListener,
     frame_bytes_max: usize,
@@ -433,10 +507,28 @@ pub async fn serve<H>(
 ) where
     H: Fn(u64, Request, Replies) + Send + Sync + 'static,
 {
+    let never = CancellationToken::new();
+    serve_until(listener, frame_bytes_max, credentials, never, handle).await
+}
+
+/// `serve` until `stop` is cancelled; then the listener closes and every connection goes
+/// away (`serve_connection`): a process that changes what it is (a mirror promoted to
+/// primary) or stops leaves no connection served the old way, and no client request
+/// without an answer. Returns once every connection closed, `GOING_AWAY_GRACE` at most.
+pub async fn serve_until<H>(
+    listener: tokio::net::TcpListener,
+    frame_bytes_max: usize,
+    credentials: Credentials,
+    stop: CancellationToken,
+    handle: H,
+) where
+    H: Fn(u64, Request, Replies) + Send + Sync + 'static,
+{
     let handle = Arc::new(handle);
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let stream = tokio::select! {
+            () = stop.cancelled() => break,
             stream = accept(&listener) => stream,
             Some(_) = connections.join_next() => continue,
         };
@@ -445,9 +537,13 @@ pub async fn serve<H>(
             stream,
             frame_bytes_max,
             credentials.clone(),
+            stop.clone(),
             move |id, req, replies| handle(id, req, replies),
         ));
     }
+    drop(listener);
+    let all_closed = async { while connections.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(GOING_AWAY_GRACE, all_closed).await;
 }
 
 /// Open connections to memory nodes by id, made on first use and replaced once closed.

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The protocol this build speaks; it changes whenever a message or frame encoding does.
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 16;
 /// What a hello starts with.
 const HELLO_MAGIC: [u8; 8] = *b"TUTTIRPC";
 /// The magic and the version: every protocol version starts its hello with them, so that

@@ -16,7 +16,8 @@ pub mod token;
 
 pub use backoff::Backoff;
 pub use conn::{
-    bad_request, serve, serve_connection, Connection, Connections, Dialer, Replies, RpcError,
+    bad_request, serve, serve_connection, serve_until, Connection, Connections, Dialer, Replies,
+    RpcError, GOING_AWAY_GRACE,
 };
 pub use credentials::{
     require_credentials_beyond_loopback, CredentialFiles, Credentials, Tls, TlsFiles,
@@ -27,3 +28,4 @@ pub use limits::Limits;
 pub use managers::Managers;
 pub use message::*;
 pub use token::{ClusterToken, TokenError};
+pub use tokio_util::sync::CancellationToken;

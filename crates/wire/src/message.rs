@@ -816,6 +816,12 @@ pub enum Response {
     },
     /// `Invalidate`: the member forgot those ranges.
     Invalidated,
+    /// Unasked (request id 0), server → client: the server stopped serving this
+    /// connection (it changes role or stops). Every request it read before has its reply
+    /// or will get one; every later one gets `Error { NotReady }` unexecuted. The client
+    /// sends nothing more on it and closes its side, and the server closes once it has read
+    /// to that end (docs/protocol.md, "Going away").
+    GoingAway,
 }
 
 #[cfg(test)]

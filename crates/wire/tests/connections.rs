@@ -1,6 +1,7 @@
 //! `Connections` with several connections per node: each task keeps to one of them, tasks
 //! spawned one after another are spread over all of them, and a closed one is replaced.
 //! Connections open only between equal versions and matching credentials (token, TLS).
+//! A server that stops serving answers every request it was sent.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +31,7 @@ async fn server_with(credentials: Credentials) -> (String, Served) {
                 stream,
                 FRAME_BYTES_MAX_DEFAULT,
                 credentials.clone(),
+                tutti_wire::CancellationToken::new(),
                 |id, _req, replies| {
                     let _ = replies.send((
                         id,
@@ -116,6 +118,85 @@ async fn one_connection_per_node_is_shared_by_every_task() {
         assert!(Arc::ptr_eq(&first, &task_connection(&conns, &addr).await));
     }
     assert_eq!(served.lock().unwrap().len(), 1);
+}
+
+/// What became of one call to a server that went away meanwhile.
+#[derive(Debug, Default)]
+struct Fates {
+    answered: usize,
+    refused: usize,
+    not_sent: usize,
+    lost: Vec<String>,
+}
+
+/// Callers keep a connection busy with calls a server answers a millisecond later, and the
+/// server stops serving under them: each call is answered, refused unexecuted, or never
+/// sent; none is left not knowing whether it ran (which made a transaction's outcome
+/// unknown when a mirror was promoted under a client's retries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answers_every_request_it_was_sent() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let stop = tutti_wire::CancellationToken::new();
+    let server = tokio::spawn(tutti_wire::serve_until(
+        listener,
+        FRAME_BYTES_MAX_DEFAULT,
+        Credentials::default(),
+        stop.clone(),
+        |id, _req, replies| {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let dir = tutti_wire::Directory {
+                    nodes: Vec::new(),
+                    epoch: 0,
+                };
+                let _ = replies.send((id, Response::Directory(dir)));
+            });
+        },
+    ));
+    let conn = Arc::new(
+        Connection::connect(&addr, FRAME_BYTES_MAX_DEFAULT, &Dialer::default())
+            .await
+            .unwrap(),
+    );
+    let fates = Arc::new(Mutex::new(Fates::default()));
+    let callers: Vec<_> = (0..32)
+        .map(|_| {
+            let (conn, fates) = (conn.clone(), fates.clone());
+            tokio::spawn(async move {
+                loop {
+                    let fate = conn.call(&Request::Directory).await;
+                    let mut fates = fates.lock().unwrap();
+                    match fate {
+                        Ok(Response::Directory(_)) => fates.answered += 1,
+                        Err(tutti_wire::RpcError::Remote {
+                            code: tutti_wire::ErrorCode::NotReady,
+                            ..
+                        }) => fates.refused += 1,
+                        Err(tutti_wire::RpcError::NotSent { .. }) => {
+                            fates.not_sent += 1;
+                            return;
+                        }
+                        other => fates.lost.push(format!("{other:?}")),
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.cancel();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let fates = std::mem::take(&mut *fates.lock().unwrap());
+    assert!(fates.lost.is_empty(), "{fates:?}");
+    assert!(fates.answered > 100, "{fates:?}");
+    assert_eq!(fates.not_sent, 32, "{fates:?}");
+    assert!(conn.is_closed());
+    tokio::time::timeout(Duration::from_millis(500), server)
+        .await
+        .expect("the server returns once its connection closed")
+        .unwrap();
 }
 
 /// A raw listener that opens every connection with `hello` and keeps the first

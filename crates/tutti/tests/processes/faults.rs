@@ -148,6 +148,44 @@ fn coordinator_crash_between_phases_is_recovered_by_the_manager() {
     });
 }
 
+/// A node that takes connections but never answers (its process stopped, as one cut off
+/// or swapping): a write on it ends in `Timeout`, since its request never left the client,
+/// and nothing is written. It ended `OutcomeUnknown`: a call still connecting at the
+/// deadline counted as a delivered request whose vote was lost.
+#[test]
+fn a_write_that_never_left_for_a_frozen_node_times_out() {
+    let rt = common::runtime();
+    let _in_rt = rt.enter();
+    let c = common::start("frozen-node", 2, "log", &[], &[]);
+    let cluster = rt.block_on(common::ready(&c));
+    let pid = (c.local.process_entries(&Default::default()).into_iter())
+        .find(|p| p.name == "node-1")
+        .and_then(|p| p.pid)
+        .expect("node 1's pid");
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    let err = rt.block_on(async {
+        let opts = ClientOptions {
+            deadline: Duration::from_millis(500),
+            dialer: c.local.dialer(),
+            ..Default::default()
+        };
+        let fresh = Cluster::connect(&c.local.file.manager, opts).await.unwrap();
+        let write = Minitx::new()
+            .write(1, 0, vec![7; 8])
+            .write(2, 0, vec![7; 8]);
+        fresh.exec_and_commit(&write).await.unwrap_err()
+    });
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
+    let read = Minitx::new().read(1, 0, 8).read(2, 0, 8);
+    let out = rt.block_on(cluster.exec_and_commit(&read)).unwrap();
+    assert_eq!(
+        out.reads,
+        vec![vec![0; 8], vec![0; 8]],
+        "nothing was written"
+    );
+}
+
 #[test]
 fn bad_input_gets_an_error_and_the_node_keeps_serving() {
     let rt = common::runtime();

@@ -162,3 +162,67 @@ fn a_node_serves_through_the_loss_of_its_primary_or_its_mirror() {
     rt.block_on(chaos::wait_log_collected(&cluster, Duration::from_secs(45)))
         .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Writers retry on node 1 while its mirror takes over: the directory names the mirror at
+/// once, the mirror refuses them (`NotReady`) until it has waited out the old primary's
+/// lease, then stops serving its connections and listens again as the node. None of the
+/// writers was in flight when the primary died, so each write must end committed or
+/// aborted, never `OutcomeUnknown`. Before `GoingAway`, a retry in flight when the promoted
+/// mirror closed its connections lost its vote, and fail-over tests failed now and then.
+#[test]
+fn writers_retrying_through_a_promotion_learn_every_outcome() {
+    const WRITERS: u64 = 16;
+    let rt = common::runtime();
+    let _in_rt = rt.enter();
+    let mut c = common::start("promotion-writers", 1, "log-repl", &[], &[]);
+    let eager = rt.block_on(async {
+        common::ready(&c).await;
+        let opts = tutti_client::ClientOptions {
+            backoff_initial: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(2),
+            dialer: c.local.dialer(),
+            ..Default::default()
+        };
+        let eager = tutti_client::Cluster::connect(&c.local.file.manager, opts)
+            .await
+            .unwrap();
+        // A new mirror holds no copy yet: it joins its primary before it may take over.
+        let mirror = c.local.file.nodes[0].mirror.clone().expect("a mirror").addr;
+        until_mirror(&eager, 1, &mirror).await;
+        until_served(&eager, 1, 0).await;
+        eager
+    });
+    c.local.kill("node-1");
+    // The client hears its connection to the dead primary close before anyone writes.
+    std::thread::sleep(Duration::from_millis(200));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let eager = eager.clone();
+            rt.spawn(async move {
+                let started = Instant::now();
+                let (mut commits, mut unknown) = (0, Vec::new());
+                while commits < 3 && started.elapsed() < Duration::from_secs(30) {
+                    let tx = tutti_client::Minitx::new().write(1, w * 8, vec![commits; 8]);
+                    match eager.exec_and_commit(&tx).await {
+                        Ok(out) if out.committed => commits += 1,
+                        Err(e @ tutti_client::ExecError::OutcomeUnknown { .. }) => {
+                            unknown.push(e.to_string())
+                        }
+                        _ => {}
+                    }
+                }
+                (commits, unknown)
+            })
+        })
+        .collect();
+    for writer in writers {
+        let (commits, unknown) = rt.block_on(writer).unwrap();
+        assert!(unknown.is_empty(), "{unknown:#?}");
+        assert_eq!(commits, 3, "the node is served again");
+    }
+    let now = rt.block_on(serving(&eager, 1));
+    assert_eq!(
+        c.local.process_at(1, &now).as_deref(),
+        Some("node-1-mirror")
+    );
+}

@@ -131,6 +131,9 @@ pub enum LocalError {
     Config(String),
     #[error("cluster not ready after {0:?}: {1}")]
     NotReady(Duration, String),
+    /// A child exited while the cluster started: which, how, and the end of its log.
+    #[error("{0}")]
+    Exited(String),
 }
 
 /// Where local clusters listen unless told otherwise.
@@ -707,8 +710,44 @@ impl LocalCluster {
     }
 
     /// `wait_ready`, and in a replicated mode also until every node has a mirror named in
-    /// its placement (a `ram-repl` node's first mirror joins only after the start).
-    pub async fn wait_up(&self, timeout: Duration) -> Result<Cluster, LocalError> {
+    /// its placement (a `ram-repl` node's first mirror joins only after the start), for
+    /// `timeout` at most. For a start: a child that exits meanwhile fails it at once, with
+    /// the end of its log (a node refusing its data directory says why there); at the
+    /// timeout the error ends with every process's log tail.
+    pub async fn wait_up(&mut self, timeout: Duration) -> Result<Cluster, LocalError> {
+        let until = Instant::now() + timeout;
+        loop {
+            let tried = self.up_within(Duration::from_secs(1)).await;
+            if let Some((name, status)) = self.reap().into_iter().next() {
+                let tail = self.log_tail(&name);
+                let why = format!("{name} exited ({status}) while the cluster started:\n{tail}");
+                return Err(LocalError::Exited(why));
+            }
+            match tried {
+                Ok(cluster) => return Ok(cluster),
+                Err(e) if Instant::now() >= until => {
+                    let managers = self.file.manager_entries();
+                    let tails: Vec<String> = (managers.iter())
+                        .map(|m| self.file.manager_process(m.id))
+                        .chain(self.node_ids().iter().map(|id| format!("node-{id}")))
+                        .map(|n| format!("--- {n}:\n{}", self.log_tail(&n)))
+                        .collect();
+                    let last = match e {
+                        LocalError::NotReady(_, last) => last,
+                        other => other.to_string(),
+                    };
+                    return Err(LocalError::NotReady(
+                        timeout,
+                        format!("{last}\n{}", tails.join("\n")),
+                    ));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// One try of `wait_up`, for `timeout`.
+    async fn up_within(&self, timeout: Duration) -> Result<Cluster, LocalError> {
         let cluster = self.wait_ready(timeout).await?;
         if replicated(&self.file.mode) {
             self.wait_mirrored(&cluster, timeout).await?;

@@ -750,13 +750,8 @@ fn lost(data: &std::path::Path) -> Option<String> {
 /// Makes the image (`size_bytes`, sparse) and the redo log's directory of a new data
 /// directory, durably, before its `node.json` is written.
 fn make_image_and_log(data: &std::path::Path, size_bytes: u64) -> Result<(), NodeError> {
-    let image = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(data.join(IMAGE_FILE))
+    let image = crate::space::image_file(&data.join(IMAGE_FILE), size_bytes)
         .map_err(io("create the image"))?;
-    image.set_len(size_bytes).map_err(io("size the image"))?;
     image.sync_all().map_err(io("sync the image"))?;
     std::fs::create_dir_all(data.join(LOG_DIR)).map_err(io("create the log directory"))?;
     Ok(crate::redo_log::sync_dir(data)?)

@@ -90,6 +90,26 @@ impl Flusher {
     }
 }
 
+/// The image file at `path`, `size_bytes` long (made, sparse, if new); an image of another
+/// size is refused.
+pub(crate) fn image_file(path: &Path, size_bytes: u64) -> std::io::Result<std::fs::File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    let len = file.metadata()?.len();
+    if len != 0 && len != size_bytes {
+        return Err(std::io::Error::other(format!(
+            "image {} holds {len} bytes but --size is {size_bytes}; a node's size cannot change",
+            path.display()
+        )));
+    }
+    file.set_len(size_bytes)?;
+    Ok(file)
+}
+
 impl Space {
     pub fn anonymous(size_bytes: u64) -> std::io::Result<Space> {
         let map = MmapOptions::new()
@@ -106,20 +126,7 @@ impl Space {
 
     /// Opens (creating if absent) the sparse image file of exactly `size_bytes`.
     pub fn image(path: &Path, size_bytes: u64) -> std::io::Result<Space> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
-        let len = file.metadata()?.len();
-        if len != 0 && len != size_bytes {
-            return Err(std::io::Error::other(format!(
-                "image {} holds {len} bytes but --size is {size_bytes}; a node's size cannot change",
-                path.display()
-            )));
-        }
-        file.set_len(size_bytes)?;
+        let file = image_file(path, size_bytes)?;
         let map = MmapOptions::new()
             .len(usize::try_from(size_bytes).map_err(std::io::Error::other)?)
             .map_raw(&file)?;

@@ -402,10 +402,15 @@ const DISK_LOSS_PROBABILITY: f64 = 0.2;
 fn disks_guard(dir: Rc<Directory>) -> crate::world::FaultGuard {
     let copies = copies_guard(dir.clone());
     Rc::new(move |world: &World, victim: Addr| {
-        let node_process = (1..=dir.nodes_len() as NodeId)
-            .any(|id| first_primary(id) == victim || first_mirror(&dir, id) == victim);
-        node_process && copies(world, victim)
+        node_of(&dir, victim).is_some() && copies(world, victim)
     })
+}
+
+/// The node `process` is one of the two processes of (its first primary's or its first
+/// mirror's; the directory says which serves now).
+fn node_of(dir: &Directory, process: Addr) -> Option<NodeId> {
+    (1..=dir.nodes_len() as NodeId)
+        .find(|&id| first_primary(id) == process || first_mirror(dir, id) == process)
 }
 
 /// `ram-repl` survives the loss of one copy while the managers see the other: a node
@@ -418,11 +423,7 @@ fn disks_guard(dir: Rc<Directory>) -> crate::world::FaultGuard {
 /// cut off from the managers is beyond the mode (docs/replication.md, "`ram-repl`").
 fn copies_guard(dir: Rc<Directory>) -> crate::world::FaultGuard {
     Rc::new(move |world: &World, victim: Addr| {
-        // The node's two processes: its first primary's and its first mirror's (the
-        // directory says which serves now).
-        let Some(id) = (1..=dir.nodes_len() as NodeId)
-            .find(|&id| first_primary(id) == victim || first_mirror(&dir, id) == victim)
-        else {
+        let Some(id) = node_of(&dir, victim) else {
             return true;
         };
         let other = if first_primary(id) == victim {

@@ -88,7 +88,7 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
         (cluster.set_credentials(credentials)).map_err(|e| e.to_string())?;
     }
     cluster.start_all().map_err(|e| e.to_string())?;
-    let client = wait_up(&mut cluster).await?;
+    let client = (cluster.wait_up(Duration::from_secs(60)).await).map_err(|e| e.to_string())?;
     let managers = match cluster.file.managers.len() {
         0 => format!("manager at {}", cluster.file.manager),
         n => format!("{n} managers at {}", cluster.file.manager),
@@ -135,36 +135,6 @@ pub(crate) async fn run(a: UpArgs, credentials: &CredentialFiles) -> Result<(), 
 }
 
 /// Each `log-repl` node's placement, as far as the managers answer at once.
-/// Waits until the cluster serves, and in a replicated mode until every node has its
-/// mirror (a `ram-repl` node's first mirror joins after the start), for a minute at most.
-/// A child that exits meanwhile fails the start at once, with the end of its log: a node
-/// refusing its data directory says why there.
-async fn wait_up(cluster: &mut LocalCluster) -> Result<Cluster, String> {
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let tried = cluster.wait_up(Duration::from_secs(1)).await;
-        if let Some((name, status)) = cluster.reap().into_iter().next() {
-            return Err(format!(
-                "{name} exited ({status}) while the cluster started:\n{}",
-                cluster.log_tail(&name)
-            ));
-        }
-        match tried {
-            Ok(client) => return Ok(client),
-            Err(e) if Instant::now() >= until => {
-                let managers = cluster.file.manager_entries();
-                let tails: Vec<String> = (managers.iter())
-                    .map(|m| cluster.file.manager_process(m.id))
-                    .chain(cluster.node_ids().iter().map(|id| format!("node-{id}")))
-                    .map(|n| format!("--- {n}:\n{}", cluster.log_tail(&n)))
-                    .collect();
-                return Err(format!("{e}\n{}", tails.join("\n")));
-            }
-            Err(_) => {}
-        }
-    }
-}
-
 async fn placements(cluster: &LocalCluster, client: &Cluster) -> BTreeMap<NodeId, Placement> {
     let mut placements = BTreeMap::new();
     let replicated = cluster.file.nodes.iter().filter(|n| n.mirror.is_some());

@@ -89,8 +89,13 @@ fn succeeded(out: &std::process::Output) -> serde_json::Value {
 
 /// `tutti txn --cluster CLUSTER ITEMS...` (items may carry flags), however it ends.
 fn try_txn(cluster: &str, items: &[&str]) -> std::process::Output {
+    try_txn_within("3000", cluster, items)
+}
+
+/// `try_txn` with a deadline of `deadline_ms`.
+fn try_txn_within(deadline_ms: &str, cluster: &str, items: &[&str]) -> std::process::Output {
     Command::new(common::exe())
-        .args(["txn", "--deadline-ms", "3000", "--cluster", cluster])
+        .args(["txn", "--deadline-ms", deadline_ms, "--cluster", cluster])
         .args(items)
         .output()
         .unwrap()
@@ -102,11 +107,7 @@ fn try_txn(cluster: &str, items: &[&str]) -> std::process::Output {
 /// the tails of node 1's and the manager's logs and what `tutti up` said, so that a run on
 /// CI says what happened.
 fn txn_after_fail_over(data: &std::path::Path, cluster: &str, items: &[&str]) -> serde_json::Value {
-    let out = Command::new(common::exe())
-        .args(["txn", "--deadline-ms", "15000", "--cluster", cluster])
-        .args(items)
-        .output()
-        .unwrap();
+    let out = try_txn_within("15000", cluster, items);
     if !out.status.success() {
         let tail = |name: &str| {
             let log = std::fs::read_to_string(data.join(name)).unwrap_or_default();

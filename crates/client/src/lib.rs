@@ -442,17 +442,22 @@ impl Cluster {
         (id, reply)
     }
 
-    /// Best effort, one-way: a connection found closed (the node went away from it) is
-    /// replaced once; a node that stays unreachable learns the outcome from recovery.
+    /// Best effort, one-way: on the node's open connection, or else on a new one from a
+    /// task of its own, since connecting may take `CONNECT_TIMEOUT` (a node down or cut
+    /// off), which is not the minitransaction's to wait. A node that cannot be reached
+    /// learns the outcome from recovery.
     async fn send_decision(&self, node: NodeId, decision: Decision) {
-        for _ in 0..2 {
-            let Ok(conn) = self.conn(node).await else {
-                return;
-            };
+        if let Some(conn) = self.inner.conns.cached(node) {
             if conn.send_decision(decision.clone()).await.is_ok() {
                 return;
             }
         }
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Ok(conn) = this.conn(node).await {
+                let _ = conn.send_decision(decision).await;
+            }
+        });
     }
 
     async fn conn(&self, node: NodeId) -> Result<Arc<Connection>, RpcError> {

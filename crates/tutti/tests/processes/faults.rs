@@ -150,8 +150,9 @@ fn coordinator_crash_between_phases_is_recovered_by_the_manager() {
 
 /// A node that takes connections but never answers (its process stopped, as one cut off
 /// or swapping): a write on it ends in `Timeout`, since its request never left the client,
-/// and nothing is written. It ended `OutcomeUnknown`: a call still connecting at the
-/// deadline counted as a delivered request whose vote was lost.
+/// at its deadline, and nothing is written. It ended `OutcomeUnknown`: a call still
+/// connecting at the deadline counted as a delivered request whose vote was lost; and the
+/// abort decision for the frozen node held the outcome up while it tried to connect.
 #[test]
 fn a_write_that_never_left_for_a_frozen_node_times_out() {
     let rt = common::runtime();
@@ -163,7 +164,7 @@ fn a_write_that_never_left_for_a_frozen_node_times_out() {
         .and_then(|p| p.pid)
         .expect("node 1's pid");
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-    let err = rt.block_on(async {
+    let (err, took) = rt.block_on(async {
         let opts = ClientOptions {
             deadline: Duration::from_millis(500),
             dialer: c.local.dialer(),
@@ -173,10 +174,14 @@ fn a_write_that_never_left_for_a_frozen_node_times_out() {
         let write = Minitx::new()
             .write(1, 0, vec![7; 8])
             .write(2, 0, vec![7; 8]);
-        fresh.exec_and_commit(&write).await.unwrap_err()
+        let started = Instant::now();
+        let err = fresh.exec_and_commit(&write).await.unwrap_err();
+        (err, started.elapsed())
     });
     unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
+    // Not held up by the abort decision to node 1, which cannot connect for 1 s.
+    assert!(took < Duration::from_millis(1300), "{took:?}");
     let read = Minitx::new().read(1, 0, 8).read(2, 0, 8);
     let out = rt.block_on(cluster.exec_and_commit(&read)).unwrap();
     assert_eq!(

@@ -448,9 +448,8 @@ impl Cluster {
     /// learns the outcome from recovery.
     async fn send_decision(&self, node: NodeId, decision: Decision) {
         if let Some(conn) = self.inner.conns.cached(node) {
-            if conn.send_decision(decision.clone()).await.is_ok() {
-                return;
-            }
+            let _ = conn.send_decision(decision).await;
+            return;
         }
         let this = self.clone();
         tokio::spawn(async move {

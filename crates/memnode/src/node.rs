@@ -593,17 +593,25 @@ pub async fn run(
     let recovery = {
         let node = node.clone();
         tokio::spawn(async move {
-            recover_stage2(&node, promoted).await;
-            node.participant
-                .lock()
-                .expect("participant poisoned")
-                .finish_recovery();
-            tracing::info!("recovery done; serving");
-            tokio::spawn(heartbeat_loop(node.clone()));
-            if let Some(flusher) = space_flusher {
-                tokio::spawn(checkpoint_loop(node.clone(), flusher));
+            let (undecided, serving) = {
+                let mut p = node.participant.lock().expect("participant poisoned");
+                (p.undecided(), p.serve_undecided(node.now_ms()))
+            };
+            if serving {
+                // Their bytes stay locked until stage 2 decides them.
+                tracing::info!(undecided = undecided.len(), "recovery done; serving");
+                serve(&node, space_flusher);
+                recover_stage2(&node, promoted, undecided).await;
+            } else {
+                recover_stage2(&node, promoted, undecided).await;
+                let now = node.now_ms();
+                node.participant
+                    .lock()
+                    .expect("participant poisoned")
+                    .finish_recovery(now);
+                tracing::info!("recovery done; serving");
+                serve(&node, space_flusher);
             }
-            tokio::spawn(collect_stale_reports(node));
         })
     };
     tracing::info!(id = cfg.id, addr = %listen_addr, mode = ?cfg.mode, "memory node listening");
@@ -1043,14 +1051,18 @@ async fn register(node: Arc<Node>, addr: String, rebooted: bool) {
     }
 }
 
+/// Stage 4 of Fig. 8: heartbeats, checkpoints and the GC backstop.
+fn serve(node: &Arc<Node>, flusher: Option<crate::space::Flusher>) {
+    tokio::spawn(heartbeat_loop(node.clone()));
+    if let Some(flusher) = flusher {
+        tokio::spawn(checkpoint_loop(node.clone(), flusher));
+    }
+    tokio::spawn(collect_stale_reports(node.clone()));
+}
+
 /// Stage 2 of Fig. 8 with the §4.5 optimisations: learn each peer's all-log-tids, then ask
 /// (one batched REQUEST-ABORT per peer) only about tids some participant does not hold.
-async fn recover_stage2(node: &Node, promoted: bool) {
-    let undecided = node
-        .participant
-        .lock()
-        .expect("participant poisoned")
-        .undecided();
+async fn recover_stage2(node: &Node, promoted: bool, undecided: Vec<(Tid, Vec<NodeId>)>) {
     if undecided.is_empty() {
         return;
     }
@@ -1082,7 +1094,7 @@ async fn recover_stage2(node: &Node, promoted: bool) {
     }
     assert!(stage2.done(), "every peer answered");
     let (outcomes, decisions) = stage2.outcomes();
-    node.step(|p, _| p.resolve(&outcomes));
+    node.step(|p, now| p.resolve(now, &outcomes));
     for (q, decision) in decisions {
         if let Ok(conn) = node.peer(q).await {
             let _ = conn.send_one_way(&decision).await;

@@ -45,6 +45,8 @@ const CARRY_DISTANCE_RECORDS: Lsn = 4096;
 
 /// Tids per `RequestAbort` batch and per heartbeat report.
 pub const BATCH_TIDS_MAX: usize = 65_536;
+/// The load class that counts the tids a restart's stage 2 decides.
+const RECOVERED_CLASS: &str = "recovered";
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -311,7 +313,7 @@ impl<R> Participant<R> {
 
     /// Stage 1 of Fig. 8: rebuild all-log-tids, forced-abort and decided from the records
     /// read back from disk. The node then serves only recovery messages until
-    /// `finish_recovery`.
+    /// `finish_recovery` or `serve_undecided`.
     pub fn recover(
         cfg: Config,
         space: Space,
@@ -414,10 +416,16 @@ impl<R> Participant<R> {
         tids
     }
 
-    /// Stage 2 of Fig. 8: records outcomes learned from the participants.
-    pub fn resolve(&mut self, outcomes: &[(Tid, bool)]) -> Actions<R> {
+    /// Stage 2 of Fig. 8: records outcomes learned from the participants. A node serving
+    /// already (`serve_undecided`) takes them as decisions: each applies or drops the tid's
+    /// writes and frees its locks.
+    pub fn resolve(&mut self, now_ms: u64, outcomes: &[(Tid, bool)]) -> Actions<R> {
         let mut acts = Actions::default();
         for &(tid, commit) in outcomes {
+            if self.stage == Stage::Serving {
+                self.decision(&mut acts, now_ms, Decision::without_lsns(tid, commit));
+                continue;
+            }
             if let Some(t) = self.log_tids.get_mut(&tid) {
                 if t.outcome == Outcome::Unknown {
                     t.outcome = if commit {
@@ -429,25 +437,78 @@ impl<R> Participant<R> {
                 }
             }
         }
+        self.run_waiting(&mut acts, now_ms);
         acts
     }
 
-    /// Stage 3 of Fig. 8: replays committed writes in log order (idempotent), then serves.
-    pub fn finish_recovery(&mut self) {
+    /// Stage 3 of Fig. 8 once stage 2 decided every tid: replays committed writes in log
+    /// order (idempotent), then serves.
+    pub fn finish_recovery(&mut self, now_ms: u64) {
         assert!(
             self.undecided().is_empty(),
             "stage 3 needs every outcome decided"
         );
+        self.replay(now_ms);
+    }
+
+    /// Stage 3 ahead of stage 2, where log order allows it (docs/protocol.md, "Recovery
+    /// from a participant crash"): replays the committed writes and serves, each undecided
+    /// tid held as a prepared tid awaiting its coordinator is, its writes kept aside and
+    /// their bytes write-locked until stage 2's outcome comes through `resolve`. A
+    /// minitransaction that needs those bytes waits or votes ABORT-LOCK; every other runs
+    /// at once, however long stage 2 waits for a peer. Not possible when an undecided
+    /// tid's writes overlap a later record's: only replaying both in log order gives the
+    /// bytes their value. (The later one locked the bytes after the tid was decided, which
+    /// appended its `Decided` before; so only a log that lost records in the middle has
+    /// such a pair.) Then nothing changes and it returns false.
+    pub fn serve_undecided(&mut self, now_ms: u64) -> bool {
+        let mut locks = RangeLocks::default();
+        for (tid, writes) in self.recovered_writes.values() {
+            let ranges: Vec<LockRange> = (writes.iter())
+                .map(|(addr, bytes)| LockRange {
+                    start: *addr,
+                    end: addr + bytes.len() as u64,
+                    kind: LockKind::Write,
+                })
+                .collect();
+            if ranges.iter().any(|r| locks.write_held(r.start, r.end)) {
+                return false;
+            }
+            if self.log_tids[tid].outcome == Outcome::Unknown {
+                locks.try_lock(*tid, &ranges);
+            }
+        }
+        if !planted(Bug::ServeUndecidedUnlocked) {
+            self.locks = locks;
+        }
+        self.replay(now_ms);
+        true
+    }
+
+    /// Replays the recovered committed writes in log order, keeps the undecided ones'
+    /// writes in `uncertain`, and serves.
+    fn replay(&mut self, now_ms: u64) {
         for (_, (tid, writes)) in std::mem::take(&mut self.recovered_writes) {
-            if self
-                .log_tids
-                .get(&tid)
-                .is_some_and(|t| t.outcome == Outcome::Commit)
-            {
-                for (addr, bytes) in &writes {
-                    self.space.write(*addr, bytes);
+            let t = &self.log_tids[&tid];
+            match t.outcome {
+                Outcome::Commit => {
+                    for (addr, bytes) in &writes {
+                        self.space.write(*addr, bytes);
+                    }
+                    self.applied_unflushed.push(tid);
                 }
-                self.applied_unflushed.push(tid);
+                Outcome::Unknown => {
+                    let (participants, lsn) = (t.participants.clone(), Some(t.lsn));
+                    let entry = Uncertain {
+                        participants,
+                        writes,
+                        lsn,
+                        since_ms: now_ms,
+                        class: self.load.class_index(RECOVERED_CLASS),
+                    };
+                    self.uncertain.insert(tid, entry);
+                }
+                Outcome::Abort => {}
             }
         }
         self.stage = Stage::Serving;
@@ -1497,6 +1558,10 @@ pub enum Bug {
     /// A mirror promoted primary aborts its undecided tids without asking their other
     /// participants (`Stage2::after_promotion`).
     PromotionSkipsStage2,
+    /// A node serving ahead of stage 2 leaves its undecided tids' bytes unlocked
+    /// (`Participant::serve_undecided`): a minitransaction reads them before stage 2's
+    /// commit writes them, and that write then overwrites its own.
+    ServeUndecidedUnlocked,
     /// A `ram-repl` process restarted empty serves as the primary or mirror the placement
     /// still names it (`mirror::named_but_empty`), without the node's data.
     EmptyCopyServes,
@@ -2043,7 +2108,7 @@ mod tests {
             checkpoint_step_tids: CHECKPOINT_STEP_TIDS,
         };
         let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 2, records);
-        p.finish_recovery();
+        p.finish_recovery(0);
         assert_eq!(
             vote_of(&prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)])),
             Vote::AbortEpoch
@@ -2128,9 +2193,14 @@ mod tests {
             p.undecided().iter().map(|(t, _)| *t).collect::<Vec<_>>(),
             vec![tid(3), tid(4)]
         );
-        let acts = p.resolve(&[(tid(3), true), (tid(4), false)]);
+        assert!(
+            !p.serve_undecided(0),
+            "tid 3 must be replayed before tid 4, whose bytes it shares: stage 2 first"
+        );
+        assert_eq!(p.stage(), Stage::Recovering);
+        let acts = p.resolve(0, &[(tid(3), true), (tid(4), false)]);
         assert_eq!(acts.append.len(), 2);
-        p.finish_recovery();
+        p.finish_recovery(0);
         assert_eq!(
             p.space().read(0, 1),
             &[3],
@@ -2140,6 +2210,80 @@ mod tests {
             vote_of(&prepare(&mut p, tid(9), vec![1, 2], vec![write(8, 1)])),
             Vote::AbortForced
         );
+    }
+
+    /// Node 1 after a restart over `records` (stage 1 done).
+    fn recovered(records: Vec<(Lsn, LogRecord)>) -> P {
+        let cfg = Config {
+            id: 1,
+            mode: Mode::Log,
+            timeout_uncertain_ms: 100,
+            limits: Limits::default(),
+            checkpoint_step_tids: CHECKPOINT_STEP_TIDS,
+        };
+        let next = records.last().map_or(1, |r| r.0 + 1);
+        Participant::recover(cfg, Space::anonymous(4096).unwrap(), next, records)
+    }
+
+    fn prepare_record(seq: u64, participants: Vec<NodeId>, addr: u64) -> LogRecord {
+        LogRecord::Prepare {
+            tid: tid(seq),
+            participants,
+            writes: vec![(addr, vec![seq as u8; 8])],
+        }
+    }
+
+    #[test]
+    fn a_restart_serves_before_stage_2_with_the_undecided_bytes_locked() {
+        let mut p = recovered(vec![
+            (1, prepare_record(1, vec![1, 2], 0)),
+            (2, prepare_record(2, vec![1, 2], 16)),
+            (3, prepare_record(3, vec![1], 32)),
+        ]);
+        assert!(p.serve_undecided(0));
+        assert_eq!(p.stage(), Stage::Serving);
+        assert_eq!(p.space().read(32, 1), &[3], "one-phase tid 3 is replayed");
+        assert_eq!(p.space().read(0, 1), &[0], "tid 1 waits for stage 2");
+        // Other bytes are served at once; the undecided tids' bytes are locked.
+        let other = prepare(&mut p, tid(10), vec![1], vec![write(64, 1)]);
+        assert_eq!(vote_of(&p.on_synced(0, other.append[0].0)), Vote::CommitOk);
+        let busy = prepare(&mut p, tid(11), vec![1, 2], vec![write(0, 1)]);
+        assert_eq!(vote_of(&busy), Vote::AbortLock);
+        // The peers may ask: this node holds both votes.
+        let acts = p.on_request(
+            0,
+            1,
+            2,
+            Request::RequestAbort {
+                tids: vec![(tid(1), vec![1, 2]), (tid(2), vec![1, 2])],
+            },
+        );
+        assert!(
+            matches!(&acts.replies[..], [(_, _, Response::Votes(v))] if v.iter().all(|v| v.1)),
+            "{:?}",
+            acts.replies
+        );
+        let acts = p.resolve(0, &[(tid(1), true), (tid(2), false)]);
+        assert_eq!(acts.append.len(), 2, "both outcomes are logged");
+        assert_eq!(p.space().read(0, 1), &[1], "tid 1 committed");
+        assert_eq!(p.space().read(16, 1), &[0], "tid 2 aborted");
+        let free = prepare(&mut p, tid(12), vec![1, 2], vec![write(0, 1)]);
+        let free = p.on_synced(0, free.append[0].0);
+        assert_eq!(vote_of(&free), Vote::CommitOk, "the locks are free");
+    }
+
+    #[test]
+    fn an_undecided_tid_whose_bytes_a_later_tid_wrote_waits_for_stage_2() {
+        // Tid 3 locked tid 1's bytes, so tid 1 was decided first; its `Decided` was lost.
+        let mut p = recovered(vec![
+            (1, prepare_record(1, vec![1, 2], 0)),
+            (2, prepare_record(3, vec![1], 4)),
+        ]);
+        assert!(!p.serve_undecided(0));
+        assert_eq!(p.stage(), Stage::Recovering);
+        let _ = p.resolve(0, &[(tid(1), true)]);
+        p.finish_recovery(0);
+        assert_eq!(p.space().read(0, 12), &[1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3]);
     }
 
     #[test]
@@ -2460,7 +2604,7 @@ mod tests {
         };
         let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 3, records);
         let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)], &[]);
-        p.finish_recovery();
+        p.finish_recovery(0);
         let cp = p.checkpoint_begin();
         let _ = checkpoint_done(&mut p, cp);
         assert!(p.heartbeat(2).applied.is_empty(), "node 2 collected tid 1");

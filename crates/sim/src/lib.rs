@@ -351,7 +351,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
     let mirror_images = images.clone();
     let check = {
         let workload = workload.clone();
-        Rc::new(move |node: NodeId, read: &dyn Fn(u64, u32) -> Vec<u8>| {
+        Rc::new(move |node: NodeId, read: &tutti_workload::ReadNode<'_>| {
             workload.borrow().check_node(node, read)
         })
     };

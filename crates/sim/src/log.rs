@@ -84,7 +84,7 @@ pub(crate) fn spawn_log_cluster(
             .collect(),
     ));
     let (state, layout, images) = allocate(shape);
-    let no_check = Rc::new(|_: u16, _: &dyn Fn(u64, u32) -> Vec<u8>| Vec::new());
+    let no_check = Rc::new(|_: u16, _: &tutti_workload::ReadNode<'_>| Vec::new());
     for (id, image) in (1..=shape.nodes).zip(images) {
         let node = SimNode::new(id, image, dir.clone(), no_check.clone());
         assert_eq!(world.spawn(Box::new(node), true), dir.node(id));

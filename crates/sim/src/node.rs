@@ -22,7 +22,7 @@ use tutti_wire::{ErrorCode, Limits, NodeId, Placement, Request, Response};
 use tutti_workload::Violation;
 
 /// Checks a node's space right after it recovered, through `read(addr, len)`.
-pub(crate) type RecoveryCheck = dyn Fn(NodeId, &dyn Fn(u64, u32) -> Vec<u8>) -> Vec<Violation>;
+pub(crate) type RecoveryCheck = dyn Fn(NodeId, &tutti_workload::ReadNode<'_>) -> Vec<Violation>;
 
 enum Pending {
     Heartbeat {
@@ -628,10 +628,12 @@ impl SimNode {
         );
         let undecided = p.undecided();
         self.participant = Some(p);
-        if undecided.is_empty() {
-            self.up().finish_recovery();
+        let now = now_ms(ctx);
+        if self.up().serve_undecided(now) {
             self.recovered(ctx);
-            return;
+            if undecided.is_empty() {
+                return;
+            }
         }
         let promoted = self
             .repl
@@ -653,10 +655,14 @@ impl SimNode {
         self.stage2_retry(ctx);
     }
 
-    /// Every commit already reported that touched this node must be back in its space.
+    /// Every commit already reported that touched this node must be back in its space,
+    /// or still to come there (its bytes locked by a tid in flight).
     fn recovered(&self, ctx: &mut Ctx<'_>) {
-        let space = self.participant.as_ref().expect("just recovered").space();
-        let read = |addr, len| space.read(addr, u64::from(len)).to_vec();
+        let p = self.participant.as_ref().expect("just recovered");
+        let read = |addr, len| {
+            let len = u64::from(len);
+            (!p.write_locked(addr, len)).then(|| p.space().read(addr, len).to_vec())
+        };
         for violation in (self.check)(self.id, &read) {
             let detail = format!("at {} µs {}", ctx.now_us(), violation.detail);
             ctx.report(Violation::new(violation.kind, detail));
@@ -712,12 +718,16 @@ impl SimNode {
         }
     }
 
-    /// Every undecided tid's outcome is known: resolve them, serve, tell the peers.
+    /// Every undecided tid's outcome is known: resolve them, serve (if not serving yet),
+    /// tell the peers.
     fn finish_stage2(&mut self, ctx: &mut Ctx<'_>) {
         let rec = self.recovering.take().expect("recovering");
         let (outcomes, decisions) = rec.stage2.outcomes();
-        let acts = self.up().resolve(&outcomes);
-        self.up().finish_recovery();
+        let now = now_ms(ctx);
+        let acts = self.up().resolve(now, &outcomes);
+        if !self.serving() {
+            self.up().finish_recovery(now);
+        }
         self.apply(ctx, acts);
         self.recovered(ctx);
         for (q, decision) in decisions {

@@ -62,6 +62,14 @@ fn a_lock_waiter_that_runs_without_its_locks_is_caught() {
     eprintln!("caught: {found:?}");
 }
 
+/// A restarted node serves ahead of its stage 2 with the undecided tids' bytes unlocked.
+#[test]
+fn serving_undecided_bytes_before_stage_2_decides_them_is_caught() {
+    let found = first_failing_seed(Bug::ServeUndecidedUnlocked);
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
 #[test]
 fn commit_ok_before_the_log_sync_is_caught() {
     let found = first_failing_seed(Bug::CommitOkBeforeSync);

@@ -1085,7 +1085,7 @@ impl Workload for FsWorkload {
         out
     }
 
-    fn check_node(&self, _node: NodeId, _read: &dyn Fn(u64, u32) -> Vec<u8>) -> Vec<Violation> {
+    fn check_node(&self, _node: NodeId, _read: &crate::ReadNode<'_>) -> Vec<Violation> {
         // A node's part of a volume has no invariant of its own; `check` walks them all.
         vec![]
     }

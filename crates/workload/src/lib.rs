@@ -40,6 +40,9 @@ impl fmt::Display for Violation {
     }
 }
 
+/// A recovered node's bytes `read(addr, len)`, as [`Workload::check_node`] sees them.
+pub type ReadNode<'a> = dyn Fn(u64, u32) -> Option<Vec<u8>> + 'a;
+
 /// A workload, as every driver runs it:
 /// 1. execute [`Workload::setup`] once (the simulator writes it into the initial images);
 /// 2. for each operation of a client, execute the minitransaction of [`Workload::next`],
@@ -74,6 +77,9 @@ pub trait Workload {
     fn check(&self, snapshot: &[Vec<u8>]) -> Vec<Violation>;
 
     /// Checks one memory node's state right after it recovered, through `read(addr, len)`:
-    /// whatever the model already knows committed on that node must be there.
-    fn check_node(&self, node: NodeId, read: &dyn Fn(u64, u32) -> Vec<u8>) -> Vec<Violation>;
+    /// whatever the model already knows committed on that node must be there. `read` gives
+    /// `None` for bytes a minitransaction in flight there holds for writing (a tid its
+    /// restart has not decided yet, or one whose decision is on its way): their value is
+    /// still to come.
+    fn check_node(&self, node: NodeId, read: &ReadNode<'_>) -> Vec<Violation>;
 }

@@ -158,6 +158,85 @@ fn coordinator_crash_between_phases_is_recovered_by_the_manager() {
     });
 }
 
+/// A node restarting with a tid undecided in its log, whose other participant is frozen,
+/// serves everything but that tid's bytes at once; its stage 2 waits for the peer meanwhile
+/// and commits the tid once the peer answers. It served nothing until then: Sinfonia's
+/// recovery blocks while a participant is down (a promoted copy so waited 4 s under chaos).
+#[test]
+fn a_restart_serves_while_stage_2_waits_for_a_frozen_peer() {
+    let rt = common::runtime();
+    let _in_rt = rt.enter();
+    // The manager's recovery coordinator must not decide the orphan before node 1 restarts.
+    let flags = ["--timeout-uncertain-ms", "600000"];
+    let mut c = common::start("serve-undecided", 2, "log", &flags, &[]);
+    let orphan = Tid {
+        epoch: 1,
+        coordinator: rand::thread_rng().gen(),
+        seq: 1,
+    };
+    rt.block_on(async {
+        common::ready(&c).await;
+        let (n1, n2) = (raw(&c, 1).await, raw(&c, 2).await);
+        for n in [&n1, &n2] {
+            let ep = prepare(orphan, vec![1, 2], vec![w(0xaa)]);
+            assert_eq!(vote(n, &ep).await, Vote::CommitOk);
+        }
+    });
+    let pid_2 = (c.local.process_entries(&Default::default()).into_iter())
+        .find(|p| p.name == "node-2")
+        .and_then(|p| p.pid)
+        .expect("node 2's pid");
+    c.local.kill_node(1);
+    unsafe { libc::kill(pid_2 as i32, libc::SIGSTOP) };
+    c.local.start_node(1).unwrap();
+    let client = |deadline| {
+        let opts = ClientOptions {
+            deadline,
+            dialer: c.local.dialer(),
+            ..Default::default()
+        };
+        Cluster::connect(&c.local.file.manager, opts)
+    };
+    let served = rt.block_on(async {
+        let patient = client(Duration::from_secs(20)).await.unwrap();
+        let started = Instant::now();
+        let elsewhere = Minitx::new().write(1, 4096, vec![1; 8]);
+        let out = patient.exec_and_commit(&elsewhere).await;
+        let took = started.elapsed();
+        let short = client(Duration::from_millis(300)).await.unwrap();
+        let on_the_orphan = Minitx::new().write(1, 0, vec![1; 8]);
+        (out, took, short.exec_and_commit(&on_the_orphan).await)
+    });
+    unsafe { libc::kill(pid_2 as i32, libc::SIGCONT) };
+    let (out, took, on_the_orphan) = served;
+    eprintln!(
+        "node 1 served after {took:?} of its restart; on the orphan's bytes: {on_the_orphan:?}"
+    );
+    assert!(
+        out.as_ref().is_ok_and(|o| o.committed),
+        "{out:?} after {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "served after {took:?}");
+    assert!(
+        matches!(
+            on_the_orphan,
+            Err(ExecError::Timeout { .. } | ExecError::OutcomeUnknown { .. })
+        ),
+        "the orphan's bytes are locked until stage 2 decides it: {on_the_orphan:?}"
+    );
+    rt.block_on(async {
+        let cluster = client(Duration::from_secs(20)).await.unwrap();
+        let cas = Minitx::new()
+            .compare(1, 0, vec![0xaa; 8])
+            .compare(2, 0, vec![0xaa; 8])
+            .write(1, 0, vec![2; 8])
+            .write(2, 0, vec![2; 8]);
+        let out = cluster.exec_and_commit(&cas).await.unwrap();
+        assert!(out.committed, "stage 2 committed the orphan: {out:?}");
+        common::assert_idle(&cluster, Duration::from_secs(5)).await;
+    });
+}
+
 /// A node that takes connections but never answers (its process stopped, as one cut off
 /// or swapping): a write on it ends in `Timeout`, since its request never left the client,
 /// at its deadline, and nothing is written. It ended `OutcomeUnknown`: a call still

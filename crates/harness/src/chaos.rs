@@ -222,6 +222,13 @@ async fn healed(local: &LocalCluster) -> Result<Cluster, Vec<String>> {
         .wait_ready(Duration::from_secs(60))
         .await
         .map_err(|e| vec![e.to_string()])?;
+    if crate::local::replicated(&local.file.mode) {
+        // Every copy killed, or whose disk was lost, is back: joined, or kept.
+        local
+            .wait_mirrored(&cluster, Duration::from_secs(60))
+            .await
+            .map_err(|e| vec![e.to_string()])?;
+    }
     wait_idle(&cluster, Duration::from_secs(20))
         .await
         .map_err(|e| vec![e])?;
@@ -430,6 +437,10 @@ pub struct ChaosConfig {
     pub mode: String,
     /// `log-repl`: the managers' `--failover-timeout-ms`, if not their default.
     pub failover_timeout_ms: Option<u64>,
+    /// `log-repl`: one node kill in five, while both of the node's copies are named, also
+    /// empties the killed process's data directory (its disk lost): it starts again with
+    /// no copy and joins as the mirror.
+    pub lose_disks: bool,
     /// Kills of the logs' sequencer (log workload only).
     pub sequencer: Terminator,
     /// Consistent backups taken while the bank runs, each restored at the end and checked
@@ -459,6 +470,8 @@ pub struct ChaosReport {
     /// `log-repl`: kills of the process serving a node, and of the other one.
     pub primary_kills: u64,
     pub mirror_kills: u64,
+    /// `log-repl`: of the node kills, those that also lost the process's disk.
+    pub disk_losses: u64,
     /// `log-repl`: processes that stopped on learning they were replaced, and came back
     /// as their node's new mirror.
     pub rejoins: u64,
@@ -518,8 +531,13 @@ impl ChaosReport {
         };
         let node_kills = if crate::local::replicated(&cfg.mode) {
             format!(
-                "{} ({} of the serving copy, {} of the other; {} replaced copies rejoined)",
-                self.node_kills, self.primary_kills, self.mirror_kills, self.rejoins
+                "{} ({} of the serving copy, {} of the other, {} with its disk; {} replaced \
+                 copies rejoined)",
+                self.node_kills,
+                self.primary_kills,
+                self.mirror_kills,
+                self.disk_losses,
+                self.rejoins
             )
         } else {
             self.node_kills.to_string()
@@ -1320,10 +1338,10 @@ struct Faults<'a> {
     /// with whether the node had a mirror then; and where on each node probes write.
     probes: Vec<(bool, tokio::task::JoinHandle<Option<Duration>>)>,
     probe_addrs: Vec<(NodeId, u64)>,
-    /// `ram-repl`: each node process started again, with its node's configuration epoch
-    /// then. It started empty, so it holds the node's data only once a placement of a
-    /// later epoch names it (it joined).
-    restarted_at_epoch: std::collections::HashMap<String, u64>,
+    /// Each node process started again empty (every restart in `ram-repl`, one whose disk
+    /// was lost in `log-repl`), with its node's configuration epoch then: it holds the
+    /// node's data only once a placement of a later epoch names it (it joined).
+    emptied_at_epoch: std::collections::HashMap<String, u64>,
 }
 
 /// When a fault strikes, and how to ask the cluster where a node is served.
@@ -1395,7 +1413,7 @@ impl<'a> Faults<'a> {
             cut: Vec::new(),
             probes: Vec::new(),
             probe_addrs: Vec::new(),
-            restarted_at_epoch: std::collections::HashMap::new(),
+            emptied_at_epoch: std::collections::HashMap::new(),
             cfg,
             rng,
         }
@@ -1415,7 +1433,9 @@ impl<'a> Faults<'a> {
 
     /// Kills a `log-repl` node's serving process (two times in three) or its other one,
     /// restarting it 0–2 s later: long enough, often, for its mirror to take over. A
-    /// `ram-repl` node's serving process is killed only while the node has a mirror.
+    /// `ram-repl` node's serving process is killed only while the node has a mirror, and
+    /// a `log-repl` process's disk is lost (`lose_disks`) only then: the other copy holds
+    /// every commit.
     fn kill_replicated(
         &mut self,
         at: &Strike<'_>,
@@ -1430,13 +1450,12 @@ impl<'a> Faults<'a> {
         let Some(serving) = local.process_at(node, &p.primary) else {
             return Ok(());
         };
-        // In ram-repl, a mirror started again since the placement's epoch has not joined
-        // yet: named still, maybe, but holding nothing (in log-repl it kept its data).
+        // A mirror started again empty since the placement's epoch has not joined yet:
+        // named still, maybe, but holding nothing.
         let in_ram = self.cfg.mode == crate::local::RAM_REPLICATED_MODE;
         let mirror = (p.mirror.as_ref()).and_then(|m| local.process_at(node, m));
-        let mirrored = mirror.is_some_and(|m| {
-            !in_ram || (self.restarted_at_epoch.get(&m)).is_none_or(|&e| p.config_epoch > e)
-        });
+        let mirrored = mirror
+            .is_some_and(|m| (self.emptied_at_epoch.get(&m)).is_none_or(|&e| p.config_epoch > e));
         let other = match serving.strip_suffix("-mirror") {
             Some(primary) => primary.to_string(),
             None => format!("{serving}-mirror"),
@@ -1462,10 +1481,17 @@ impl<'a> Faults<'a> {
             local.kill(&other);
             other
         };
+        let lose_disk = self.cfg.lose_disks && !in_ram && mirrored && rng.gen_ratio(1, 5);
+        if lose_disk {
+            local.lose_disk(&name)?;
+            report.disk_losses += 1;
+        }
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
         // A process of the mirror role serves as what the placement makes it, and joins
         // as the new mirror if it is neither primary nor mirror any more.
-        self.restarted_at_epoch.insert(name.clone(), p.config_epoch);
+        if in_ram || lose_disk {
+            self.emptied_at_epoch.insert(name.clone(), p.config_epoch);
+        }
         local.restart_as_mirror(&name)
     }
 
@@ -1488,10 +1514,12 @@ impl<'a> Faults<'a> {
                     .violations
                     .push(format!("{name} exited by itself: {status}"));
             }
-            let node = crate::local::node_of_process(&name);
-            let epoch = node.and_then(|n| at.rt.block_on(placement(at.cluster, n)));
-            let epoch = epoch.map_or(u64::MAX, |p| p.config_epoch);
-            self.restarted_at_epoch.insert(name.clone(), epoch);
+            if self.cfg.mode == crate::local::RAM_REPLICATED_MODE {
+                let node = crate::local::node_of_process(&name);
+                let epoch = node.and_then(|n| at.rt.block_on(placement(at.cluster, n)));
+                let epoch = epoch.map_or(u64::MAX, |p| p.config_epoch);
+                self.emptied_at_epoch.insert(name.clone(), epoch);
+            }
             local.restart_as_mirror(&name)?;
         }
         Ok(())

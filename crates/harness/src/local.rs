@@ -136,6 +136,19 @@ pub enum LocalError {
     Exited(String),
 }
 
+/// Removes everything in `dir`, keeping `dir`.
+pub fn empty_dir(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
 /// Where local clusters listen unless told otherwise.
 pub const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
@@ -411,15 +424,32 @@ impl LocalCluster {
     /// manager's placement names it, primary or mirror, and otherwise joins the node's
     /// primary as its new mirror.
     pub fn restart_as_mirror(&mut self, name: &str) -> Result<(), LocalError> {
+        let (id, addr, data) = self.copy_process(name)?;
+        self.spawn_mirror(name, id, &addr, &data)
+    }
+
+    /// Empties the data directory of `name`, a replicated node's process that is not
+    /// running: its disk is lost, and started again it holds no copy (docs/replication.md,
+    /// "A lost disk").
+    pub fn lose_disk(&self, name: &str) -> Result<(), LocalError> {
+        let (_, _, data) = self.copy_process(name)?;
+        empty_dir(&data).map_err(|source| LocalError::Io {
+            what: format!("empty {}", data.display()),
+            source,
+        })
+    }
+
+    /// The node, address and data directory of `name`, one of a replicated node's two
+    /// processes (`node-ID` or `node-ID-mirror`).
+    fn copy_process(&self, name: &str) -> Result<(NodeId, String, PathBuf), LocalError> {
         let id = node_of_process(name)
             .ok_or_else(|| LocalError::Config(format!("{name} is not a memory node")))?;
         let n = self.node_entry(id)?;
-        let (addr, data) = match &n.mirror {
-            Some(m) if name.ends_with("-mirror") => (m.addr.clone(), m.data.clone()),
-            Some(_) => (n.addr.clone(), n.data.clone()),
-            None => return Err(LocalError::Config(format!("node {id} has no mirror"))),
-        };
-        self.spawn_mirror(name, id, &addr, &data)
+        match &n.mirror {
+            Some(m) if name.ends_with("-mirror") => Ok((id, m.addr.clone(), m.data.clone())),
+            Some(_) => Ok((id, n.addr.clone(), n.data.clone())),
+            None => Err(LocalError::Config(format!("node {id} has no mirror"))),
+        }
     }
 
     fn spawn_mirror(
@@ -755,7 +785,12 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    async fn wait_mirrored(&self, cluster: &Cluster, timeout: Duration) -> Result<(), LocalError> {
+    /// Waits until the managers name a mirror for every node (replicated modes).
+    pub async fn wait_mirrored(
+        &self,
+        cluster: &Cluster,
+        timeout: Duration,
+    ) -> Result<(), LocalError> {
         let until = Instant::now() + timeout;
         for id in self.node_ids() {
             let ask = tutti_wire::Request::Placement { node: id };

@@ -52,6 +52,11 @@ pub(crate) struct ChaosArgs {
     /// over (`tutti manager --failover-timeout-ms`; the managers' default, 500, without it).
     #[arg(long)]
     failover_timeout_ms: Option<u64>,
+    /// `log-repl`: never lose a disk. Without it, one node kill in five, while both of the
+    /// node's copies are named, also empties the killed process's data directory: it
+    /// comes back with no copy and joins as the mirror, and the node loses nothing.
+    #[arg(long)]
+    no_disk_loss: bool,
     /// Seconds between sequencer kills (log workload), as MIN-MAX.
     #[arg(long, default_value = "2-6", value_parser = parse_range)]
     sequencer_kill_every_s: (f64, f64),
@@ -126,6 +131,7 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
         managers: a.managers,
         mode: a.mode.name().into(),
         failover_timeout_ms: a.failover_timeout_ms,
+        lose_disks: !a.no_disk_loss,
         backups: a.backup_every_s.map(every),
         sequencer: every(a.sequencer_kill_every_s),
         partitions: (!a.no_partitions)
@@ -172,7 +178,12 @@ pub(crate) fn run(a: ChaosArgs, credentials: CredentialFiles) -> Result<(), Stri
                 } else {
                     ""
                 };
-                noteln!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected{registers})");
+                let mirrored = if tutti_harness::local::replicated(&cfg.mode) {
+                    ", every node mirrored again"
+                } else {
+                    ""
+                };
+                noteln!("invariants: all hold (no committed transfer lost, money conserved, nothing uncertain or locked, logs collected{registers}{mirrored})");
             }
             ChaosWorkload::Objects => noteln!("invariants: all hold (register and map history linearizable, money conserved over 8 maps, every account's balance its receipts', each transfer seen committed in the log and none seen aborted, nothing uncertain or locked, logs collected)"),
             ChaosWorkload::Fs => noteln!("invariants: all hold (register files linearizable across mounts, every client's directory as its answers say, fsck clean once what killed mounts left is repaired, nothing uncertain or locked, logs collected)"),

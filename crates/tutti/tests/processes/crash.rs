@@ -52,6 +52,7 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         manager: common::secs(8.0, 16.0),
         mode: "log".into(),
         failover_timeout_ms: None,
+        lose_disks: false,
         managers: 1,
         // Backups taken under the faults, each restored at the end and checked as a cut.
         backups: Some(common::secs(10.0, 20.0)),

@@ -544,14 +544,7 @@ fn a_replaced_primary_comes_back_as_the_new_mirror() {
 fn lose_disk(data: &std::path::Path, name: &str, pid: u64) {
     // SAFETY: kill(2) on a process of this test's cluster.
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-    for e in std::fs::read_dir(data.join(name)).unwrap() {
-        let path = e.unwrap().path();
-        if path.is_dir() {
-            std::fs::remove_dir_all(&path).unwrap();
-        } else {
-            std::fs::remove_file(&path).unwrap();
-        }
-    }
+    tutti_harness::local::empty_dir(&data.join(name)).unwrap();
     // SAFETY: as above.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }

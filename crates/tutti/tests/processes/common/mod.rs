@@ -209,6 +209,7 @@ pub fn log_chaos_config(
         manager: secs(6.0, 10.0),
         mode: "log".into(),
         failover_timeout_ms: None,
+        lose_disks: false,
         managers: 1,
         backups: None,
         sequencer: secs(1.5, 4.0),

@@ -222,13 +222,6 @@ async fn healed(local: &LocalCluster) -> Result<Cluster, Vec<String>> {
         .wait_ready(Duration::from_secs(60))
         .await
         .map_err(|e| vec![e.to_string()])?;
-    if crate::local::replicated(&local.file.mode) {
-        // Every copy killed, or whose disk was lost, is back: joined, or kept.
-        local
-            .wait_mirrored(&cluster, Duration::from_secs(60))
-            .await
-            .map_err(|e| vec![e.to_string()])?;
-    }
     wait_idle(&cluster, Duration::from_secs(20))
         .await
         .map_err(|e| vec![e])?;
@@ -1145,12 +1138,20 @@ pub fn run(
             Workload::Objects { .. } => verify_objects(&local, dir, &mut report).await,
             Workload::Fs(clients) => verify_fs(&local, dir, clients.count, &mut report).await,
         };
-        match verified {
-            Ok(cluster) => match wait_log_collected(&cluster, Duration::from_secs(45)).await {
-                Ok(bytes) => report.log_after_bytes = bytes,
-                Err(e) => report.violations.push(e),
-            },
-            Err(v) => report.violations.extend(v),
+        let cluster = match verified {
+            Ok(cluster) => cluster,
+            Err(v) => return report.violations.extend(v),
+        };
+        if crate::local::replicated(&cfg.mode) {
+            // Every copy killed, or whose disk was lost, came back: joined, or kept.
+            let mirrored = local.wait_mirrored(&cluster, Duration::from_secs(60));
+            if let Err(e) = mirrored.await {
+                report.violations.push(e.to_string());
+            }
+        }
+        match wait_log_collected(&cluster, Duration::from_secs(45)).await {
+            Ok(bytes) => report.log_after_bytes = bytes,
+            Err(e) => report.violations.push(e),
         }
     });
     local.stop_all();

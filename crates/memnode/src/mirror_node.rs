@@ -589,7 +589,7 @@ async fn serve(
             let space = Space::image(&data.join(IMAGE_FILE), cfg.size_bytes)
                 .map_err(io("open the image"))?;
             let flusher = space.flusher();
-            let recovered = RedoLog::open(&data.join(crate::node::LOG_DIR), cfg.log_segment_bytes)?;
+            let recovered = crate::node::open_log(data, cfg)?;
             let next = recovered.log.next_lsn();
             tracing::info!(
                 records = recovered.records.len(),

@@ -470,7 +470,7 @@ pub async fn run(
             let space = Space::image(&data.join(IMAGE_FILE), cfg.size_bytes)
                 .map_err(io("open the image"))?;
             let flusher = space.flusher();
-            let recovered = RedoLog::open(&data.join(LOG_DIR), cfg.log_segment_bytes)?;
+            let recovered = open_log(&data, &cfg)?;
             // Once its image and log are there (`lost`).
             if creating {
                 mark_whole(&data)?;
@@ -850,6 +850,29 @@ pub(crate) fn open_data_dir(
         }
     }
     Ok(lock)
+}
+
+/// Opens the redo log in `data`. A damaged one in a `log-repl` copy gives the copy up, as
+/// a lost disk does (docs/replication.md, "A lost disk"): marked empty, the process exits,
+/// and started again it joins the node's other copy, which holds every commit. Its files
+/// stay until a join is offered.
+pub(crate) fn open_log(
+    data: &std::path::Path,
+    cfg: &NodeConfig,
+) -> Result<crate::redo_log::Recovered, NodeError> {
+    match RedoLog::open(&data.join(LOG_DIR), cfg.log_segment_bytes) {
+        Err(e @ (LogError::Corrupt { .. } | LogError::BadHeader { .. }))
+            if replicated(cfg) && !cfg.volatile =>
+        {
+            tracing::error!(
+                "{e}: this copy gives node {}'s data up and joins again",
+                cfg.id
+            );
+            mark_empty(data)?;
+            Err(e.into())
+        }
+        opened => Ok(opened?),
+    }
 }
 
 /// Whether this process holds a copy of a replicated node (its primary, or a mirror).

@@ -5,8 +5,8 @@
 //! only flushes the device cache, which halves the CPU a sync costs on this kind of machine.
 
 use crate::log_record::{
-    check_segment_header, decode_record, segment_header, HeaderProblem, SEGMENT_FORMAT_VERSION,
-    SEGMENT_HEADER_BYTES,
+    check_segment_header, decode_record, segment_header, HeaderProblem, RECORD_BYTES_MAX,
+    RECORD_HEADER_BYTES, SEGMENT_FORMAT_VERSION, SEGMENT_HEADER_BYTES,
 };
 pub use crate::log_record::{encode_record, LogRecord, Lsn};
 use crate::segment_files::{zero_fill, SegmentFiles};
@@ -27,8 +27,12 @@ pub enum LogError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("redo log segment {path} is corrupt at byte {offset} and is not the last segment; restore the node from a backup")]
-    Corrupt { path: PathBuf, offset: u64 },
+    #[error("redo log segment {path} is damaged at byte {offset} ({why}); restore the node from a backup")]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        why: &'static str,
+    },
     #[error("{path} is not a tutti redo log segment of this node, or its header is damaged ({problem}); restore the node from a backup")]
     BadHeader {
         path: PathBuf,
@@ -81,7 +85,8 @@ struct Segment {
     used: u64,
 }
 
-/// The smallest direct-I/O alignment used: a sector.
+/// A sector: the smallest direct-I/O alignment used, and what a device writes whole or not
+/// at all, so that a crash cuts a write short only at a multiple of it in the file.
 const SECTOR_BYTES: usize = 512;
 /// File systems asking for a larger alignment get buffered writes.
 const ALIGN_BYTES_MAX: usize = 64 << 10;
@@ -195,6 +200,33 @@ fn records_start(
     }
 }
 
+/// Whether reading the last segment stopped at `offset` because a crash cut a write short
+/// (a torn tail, which nothing had acknowledged) rather than because bytes written and
+/// synced were damaged since. The segment held zeros before that write, and the sectors a
+/// torn write did not reach hold them still: so a torn record has, in some sector it
+/// spans, nothing but zeros, or it runs past the end of the file. A flipped bit or a
+/// garbled field leaves no such sector.
+fn torn(bytes: &[u8], offset: usize) -> bool {
+    let len = (bytes.get(offset..offset + 4)).map_or(0, |b| {
+        u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize
+    });
+    // A length past the limit is garbled: only the frame's header is judged.
+    let len = if len > RECORD_BYTES_MAX { 0 } else { len };
+    let end = offset + RECORD_HEADER_BYTES + len;
+    if end > bytes.len() {
+        return true;
+    }
+    let mut at = offset;
+    while at < end {
+        let sector_end = (at / SECTOR_BYTES + 1) * SECTOR_BYTES;
+        if bytes[at..sector_end.min(end)].iter().all(|&b| b == 0) {
+            return true;
+        }
+        at = sector_end;
+    }
+    false
+}
+
 /// `len` rounded up to a multiple of `align`.
 fn round_up(len: u64, align: u64) -> u64 {
     len.div_ceil(align) * align
@@ -273,10 +305,19 @@ impl RedoLog {
                 tail = bytes[offset.saturating_sub(ALIGN_BYTES_MAX)..offset].to_vec();
             }
             if bytes[offset..].iter().any(|&b| b != 0) {
-                if !last {
+                let why = match last {
+                    false => Some("records end there, and this is not the last segment"),
+                    true => (!torn(&bytes, offset)).then_some(
+                        "the record there has bytes in every sector and fails its check, so \
+                         no crash cut its write short: written and synced, it was damaged \
+                         since, and the records after it may hold committed writes",
+                    ),
+                };
+                if let Some(why) = why {
                     return Err(LogError::Corrupt {
                         path,
                         offset: offset as u64,
+                        why,
                     });
                 }
                 tracing::warn!(path = %path.display(), offset, "zeroing a torn log tail");
@@ -545,6 +586,7 @@ pub fn read_synced(dir: &Path, below: Lsn) -> Result<Vec<(Lsn, LogRecord)>, LogE
         Some((last, _)) if last + 1 != below => Err(LogError::Corrupt {
             path: dir.to_path_buf(),
             offset: *last,
+            why: "its synced records end before the writer's",
         }),
         _ => Ok(records),
     }
@@ -618,6 +660,68 @@ mod tests {
         log.append(first, records.len() as u64, &buf).unwrap();
     }
 
+    /// Where record `lsn` of `forced` records starts in the first segment, after the
+    /// records `before`, and its length.
+    fn extent(lsn: Lsn, before: std::ops::RangeInclusive<Lsn>) -> (usize, usize) {
+        let mut buf = Vec::new();
+        for i in before {
+            encode_record(i, &forced(i), &mut buf);
+        }
+        let at = SEGMENT_HEADER_BYTES + buf.len();
+        buf.clear();
+        encode_record(lsn, &forced(lsn), &mut buf);
+        (at, buf.len())
+    }
+
+    #[test]
+    fn a_synced_record_damaged_since_is_refused_not_cut() {
+        for damaged in [3, 5] {
+            let scratch = scratch();
+            let dir = scratch.path();
+            let mut log = RedoLog::open_with(dir, 1 << 16, false).unwrap().log;
+            append_batch(&mut log, &(1..=5).map(forced).collect::<Vec<_>>());
+            log.sync().unwrap();
+            drop(log);
+            // One flipped bit in a record's payload: its sector was written whole.
+            let (at, _) = extent(damaged, 1..=damaged - 1);
+            let seg = list_segments(dir).unwrap().pop().unwrap().1;
+            let mut bytes = fs::read(&seg).unwrap();
+            bytes[at + RECORD_HEADER_BYTES + 9] ^= 0x10;
+            fs::write(&seg, &bytes).unwrap();
+            let err = RedoLog::open_with(dir, 1 << 16, false)
+                .err()
+                .expect("refused");
+            assert!(
+                matches!(err, LogError::Corrupt { offset, .. } if offset == at as u64),
+                "{err}"
+            );
+            assert_eq!(fs::read(&seg).unwrap(), bytes, "nothing was cut");
+        }
+    }
+
+    #[test]
+    fn a_record_whose_second_sector_never_landed_is_a_torn_tail() {
+        let scratch = scratch();
+        let dir = scratch.path();
+        let mut log = RedoLog::open_with(dir, 1 << 16, false).unwrap().log;
+        let big = |seq| LogRecord::Prepare {
+            tid: tid(seq),
+            participants: vec![1, 2],
+            writes: vec![(0, vec![7; 1500])],
+        };
+        append_batch(&mut log, &[forced(1), big(2), forced(3)]);
+        log.sync().unwrap();
+        drop(log);
+        let (at, _) = extent(2, 1..=1);
+        let seg = list_segments(dir).unwrap().pop().unwrap().1;
+        let mut bytes = fs::read(&seg).unwrap();
+        let second = (at / SECTOR_BYTES + 1) * SECTOR_BYTES;
+        bytes[second..second + SECTOR_BYTES].fill(0);
+        fs::write(&seg, &bytes).unwrap();
+        let recovered = RedoLog::open_with(dir, 1 << 16, false).unwrap();
+        assert_eq!(recovered.records, vec![(1, forced(1))]);
+    }
+
     #[test]
     fn torn_tail_is_zeroed_so_stale_records_never_come_back() {
         for direct in [true, false] {
@@ -632,13 +736,12 @@ mod tests {
         append_batch(&mut log, &(1..=5).map(forced).collect::<Vec<_>>());
         log.sync().unwrap();
         drop(log);
-        // Record 3 is torn (one flipped byte) while 4 and 5 made it to disk intact.
-        let mut before = Vec::new();
-        encode_record(1, &forced(1), &mut before);
-        encode_record(2, &forced(2), &mut before);
+        // Record 3 never reached the disk (its bytes still zeros) while 4 and 5 did: a
+        // torn write, whose sectors landed out of order.
+        let (at, len) = extent(3, 1..=2);
         let seg = list_segments(dir).unwrap().pop().unwrap().1;
         let mut bytes = fs::read(&seg).unwrap();
-        bytes[SEGMENT_HEADER_BYTES + before.len() + 9] ^= 0xff;
+        bytes[at..at + len].fill(0);
         fs::write(&seg, &bytes).unwrap();
         let recovered = RedoLog::open_with(dir, 1 << 16, direct).unwrap();
         assert_eq!(recovered.records, vec![(1, forced(1)), (2, forced(2))]);

@@ -226,3 +226,69 @@ fn writers_retrying_through_a_promotion_learn_every_outcome() {
         Some("node-1-mirror")
     );
 }
+
+/// A `log-repl` copy whose redo log was damaged at rest (one bit flipped in a record
+/// already synced) does not cut its log there, which would drop what follows: it refuses
+/// the log, gives its copy up (marked empty) and exits; started again, it joins its
+/// primary, and promoted later it serves what was written before.
+#[test]
+fn a_copy_whose_log_was_damaged_gives_it_up_and_joins_again() {
+    let rt = common::runtime();
+    let _in_rt = rt.enter();
+    let mut c = common::start("damaged-log", 1, "log-repl", &[], &[]);
+    let mirror = c.local.file.nodes[0].mirror.clone().expect("a mirror");
+    let (cluster, named) = rt.block_on(async {
+        let cluster = common::ready(&c).await;
+        until_mirror(&cluster, 1, &mirror.addr).await;
+        let tx = tutti_client::Minitx::new().write(1, 0, b"hello".to_vec());
+        assert!(cluster.exec_and_commit(&tx).await.unwrap().committed);
+        let named = placement(&cluster, 1).await.config_epoch;
+        (cluster, named)
+    });
+    c.local.kill("node-1-mirror");
+    let mut segments: Vec<_> = std::fs::read_dir(mirror.data.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segments.sort();
+    let segment = segments.pop().expect("a segment");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    // Inside the first record's payload (the 32-byte segment header, then its frame).
+    bytes[32 + 8 + 12] ^= 0x10;
+    std::fs::write(&segment, &bytes).unwrap();
+    c.local.restart_as_mirror("node-1-mirror").unwrap();
+    let (name, status) = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), c.local.exited())
+            .await
+            .expect("the damaged copy exits")
+    });
+    assert_eq!(name, "node-1-mirror");
+    assert!(!status.success(), "{status}");
+    let said = c.local.log_tail("node-1-mirror");
+    assert!(said.contains("is damaged at byte 32"), "{said}");
+    assert!(
+        mirror.data.join("empty").exists(),
+        "marked as holding no copy"
+    );
+    c.local.restart_as_mirror("node-1-mirror").unwrap();
+    rt.block_on(async {
+        let started = Instant::now();
+        loop {
+            let p = placement(&cluster, 1).await;
+            if p.mirror.as_deref() == Some(&mirror.addr) && p.config_epoch > named {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{p:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    c.local.kill("node-1");
+    let read = tutti_client::Minitx::new().read(1, 0, 5);
+    let out = rt.block_on(cluster.exec_and_commit(&read)).unwrap();
+    assert_eq!(
+        out.reads,
+        vec![b"hello".to_vec()],
+        "served by the copy that joined"
+    );
+}

@@ -463,7 +463,17 @@ impl<R> Participant<R> {
     /// such a pair.) Then nothing changes and it returns false.
     pub fn serve_undecided(&mut self, now_ms: u64) -> bool {
         let mut locks = RangeLocks::default();
-        for (tid, writes) in self.recovered_writes.values() {
+        // Only records from the first undecided one on can overlap an undecided one.
+        let first_undecided = (self.log_tids.values())
+            .filter(|t| t.outcome == Outcome::Unknown)
+            .map(|t| t.lsn)
+            .min()
+            .unwrap_or(Lsn::MAX);
+        for (tid, writes) in self
+            .recovered_writes
+            .range(first_undecided..)
+            .map(|(_, w)| w)
+        {
             let ranges: Vec<LockRange> = (writes.iter())
                 .map(|(addr, bytes)| LockRange {
                     start: *addr,
@@ -2100,14 +2110,7 @@ mod tests {
         assert!(acts.append.is_empty());
         // ... so after a restart the node must still know the epoch, or a late EXEC&PREPARE
         // of that tid would vote COMMIT-OK.
-        let cfg = Config {
-            id: 1,
-            mode: Mode::Log,
-            timeout_uncertain_ms: 100,
-            limits: Limits::default(),
-            checkpoint_step_tids: CHECKPOINT_STEP_TIDS,
-        };
-        let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 2, records);
+        let mut p = recovered(records);
         p.finish_recovery(0);
         assert_eq!(
             vote_of(&prepare(&mut p, tid(1), vec![1, 2], vec![write(0, 1)])),
@@ -2159,14 +2162,7 @@ mod tests {
             ),
             (6, LogRecord::ForcedAbort { tid: tid(9) }),
         ];
-        let cfg = Config {
-            id: 1,
-            mode: Mode::Log,
-            timeout_uncertain_ms: 100,
-            limits: Limits::default(),
-            checkpoint_step_tids: CHECKPOINT_STEP_TIDS,
-        };
-        let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 7, records);
+        let mut p = recovered(records);
         assert_eq!(p.stage(), Stage::Recovering);
         let acts = p.on_request(
             0,
@@ -2595,14 +2591,7 @@ mod tests {
                 },
             ),
         ];
-        let cfg = Config {
-            id: 1,
-            mode: Mode::Log,
-            timeout_uncertain_ms: 100,
-            limits: Limits::default(),
-            checkpoint_step_tids: CHECKPOINT_STEP_TIDS,
-        };
-        let mut p: P = Participant::recover(cfg, Space::anonymous(4096).unwrap(), 3, records);
+        let mut p = recovered(records);
         let _ = p.on_heartbeat_ack(1, 1, 42, &[tid(1)], &[]);
         p.finish_recovery(0);
         let cp = p.checkpoint_begin();

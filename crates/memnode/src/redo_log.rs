@@ -673,21 +673,37 @@ mod tests {
         (at, buf.len())
     }
 
+    /// Appends `records` to a new log in `dir` as one synced batch, then changes the bytes
+    /// of its segment with `change` (damage, or a write a crash cut short): the segment,
+    /// and its bytes as left.
+    fn logged_then_changed(
+        dir: &Path,
+        direct: bool,
+        records: &[LogRecord],
+        change: impl FnOnce(&mut [u8]),
+    ) -> (PathBuf, Vec<u8>) {
+        let mut log = RedoLog::open_with(dir, 1 << 16, direct).unwrap().log;
+        append_batch(&mut log, records);
+        log.sync().unwrap();
+        drop(log);
+        let seg = list_segments(dir).unwrap().pop().unwrap().1;
+        let mut bytes = fs::read(&seg).unwrap();
+        change(&mut bytes);
+        fs::write(&seg, &bytes).unwrap();
+        (seg, bytes)
+    }
+
     #[test]
     fn a_synced_record_damaged_since_is_refused_not_cut() {
         for damaged in [3, 5] {
             let scratch = scratch();
             let dir = scratch.path();
-            let mut log = RedoLog::open_with(dir, 1 << 16, false).unwrap().log;
-            append_batch(&mut log, &(1..=5).map(forced).collect::<Vec<_>>());
-            log.sync().unwrap();
-            drop(log);
             // One flipped bit in a record's payload: its sector was written whole.
             let (at, _) = extent(damaged, 1..=damaged - 1);
-            let seg = list_segments(dir).unwrap().pop().unwrap().1;
-            let mut bytes = fs::read(&seg).unwrap();
-            bytes[at + RECORD_HEADER_BYTES + 9] ^= 0x10;
-            fs::write(&seg, &bytes).unwrap();
+            let records: Vec<LogRecord> = (1..=5).map(forced).collect();
+            let (seg, bytes) = logged_then_changed(dir, false, &records, |bytes| {
+                bytes[at + RECORD_HEADER_BYTES + 9] ^= 0x10
+            });
             let err = RedoLog::open_with(dir, 1 << 16, false)
                 .err()
                 .expect("refused");
@@ -703,21 +719,16 @@ mod tests {
     fn a_record_whose_second_sector_never_landed_is_a_torn_tail() {
         let scratch = scratch();
         let dir = scratch.path();
-        let mut log = RedoLog::open_with(dir, 1 << 16, false).unwrap().log;
-        let big = |seq| LogRecord::Prepare {
-            tid: tid(seq),
+        let big = LogRecord::Prepare {
+            tid: tid(2),
             participants: vec![1, 2],
             writes: vec![(0, vec![7; 1500])],
         };
-        append_batch(&mut log, &[forced(1), big(2), forced(3)]);
-        log.sync().unwrap();
-        drop(log);
         let (at, _) = extent(2, 1..=1);
-        let seg = list_segments(dir).unwrap().pop().unwrap().1;
-        let mut bytes = fs::read(&seg).unwrap();
         let second = (at / SECTOR_BYTES + 1) * SECTOR_BYTES;
-        bytes[second..second + SECTOR_BYTES].fill(0);
-        fs::write(&seg, &bytes).unwrap();
+        logged_then_changed(dir, false, &[forced(1), big, forced(3)], |bytes| {
+            bytes[second..second + SECTOR_BYTES].fill(0)
+        });
         let recovered = RedoLog::open_with(dir, 1 << 16, false).unwrap();
         assert_eq!(recovered.records, vec![(1, forced(1))]);
     }
@@ -732,17 +743,11 @@ mod tests {
     fn torn_tail_is_zeroed(direct: bool) {
         let scratch = scratch();
         let dir = scratch.path();
-        let mut log = RedoLog::open_with(dir, 1 << 16, direct).unwrap().log;
-        append_batch(&mut log, &(1..=5).map(forced).collect::<Vec<_>>());
-        log.sync().unwrap();
-        drop(log);
         // Record 3 never reached the disk (its bytes still zeros) while 4 and 5 did: a
         // torn write, whose sectors landed out of order.
         let (at, len) = extent(3, 1..=2);
-        let seg = list_segments(dir).unwrap().pop().unwrap().1;
-        let mut bytes = fs::read(&seg).unwrap();
-        bytes[at..at + len].fill(0);
-        fs::write(&seg, &bytes).unwrap();
+        let records: Vec<LogRecord> = (1..=5).map(forced).collect();
+        logged_then_changed(dir, direct, &records, |bytes| bytes[at..at + len].fill(0));
         let recovered = RedoLog::open_with(dir, 1 << 16, direct).unwrap();
         assert_eq!(recovered.records, vec![(1, forced(1)), (2, forced(2))]);
         let mut log = recovered.log;

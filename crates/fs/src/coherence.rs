@@ -114,6 +114,56 @@ impl Members {
     }
 }
 
+/// How long a member revoked for the first time in a while caches nothing before it takes
+/// invalidations again (8 default leases); each revocation in a row doubles it, up to
+/// `CALLBACKLESS_MAX_MS`.
+pub const CALLBACKLESS_FIRST_MS: u64 = 16_000;
+pub const CALLBACKLESS_MAX_MS: u64 = 256_000;
+
+/// When a revoked member takes invalidations again. A member is revoked when another one
+/// could not reach its callback (or it stopped renewing): joining again at once with the
+/// same callback would, under a one-way partition, be revoked again at the next write, and
+/// every write would wait out an acknowledgement and a lease each time. So it first joins
+/// without a callback, caching nothing and validating every read, which costs the others
+/// nothing; it tries its callback again after a wait that doubles while revocations follow
+/// each other.
+#[derive(Debug, Default)]
+pub struct Rejoins {
+    /// Revocations since the member last held a callback for `CALLBACKLESS_MAX_MS`.
+    in_a_row: u32,
+    /// When the member last joined with a callback, if it holds one.
+    taking_since: Option<u64>,
+    /// It caches nothing until then.
+    not_before: u64,
+}
+
+impl Rejoins {
+    /// The member was revoked at `now`: returns how long it now caches nothing.
+    pub fn revoked(&mut self, now: u64) -> u64 {
+        if self
+            .taking_since
+            .is_some_and(|t| now >= t + CALLBACKLESS_MAX_MS)
+        {
+            self.in_a_row = 0;
+        }
+        self.taking_since = None;
+        let wait = (CALLBACKLESS_FIRST_MS << self.in_a_row.min(8)).min(CALLBACKLESS_MAX_MS);
+        self.in_a_row += 1;
+        self.not_before = now + wait;
+        wait
+    }
+
+    /// Whether the member may join with its callback at `now`.
+    pub fn may_take_invalidations(&self, now: u64) -> bool {
+        now >= self.not_before
+    }
+
+    /// The member joined with its callback at `now`.
+    pub fn took_invalidations(&mut self, now: u64) {
+        self.taking_since = Some(now);
+    }
+}
+
 /// The bytes of the superblock a member reads to learn the table and the version.
 pub fn table_read(vol: &Volume) -> (NodeId, u64, u32) {
     let first = vol.nodes[0].0;
@@ -611,6 +661,35 @@ impl Announcement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_revoked_again_and_again_caches_nothing_longer_each_time() {
+        let mut r = Rejoins::default();
+        assert!(
+            r.may_take_invalidations(0),
+            "a new member takes them at once"
+        );
+        r.took_invalidations(0);
+        let mut now = 1_000;
+        let mut waits = vec![];
+        for _ in 0..7 {
+            let wait = r.revoked(now);
+            assert!(!r.may_take_invalidations(now + wait - 1));
+            assert!(r.may_take_invalidations(now + wait));
+            now += wait;
+            r.took_invalidations(now);
+            // Revoked again soon after it took them.
+            now += 3_000;
+            waits.push(wait);
+        }
+        assert_eq!(
+            waits,
+            [16_000, 32_000, 64_000, 128_000, 256_000, 256_000, 256_000]
+        );
+        // A callback held as long as the longest wait: the next revocation starts over.
+        now += CALLBACKLESS_MAX_MS;
+        assert_eq!(r.revoked(now), CALLBACKLESS_FIRST_MS);
+    }
 
     fn member(token: u64, port: u16) -> Member {
         Member {

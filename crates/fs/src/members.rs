@@ -3,7 +3,9 @@
 //! commits, takes their announcements, and revokes members that stop answering. The rules
 //! themselves are `coherence`'s.
 
-use crate::coherence::{self, Announcement, Grant, Member, Members, Stamp, Trust, ACK_TIMEOUT_MS};
+use crate::coherence::{
+    self, Announcement, Grant, Member, Members, Rejoins, Stamp, Trust, ACK_TIMEOUT_MS,
+};
 use crate::layout::{Ino, Volume, INODE_BYTES};
 use crate::volume::{FileSystem, FsError};
 use std::collections::HashMap;
@@ -69,9 +71,11 @@ pub(crate) struct Coherent {
     seq: AtomicU64,
     forget: OnceLock<Forget>,
     peers: Mutex<HashMap<SocketAddr, Arc<Connection>>>,
-    /// Held while joining; holds the callback of the last join, which a member that was
-    /// revoked joins with again.
+    /// Held while joining; holds the callback this member takes invalidations on (`None`
+    /// for one that caches nothing), which it joins with again once revoked and its wait
+    /// is over (`rejoins`).
     joining: tokio::sync::Mutex<Option<SocketAddr>>,
+    rejoins: Mutex<Rejoins>,
 }
 
 impl Coherent {
@@ -85,6 +89,7 @@ impl Coherent {
             forget: OnceLock::new(),
             peers: Mutex::new(HashMap::new()),
             joining: tokio::sync::Mutex::new(None),
+            rejoins: Mutex::new(Rejoins::default()),
         }
     }
 }
@@ -186,14 +191,13 @@ impl FileSystem {
     }
 
     /// The membership version and this member's token, joining first if this process is
-    /// not a member (with the callback it last joined with; none if it never joined: a
-    /// member that caches nothing, such as fsck).
+    /// not a member (with its callback, if it has one and no revocation keeps it from it:
+    /// none for a member that caches nothing, such as fsck).
     pub(crate) async fn member(&self) -> Result<(u64, u64), FsError> {
         if let Some(known) = self.member_now() {
             return Ok(known);
         }
-        let callback = *self.coherent().joining.lock().await;
-        self.join(callback).await?;
+        self.join_again().await?;
         self.member_now()
             .ok_or_else(|| FsError::Cluster("not a member".into()))
     }
@@ -215,40 +219,70 @@ impl FileSystem {
     /// Takes a slot in the volume's member table (`callback`: where this member takes
     /// invalidations; `None` for one that caches nothing). Its lease starts.
     pub async fn join(&self, callback: Option<SocketAddr>) -> Result<(), FsError> {
-        let mut joined_with = self.coherent().joining.lock().await;
-        if let Some(m) = self.membership().as_ref() {
-            if m.callback == callback {
-                return Ok(());
-            }
+        let mut wanted = self.coherent().joining.lock().await;
+        *wanted = callback;
+        self.take_slot(self.callback_due(callback)).await
+    }
+
+    /// Joins with this member's callback if its wait after a revocation is over, else
+    /// without one; a member that holds a slot without its callback takes the callback
+    /// there once the wait is over.
+    async fn join_again(&self) -> Result<(), FsError> {
+        let wanted = self.coherent().joining.lock().await;
+        self.take_slot(self.callback_due(*wanted)).await
+    }
+
+    fn callback_due(&self, callback: Option<SocketAddr>) -> Option<SocketAddr> {
+        let rejoins = self.coherent().rejoins.lock().expect("rejoins poisoned");
+        callback.filter(|_| rejoins.may_take_invalidations(self.now_ms()))
+    }
+
+    /// Holds a slot with `callback`: this member's own with the callback set there, or a free
+    /// one. The caller holds `joining`. Only a member with a callback trusts what it reads
+    /// (the others announce nothing to one without), and only what it reads once it holds it.
+    async fn take_slot(&self, callback: Option<SocketAddr>) -> Result<(), FsError> {
+        let held = (self.membership().as_ref()).map(|m| (m.callback, m.token));
+        if held.is_some_and(|(c, _)| c == callback) {
+            return Ok(());
         }
-        *joined_with = callback;
         let until = Instant::now() + self.deadline;
         loop {
             let members = self.members().await?;
-            let Some(slot) = members.slots.iter().position(Option::is_none) else {
-                return Err(FsError::Members(format!(
-                    "the volume has {} members already (mounts, fsck, grow): unmount one, \
-                     or wait for a dead one's slot to be reclaimed (3 leases)",
-                    coherence::SLOTS
-                )));
-            };
-            let me = Member {
-                token: rand::random::<u64>() | 1,
-                renewals: 0,
-                lease_ms: self.coherent().lease_ms as u32,
-                callback,
-                joined_unix_s: unix_s(),
-                pid: std::process::id(),
+            let own = held.and_then(|(_, token)| Some((members.slot_of(token)?, token)));
+            let (slot, old, me) = match own {
+                Some((slot, token)) => {
+                    let was = members.slots[slot].clone().expect("a member's slot");
+                    (slot, token, Member { callback, ..was })
+                }
+                None => {
+                    let Some(slot) = members.slots.iter().position(Option::is_none) else {
+                        return Err(FsError::Members(format!(
+                            "the volume has {} members already (mounts, fsck, grow): unmount \
+                             one, or wait for a dead one's slot to be reclaimed (3 leases)",
+                            coherence::SLOTS
+                        )));
+                    };
+                    let me = Member {
+                        token: rand::random::<u64>() | 1,
+                        renewals: 0,
+                        lease_ms: self.coherent().lease_ms as u32,
+                        callback,
+                        joined_unix_s: unix_s(),
+                        pid: std::process::id(),
+                    };
+                    (slot, 0, me)
+                }
             };
             let vol = self.volume();
-            let tx = coherence::membership_minitx(&vol, members.version, slot, 0, Some(&me));
+            let tx = coherence::membership_minitx(&vol, members.version, slot, old, Some(&me));
             let sent = self.now_ms();
             let outcome = crate::volume::exec(&self.cluster, &tx, until).await?;
             if outcome.committed {
                 let mut members = members;
                 members.version += 1;
                 members.slots[slot] = Some(me.clone());
-                tracing::info!(slot, token = me.token, "joined the volume's members");
+                let takes = callback.is_some();
+                tracing::info!(slot, token = me.token, takes, "joined the volume's members");
                 *self.membership() = Some(Membership {
                     token: me.token,
                     slot,
@@ -256,7 +290,16 @@ impl FileSystem {
                     members,
                     seen: HashMap::new(),
                 });
-                self.trust().renewed(sent);
+                if takes {
+                    (self.coherent().rejoins.lock().expect("rejoins poisoned"))
+                        .took_invalidations(self.now_ms());
+                    // A write that committed before this one, while this member took no
+                    // invalidations, was announced to the others only: nothing read
+                    // before is trusted.
+                    let mut trust = self.trust();
+                    trust.distrust();
+                    trust.renewed(sent);
+                }
                 return Ok(());
             }
             if Instant::now() >= until {
@@ -327,9 +370,17 @@ impl FileSystem {
             }
         };
         if let Some(callback) = rejoin {
-            tracing::warn!("revoked from the volume's members (another member could not reach this one): joining again");
+            let wait_ms =
+                (self.coherent().rejoins.lock().expect("rejoins poisoned")).revoked(self.now_ms());
+            tracing::warn!(
+                ?callback,
+                wait_ms,
+                "revoked from the volume's members (another member could not reach this \
+                 one, or it stopped renewing): joining again, caching nothing until the \
+                 wait is over"
+            );
             self.lose_trust();
-            self.join(callback).await?;
+            self.join_again().await?;
         }
         Ok(())
     }
@@ -595,7 +646,10 @@ impl FileSystem {
             // The slot no longer holds this member: it was revoked.
             return self.refresh_members().await;
         }
-        self.trust().renewed(sent);
+        let takes = (self.membership().as_ref()).is_some_and(|m| m.callback.is_some());
+        if takes {
+            self.trust().renewed(sent);
+        }
         let members = Members::decode(&outcome.reads[0]);
         let now = self.now_ms();
         let lease_ms = self.coherent().lease_ms;
@@ -638,7 +692,8 @@ impl FileSystem {
             }
             self.trust().forget(writer);
         }
-        Ok(())
+        // A member without its callback since a revocation takes it again once due.
+        self.join_again().await
     }
 }
 

@@ -498,6 +498,10 @@ impl FileSystem {
                         return result.map(|t| (t, outcome.reads));
                     }
                     if fenced && failed.is_empty() {
+                        if Instant::now() >= until {
+                            let why = "the volume's members kept changing".to_string();
+                            return Err(self.failed(FsError::Deadline(why)));
+                        }
                         // Members joined or left: learn who, and announce to them.
                         self.refresh_members().await.map_err(|e| self.failed(e))?;
                         continue;

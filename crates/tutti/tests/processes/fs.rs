@@ -682,3 +682,108 @@ fn an_entry_a_lone_mount_keeps_is_forgotten_when_another_member_changes_it() {
     let report = fsck(&c.local.dir, false);
     assert_eq!(report["clean"], true, "{report}");
 }
+
+/// A member the others cannot reach (a one-way partition: its callback takes connections
+/// and never answers) but that reaches the memory nodes. The first write after it joins
+/// waits for its acknowledgement and a lease, and revokes it; it then joins again without
+/// its callback, so the writes after that do not wait for it, while it still sees each of
+/// them at once (it trusts nothing it read) and its own writes reach the other member.
+#[test]
+fn a_member_the_others_cannot_reach_is_revoked_once_and_then_caches_nothing() {
+    use tutti_fs::ops::{Caller, NewFile, SetAttr};
+    use tutti_fs::Handle;
+    let rt = common::runtime();
+    let _guard = rt.enter();
+    let c = common::start("fs-one-way", 2, "log", &[], &[]);
+    rt.block_on(common::ready(&c));
+    mkfs(&c.local.dir);
+    let manager = c.local.file.manager.clone();
+    rt.block_on(async {
+        let opts = tutti_client::ClientOptions::default();
+        let cluster = tutti_client::Cluster::connect(&manager, opts)
+            .await
+            .unwrap();
+        let a = member(&cluster).await;
+        a.spawn_renewals();
+        let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let unreachable = hole.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = vec![];
+            while let Ok((conn, _)) = hole.accept().await {
+                held.push(conn);
+            }
+        });
+        let b = tutti_fs::FileSystem::open(&cluster, "fs", Duration::from_secs(10));
+        let b = std::sync::Arc::new(b.await.unwrap());
+        b.join(Some(unreachable)).await.unwrap();
+        b.spawn_renewals();
+
+        let (root, who) = (Handle::any(b.root()), Caller { uid: 0, gid: 0 });
+        let new = NewFile::of(libc::S_IFREG | 0o644);
+        let (ino, _) = b.make(root, b"one-way", &new, who).await.unwrap();
+        let chmod = |mode| SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        let started = Instant::now();
+        let mode = chmod(0o600);
+        let first = a.setattr(Handle::any(ino), &mode, true);
+        (tokio::time::timeout(Duration::from_secs(30), first).await)
+            .expect(
+                "the first write ends: the member it revoked does not come back before it commits",
+            )
+            .unwrap();
+        let first = started.elapsed();
+        assert!(
+            first >= Duration::from_secs(1),
+            "the first write waits for the unreachable member ({first:?})"
+        );
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let table = a.members().await.unwrap();
+            let callbacks: Vec<_> = table.slots.iter().flatten().map(|m| m.callback).collect();
+            if callbacks.len() == 2 && callbacks.contains(&None) {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the revoked member never joined again without its callback: {table:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (i, mode) in [0o640, 0o600, 0o604, 0o644, 0o660, 0o606]
+            .iter()
+            .enumerate()
+        {
+            let started = Instant::now();
+            a.setattr(Handle::any(ino), &chmod(*mode), true)
+                .await
+                .unwrap();
+            let took = started.elapsed();
+            // Waiting for it would be an acknowledgement's timeout and a lease (3 s).
+            assert!(
+                took < Duration::from_secs(2),
+                "write {i} waited {took:?} for the member the others cannot reach"
+            );
+            let seen = b.getattr(Handle::any(ino)).await.unwrap().mode & 0o777;
+            assert_eq!(
+                seen, *mode,
+                "write {i}: the callback-less member saw it at once"
+            );
+        }
+        a.getattr(Handle::any(ino)).await.unwrap();
+        b.setattr(Handle::any(ino), &chmod(0o400), true)
+            .await
+            .unwrap();
+        let seen = a.getattr(Handle::any(ino)).await.unwrap().mode & 0o777;
+        assert_eq!(
+            seen, 0o400,
+            "its own write reached the member that trusted the file"
+        );
+        for fs in [&a, &b] {
+            fs.leave().await;
+        }
+    });
+    let report = fsck(&c.local.dir, false);
+    assert_eq!(report["clean"], true, "{report}");
+}

@@ -430,11 +430,15 @@ fn garbage(addr: &str) {
 fn malformed_cli_items_are_refused_with_a_reason() {
     for item in [
         "read:1:0",
+        "read:1:0xq:1",
         "cmp:1:0:abc",
+        "cmp:1:0:zz",
+        "cmp:0:0:00",
         "cmpop:1:0:about:3",
         "write:0:0:00",
         "add:1:0:one",
         "peek:1:0:1",
+        "",
     ] {
         let out = std::process::Command::new(common::exe())
             .args([
@@ -451,6 +455,7 @@ fn malformed_cli_items_are_refused_with_a_reason() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("item 0"), "{item}: {stderr}");
     }
+    // Every kind well formed: parsed, then refused for the cluster only.
     let out = std::process::Command::new(common::exe())
         .args([
             "txn",
@@ -458,7 +463,11 @@ fn malformed_cli_items_are_refused_with_a_reason() {
             "127.0.0.1:1",
             "--deadline-ms",
             "300",
-            "read:1:0:8",
+            "read:1:0x10:8",
+            "cmp:2:0:00ff",
+            "cmpop:1:8:ge:5",
+            "write:3:16:ab",
+            "add:1:24:-3",
         ])
         .output()
         .unwrap();

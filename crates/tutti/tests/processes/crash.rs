@@ -43,7 +43,7 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
     let dir = common::scratch("chaos");
     let seed = common::chaos_seed();
     let cfg = ChaosConfig {
-        duration: Duration::from_secs(60),
+        duration: Duration::from_secs(40),
         workload: ChaosWorkload::Bank,
         clients: CLIENTS,
         mix: "transfer=2,read=1,write=1,cas=1".parse().unwrap(),
@@ -55,7 +55,7 @@ fn random_kills_of_memory_nodes_clients_and_the_manager_under_load() {
         lose_disks: false,
         managers: 1,
         // Backups taken under the faults, each restored at the end and checked as a cut.
-        backups: Some(common::secs(10.0, 20.0)),
+        backups: Some(common::secs(8.0, 16.0)),
         sequencer: common::secs(2.0, 6.0),
         partitions: Some((common::secs(2.0, 6.0), common::secs(0.5, 4.0))),
         linearizability_checker: chaos::default_checker(),

@@ -46,12 +46,15 @@ pub(crate) struct Membership {
 
 impl Membership {
     /// The member table as read now; says when this member starts or stops being the only
-    /// one that caches (what decides whether the kernel keeps entries).
+    /// one that caches (what decides whether the kernel keeps entries). A member without a
+    /// callback caches nothing either way.
     fn learn(&mut self, members: Members) {
         let (was, is) = (self.members.peers(self.token), members.peers(self.token));
-        match (was.is_empty(), is.is_empty()) {
-            (false, true) => tracing::info!("no other member caches: the kernel may keep entries"),
-            (true, false) => tracing::info!(
+        match (self.callback.is_some(), was.is_empty(), is.is_empty()) {
+            (true, false, true) => {
+                tracing::info!("no other member caches: the kernel may keep entries")
+            }
+            (true, true, false) => tracing::info!(
                 others = is.len(),
                 "other members cache: the kernel keeps no entries"
             ),

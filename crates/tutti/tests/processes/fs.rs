@@ -550,10 +550,20 @@ fn a_memory_node_added_to_a_full_volume_extends_it_under_running_mounts() {
     assert_eq!(report["clean"], true, "{report}");
 }
 
+async fn connect(manager: &str) -> tutti_client::Cluster {
+    let opts = tutti_client::ClientOptions::default();
+    tutti_client::Cluster::connect(manager, opts).await.unwrap()
+}
+
+/// Volume `fs`, opened in this process; not a member yet.
+async fn open(cluster: &tutti_client::Cluster) -> std::sync::Arc<tutti_fs::FileSystem> {
+    let fs = tutti_fs::FileSystem::open(cluster, "fs", Duration::from_secs(10));
+    std::sync::Arc::new(fs.await.unwrap())
+}
+
 /// A member of volume `fs` in this process that takes invalidations, as a mount is.
 async fn member(cluster: &tutti_client::Cluster) -> std::sync::Arc<tutti_fs::FileSystem> {
-    let fs = tutti_fs::FileSystem::open(cluster, "fs", Duration::from_secs(10));
-    let fs = std::sync::Arc::new(fs.await.unwrap());
+    let fs = open(cluster).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     fs.join(Some(listener.local_addr().unwrap())).await.unwrap();
     fs.serve_invalidations(listener);
@@ -567,8 +577,7 @@ async fn member(cluster: &tutti_client::Cluster) -> std::sync::Arc<tutti_fs::Fil
 async fn stale_modes(manager: &str, rounds: u32) -> u32 {
     use tutti_fs::ops::{Caller, NewFile, SetAttr};
     use tutti_fs::Handle;
-    let opts = tutti_client::ClientOptions::default();
-    let cluster = tutti_client::Cluster::connect(manager, opts).await.unwrap();
+    let cluster = connect(manager).await;
     let mut members = vec![];
     for _ in 0..2 {
         let fs = member(&cluster).await;
@@ -647,10 +656,7 @@ fn an_entry_a_lone_mount_keeps_is_forgotten_when_another_member_changes_it() {
     let manager = c.local.file.manager.clone();
     let gone = |p: PathBuf| fs::metadata(p).is_err_and(|e| e.kind() == ErrorKind::NotFound);
     rt.block_on(async {
-        let opts = tutti_client::ClientOptions::default();
-        let cluster = tutti_client::Cluster::connect(&manager, opts)
-            .await
-            .unwrap();
+        let cluster = connect(&manager).await;
         let unused = |_, _| false;
         for round in 0..5 {
             let (x, y) = (format!("x{round}"), format!("y{round}"));
@@ -699,10 +705,7 @@ fn a_member_the_others_cannot_reach_is_revoked_once_and_then_caches_nothing() {
     mkfs(&c.local.dir);
     let manager = c.local.file.manager.clone();
     rt.block_on(async {
-        let opts = tutti_client::ClientOptions::default();
-        let cluster = tutti_client::Cluster::connect(&manager, opts)
-            .await
-            .unwrap();
+        let cluster = connect(&manager).await;
         let a = member(&cluster).await;
         a.spawn_renewals();
         let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -713,8 +716,7 @@ fn a_member_the_others_cannot_reach_is_revoked_once_and_then_caches_nothing() {
                 held.push(conn);
             }
         });
-        let b = tutti_fs::FileSystem::open(&cluster, "fs", Duration::from_secs(10));
-        let b = std::sync::Arc::new(b.await.unwrap());
+        let b = open(&cluster).await;
         b.join(Some(unreachable)).await.unwrap();
         b.spawn_renewals();
 

@@ -375,6 +375,9 @@ impl Trust {
 
     /// The lease is gone (revoked, or not renewed in time): nothing read before is trusted.
     pub fn lapse(&mut self) {
+        if crate::planted(crate::Bug::LapsedTrustKept) {
+            return;
+        }
         self.renewed_at = None;
         self.epoch += 1;
     }
@@ -382,6 +385,18 @@ impl Trust {
     /// Nothing read before is trusted; the lease holds.
     pub fn distrust(&mut self) {
         self.epoch += 1;
+    }
+
+    /// The member holds its callback (joined with it, or took it back after a revocation)
+    /// by a change of membership sent at `sent_at`: nothing it read before is trusted, and
+    /// its lease runs from then. A write that committed while it had no callback was
+    /// announced to the others only, and a read in flight across the change may hold the
+    /// bytes from before that write.
+    pub fn took_invalidations(&mut self, sent_at: u64) {
+        if !crate::planted(crate::Bug::RetakenCallbackKeepsTrust) {
+            self.distrust();
+        }
+        self.renewed(sent_at);
     }
 
     /// `ranges` move (a write of this member's own begins or ends, or another's is

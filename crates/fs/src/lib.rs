@@ -47,6 +47,13 @@ pub enum Bug {
     /// announced nor marks them changed: it answers lookups and stats from what the write
     /// replaced.
     AnnouncementIgnored,
+    /// A member that takes its callback back after a revocation keeps trusting reads begun
+    /// before: one in flight across the change holds bytes that a write, committed while
+    /// nobody announced to this member, replaced.
+    RetakenCallbackKeepsTrust,
+    /// A member whose lease is gone (revoked: the writer that revoked it commits without
+    /// its acknowledgement) keeps trusting what it read.
+    LapsedTrustKept,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -296,12 +296,7 @@ impl FileSystem {
                 if takes {
                     (self.coherent().rejoins.lock().expect("rejoins poisoned"))
                         .took_invalidations(self.now_ms());
-                    // A write that committed before this one, while this member took no
-                    // invalidations, was announced to the others only: nothing read
-                    // before is trusted.
-                    let mut trust = self.trust();
-                    trust.distrust();
-                    trust.renewed(sent);
+                    self.trust().took_invalidations(sent);
                 }
                 return Ok(());
             }

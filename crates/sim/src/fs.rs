@@ -99,6 +99,8 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         mirror_joins: 0,
         formers_named_again: 0,
         answered_on_trust: fs.counts.trusted,
+        members_revoked: fs.counts.revoked,
+        callbacks_retaken: fs.counts.retaken,
         nodes_lost: 0,
         disks_lost: 0,
         violations,

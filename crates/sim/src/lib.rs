@@ -154,6 +154,9 @@ pub struct Report {
     /// `fs`: steps the clients answered on trust, without a minitransaction (each checked
     /// against the memory nodes at that instant).
     pub answered_on_trust: u64,
+    /// `fs`: clients a writer revoked, and callbacks revoked clients took back.
+    pub members_revoked: u64,
+    pub callbacks_retaken: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -233,6 +236,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         mirror_joins: world.counter("mirror_joins"),
         formers_named_again: world.counter("formers_named_again"),
         answered_on_trust: 0,
+        members_revoked: 0,
+        callbacks_retaken: 0,
         nodes_lost: match cfg.replicated {
             true => nodes_lost(&world, &dir),
             false => 0,

@@ -247,6 +247,8 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         mirror_joins: 0,
         formers_named_again: 0,
         answered_on_trust: 0,
+        members_revoked: 0,
+        callbacks_retaken: 0,
         nodes_lost: 0,
         disks_lost: 0,
         violations,

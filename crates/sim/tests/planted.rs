@@ -345,6 +345,21 @@ fn an_announcement_taken_without_untrusting_its_bytes_is_caught() {
     caught_stale(tutti_fs::Bug::AnnouncementIgnored);
 }
 
+/// A revoked member that takes its callback back and keeps trusting reads begun before:
+/// one whose reply it handles after the change holds bytes that a write, committed while
+/// nobody announced to it, replaced.
+#[test]
+fn a_callback_taken_back_without_distrusting_reads_in_flight_is_caught() {
+    caught_stale(tutti_fs::Bug::RetakenCallbackKeepsTrust);
+}
+
+/// A revoked member that keeps trusting what it read: the writer that revoked it commits
+/// without announcing to it, and it answers on trust what that write replaced.
+#[test]
+fn a_revoked_member_that_keeps_trusting_is_caught() {
+    caught_stale(tutti_fs::Bug::LapsedTrustKept);
+}
+
 #[test]
 fn a_backup_cut_taken_while_locks_are_held_is_caught() {
     plant(Some(Bug::CutWithLocksHeld));

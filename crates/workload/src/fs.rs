@@ -5,9 +5,10 @@
 //! one; now and then a client first grows the volume onto a spare node. The clients are
 //! members of the volume as mounts are (docs/fs.md, "Coherent caching"): a write is
 //! announced to the others before it runs, and a read that only compares trusted bytes is
-//! answered without a minitransaction. The checks: every invariant fsck checks, on the
-//! final images; each client's own directory holds exactly the names its operations'
-//! answers say it must; and every answer given on trust matched the memory nodes at that
+//! answered without a minitransaction. Now and then a writer revokes another client (as
+//! one whose callback it cannot reach), which then caches nothing until it takes its
+//! callback back. The checks: every invariant fsck checks, on the final images; each
+//! client's own directory holds exactly the names its operations' answers say it must; and every answer given on trust matched the memory nodes at that
 //! instant (the simulator compares them: `take_trusted_reads`).
 
 use crate::{Violation, Workload};
@@ -177,6 +178,8 @@ enum Step {
     Act,
     /// Fence the client's writes whose outcome it does not know, before anything else.
     Fence,
+    /// Take the client's callback back after a revocation, before the action.
+    Retake,
 }
 
 #[derive(Debug)]
@@ -200,6 +203,14 @@ enum Pending {
     /// The client's writes whose outcome it does not know are fenced
     /// (`coherence::fence_minitx`) before their announcements end.
     Fence,
+    /// The writer revokes this client (it did not acknowledge the announcement): the
+    /// membership version goes up on every node, and then the write is planned again.
+    Revoke(u64),
+    /// The client takes its callback back (the version goes up on every node); then the
+    /// reply of its reads that came before is handled (a fetch filled, a validated read
+    /// settled, with the stamps they were sent under), as a mount's runtime may handle a
+    /// reply after its renewal task's change.
+    Retake(Option<Box<(Pending, Outcome)>>),
     Run {
         tx: Minitx,
         result: Result<Answer, i32>,
@@ -403,6 +414,15 @@ struct Client {
     /// them, then ends their announcements (a real member's next write, or the members
     /// that revoke a dead one, do the same).
     unfenced: Vec<u64>,
+    /// It takes invalidations: the others announce their writes to it. From when it sends
+    /// the change that takes its callback back (announcing to it early costs it trust,
+    /// nothing else) until another client revokes it.
+    takes: bool,
+    /// Operations it runs without its callback before it takes it back: before it handles
+    /// the reply of its first fetch or validated read once due (as a mount's runtime may
+    /// handle a reply after its renewal task's change), else at the start of an operation
+    /// once `RETAKE_OVERDUE` more have gone by.
+    until_retake: i32,
     own: Option<Ino>,
     shared: Option<Ino>,
     model: DirModel,
@@ -422,6 +442,8 @@ impl Client {
             trust,
             version: 0,
             unfenced: vec![],
+            takes: true,
+            until_retake: 0,
             own: None,
             shared: None,
             model: DirModel::default(),
@@ -455,6 +477,9 @@ pub struct FsCounts {
     pub retries: u64,
     /// Steps answered on trust, without a minitransaction.
     pub trusted: u64,
+    /// Clients revoked by a writer, and callbacks taken back.
+    pub revoked: u64,
+    pub retaken: u64,
 }
 
 pub struct FsWorkload {
@@ -474,6 +499,14 @@ pub struct FsWorkload {
 
 /// One in this many operations grows the volume first, while grows are left.
 const GROW_ONE_IN: u32 = 24;
+/// One in this many writes first revokes another client that takes invalidations.
+const REVOKE_ONE_IN: u32 = 12;
+/// A revoked client runs this many operations, at most, without its callback before it
+/// is due to take it back.
+const CALLBACKLESS_OPS_MAX: i32 = 3;
+/// Operations a client due to take its callback back waits for a fetch or a validated read
+/// to do it at.
+const RETAKE_OVERDUE: i32 = 4;
 
 impl FsWorkload {
     /// A volume over nodes 1..=`nodes` − `spare`; clients grow it onto the `spare` others
@@ -563,7 +596,9 @@ impl FsWorkload {
                 _ => unreachable!("only writes, truncates and attributes find a file"),
             },
             Step::Act => self.act(&mut tx, client, op, prefer),
-            Step::Grow | Step::Fence => unreachable!("a grow or a fence is not planned"),
+            Step::Grow | Step::Fence | Step::Retake => {
+                unreachable!("a grow, a fence or a retake is not planned")
+            }
         };
         tx.finish(answer)
     }
@@ -649,6 +684,9 @@ impl FsWorkload {
             op.pending = Some(Pending::Fence);
             return Some(coherence::fence_minitx(&self.vol));
         }
+        if let Step::Retake = op.step {
+            return Some(self.retake(client, op, None));
+        }
         if let Step::Grow = op.step {
             // Onto the node after the volume's last (the volume as this client knows it),
             // or, once every spare is in, onto the last again: a rerun.
@@ -686,6 +724,19 @@ impl FsWorkload {
                     self.counts.trusted += 1;
                     if !self.step_done(client, op, result) {
                         return None;
+                    }
+                }
+                Plan::Run { tx, .. }
+                    if !coherence::written(&tx).is_empty() && rng.gen_ratio(1, REVOKE_ONE_IN) =>
+                {
+                    // A member this write's announcement did not reach in time: revoked
+                    // (`FileSystem::revoke`), and the write goes again.
+                    let takers: Vec<u64> = (0..self.clients.len() as u64)
+                        .filter(|&o| o != client && self.clients[o as usize].takes)
+                        .collect();
+                    if let Some(&other) = takers.get(rng.gen_range(0..takers.len().max(1))) {
+                        op.pending = Some(Pending::Revoke(other));
+                        return Some(coherence::fence_minitx(&self.vol));
                     }
                 }
                 Plan::Run {
@@ -756,13 +807,14 @@ impl FsWorkload {
         trusted
     }
 
-    /// Announces `client`'s write of `ranges` to every other client before it runs (the
-    /// real members' `Invalidate`, delivered and acknowledged at once); returns its number.
+    /// Announces `client`'s write of `ranges` to every other client that takes
+    /// invalidations, before it runs (the real members' `Invalidate`, delivered and
+    /// acknowledged at once); returns its number.
     fn announce(&mut self, client: u64, ranges: &[(NodeId, u64, u32)]) -> u64 {
         self.announcements += 1;
         let seq = self.announcements;
         for (i, other) in self.clients.iter_mut().enumerate() {
-            if i as u64 != client {
+            if i as u64 != client && other.takes {
                 let (trust, cache) = (&mut other.trust, &mut other.cache);
                 coherence::take_announcement(trust, cache, client, seq, ranges, 0);
             }
@@ -778,6 +830,27 @@ impl FsWorkload {
                 other.trust.ended(client, seq);
             }
         }
+    }
+
+    /// `client` takes its callback back: from now on the others announce to it; its trust
+    /// starts again once the change commits. `fetched`: reads whose reply is handled after
+    /// the change.
+    fn retake(&mut self, client: u64, op: &mut FsOp, reply: Option<(Pending, Outcome)>) -> Minitx {
+        self.clients[client as usize].takes = true;
+        op.pending = Some(Pending::Retake(reply.map(Box::new)));
+        coherence::fence_minitx(&self.vol)
+    }
+
+    /// Whether `client` takes its callback back before it handles the reply to `pending`:
+    /// a fetch, or a validated read that wrote nothing, once it is due.
+    fn retakes_at(&self, client: u64, pending: &Pending) -> bool {
+        let c = &self.clients[client as usize];
+        let read = match pending {
+            Pending::Fetch(..) => true,
+            Pending::Run { tx, .. } => coherence::written(tx).is_empty(),
+            _ => false,
+        };
+        read && !c.takes && c.until_retake <= 0
     }
 
     /// Reads the member table, for the membership version.
@@ -900,6 +973,19 @@ impl Workload for FsWorkload {
             let tx = self.advance(client, &mut op, rng).expect("a fence to run");
             return (op, tx);
         }
+        let c = &mut self.clients[client as usize];
+        c.until_retake -= 1;
+        let retake = !c.takes && c.until_retake <= -RETAKE_OVERDUE;
+        if retake {
+            let mut op = FsOp {
+                action: Action::random(rng),
+                step: Step::Retake,
+                file: None,
+                pending: None,
+            };
+            let tx = self.advance(client, &mut op, rng).expect("a retake to run");
+            return (op, tx);
+        }
         loop {
             let action = Action::random(rng);
             let mut op = FsOp {
@@ -927,15 +1013,68 @@ impl Workload for FsWorkload {
         ended: Result<&Outcome, &ExecError>,
         rng: &mut dyn RngCore,
     ) -> Option<Minitx> {
+        let pending = op.pending.take().expect("a minitransaction was pending");
+        if let Ok(outcome) = ended {
+            if self.retakes_at(client, &pending) {
+                return Some(self.retake(client, op, Some((pending, outcome.clone()))));
+            }
+        }
         let c = &mut self.clients[client as usize];
-        match (
-            op.pending.take().expect("a minitransaction was pending"),
-            ended,
-        ) {
+        match (pending, ended) {
             (Pending::Fetch(fetches, stamp), Ok(outcome)) => {
                 let grant = c.trust.grant(stamp, 0);
                 for (f, bytes) in fetches.iter().zip(&outcome.reads) {
                     c.cache.fill_trusting(f, bytes.clone(), &grant);
+                }
+            }
+            (Pending::Revoke(other), Ok(outcome)) => {
+                if outcome.committed {
+                    // The real writer then waits out a lease, past which the revoked
+                    // member trusts nothing (its renewals fail); it learns it is revoked
+                    // and runs without its callback for a while.
+                    self.counts.revoked += 1;
+                    let o = &mut self.clients[other as usize];
+                    o.takes = false;
+                    o.trust.lapse();
+                    o.until_retake = rng.gen_range(1..=CALLBACKLESS_OPS_MAX);
+                } else {
+                    // The volume grew: learn it (the write is planned again after).
+                    op.pending = Some(Pending::Version);
+                    return Some(self.version_read());
+                }
+            }
+            (Pending::Revoke(_), Err(_)) => {
+                // Not known to have moved the version: nobody is revoked (a version that
+                // moved anyway only makes writers read the table again). An unknown outcome
+                // ends the operation.
+                return None;
+            }
+            (Pending::Retake(reply), ended) => {
+                let c = &mut self.clients[client as usize];
+                match ended {
+                    // Unless a writer revoked it meanwhile (its slot would be gone).
+                    Ok(outcome) if outcome.committed && c.takes => {
+                        self.counts.retaken += 1;
+                        c.trust.took_invalidations(0);
+                    }
+                    // Not taken (the volume grew, or the outcome is unknown): it stays
+                    // without its callback and tries again a few operations later.
+                    _ => {
+                        c.takes = false;
+                        c.until_retake = CALLBACKLESS_OPS_MAX;
+                    }
+                }
+                match (reply, ended) {
+                    // The reply that came before the change, handled now.
+                    (Some(reply), Ok(_)) => {
+                        let (pending, outcome) = *reply;
+                        op.pending = Some(pending);
+                        return self.record(client, op, Ok(&outcome), rng);
+                    }
+                    // A retake of its own ends its operation; an unknown outcome (the
+                    // client crashed) ends it with the reply unhandled, as the process's
+                    // end would.
+                    _ => return None,
                 }
             }
             (Pending::Fetch(..), Err(_)) => {}

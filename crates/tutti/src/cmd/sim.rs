@@ -85,7 +85,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     );
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::default();
-    let totals: [AtomicU64; 10] = Default::default();
+    let totals: [AtomicU64; 12] = Default::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -107,6 +107,8 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
                     report.formers_named_again,
                     report.answered_on_trust,
                     report.disks_lost,
+                    report.members_revoked,
+                    report.callbacks_retaken,
                 ]) {
                     total.fetch_add(n, Ordering::Relaxed);
                 }
@@ -140,7 +142,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             first.trace_hash
         );
     }
-    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers, trusted, disks_lost] =
+    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers, trusted, disks_lost, revoked, retaken] =
         totals.map(|t| t.into_inner());
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
@@ -181,7 +183,8 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     if a.workload == SimWorkload::Fs {
         outln!(
             "{trusted} steps answered on trust without a minitransaction (coherent caching), \
-             each compared with the memory nodes at that instant"
+             each compared with the memory nodes at that instant; {revoked} clients revoked \
+             by a writer, {retaken} callbacks taken back"
         );
     }
     for (seed, text) in &failures {

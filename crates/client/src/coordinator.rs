@@ -176,6 +176,10 @@ pub struct Coordinator<'a> {
     deadline_us: u64,
     backoff_us: u64,
     attempts: u32,
+    /// When the current attempt began, and the longest phase 1 an attempt of this
+    /// coordinator took with every reply in: a retry needs twice that before the deadline.
+    began_us: u64,
+    round_us: u64,
     tid: Tid,
     next_call: CallId,
     timer_at_us: Option<u64>,
@@ -203,6 +207,8 @@ impl<'a> Coordinator<'a> {
             deadline_us: now_us.saturating_add(cfg.deadline_us),
             backoff_us: cfg.backoff_initial_us,
             attempts: 0,
+            began_us: now_us,
+            round_us: 0,
             tid: Tid {
                 epoch: 0,
                 coordinator: 0,
@@ -229,6 +235,7 @@ impl<'a> Coordinator<'a> {
         );
         self.tid = tid;
         self.attempts += 1;
+        self.began_us = now_us;
         let mut acts = Actions::default();
         match self.cfg.ahead {
             Some(ahead) => {
@@ -289,6 +296,7 @@ impl<'a> Coordinator<'a> {
             }
             Phase::Prepare(round) => {
                 if round.record(call, reply) && round.complete() {
+                    self.round_us = self.round_us.max(now_us.saturating_sub(self.began_us));
                     self.proceed(&mut acts, now_us);
                 }
             }
@@ -564,11 +572,15 @@ impl<'a> Coordinator<'a> {
             .extend(nodes.iter().map(|&node| (node, decision.clone())));
     }
 
-    /// Another attempt after a randomized exponential backoff, if the deadline allows.
+    /// Another attempt after a randomized exponential backoff, if the deadline allows it
+    /// and twice the longest phase 1 seen after the pause: an attempt whose votes are not
+    /// all back by the deadline may have committed, and ends with its outcome unknown,
+    /// where not starting it ends with a clean timeout.
     fn retry(&mut self, acts: &mut Actions, now_us: u64, reason: String) {
         let pause_us = self.backoff_us / 2
             + jitter(self.jitter_seed, self.attempts) % (self.backoff_us / 2 + 1);
-        if now_us.saturating_add(pause_us) >= self.deadline_us {
+        let needs_us = pause_us.saturating_add(2 * self.round_us);
+        if now_us.saturating_add(needs_us) >= self.deadline_us {
             let attempts = self.attempts;
             return self.done(
                 acts,
@@ -789,6 +801,33 @@ mod tests {
         match result {
             Err(ExecError::Timeout { attempts: a, .. }) => assert_eq!(a, attempts),
             other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+
+    /// A retry whose attempt could not have its votes back before the deadline (twice the
+    /// longest phase 1 seen) is not started: the minitransaction times out with its
+    /// outcome known.
+    #[test]
+    fn no_retry_starts_without_two_rounds_left_before_the_deadline() {
+        let mut co = Coordinator::new(Cow::Owned(two_node_swap()), cfg(None), 0, |_| true, 1);
+        // Phase 1 takes 300 ms: the retry after it (at about 300 ms plus a pause) would
+        // need until 900 ms at least, inside the 1 s deadline.
+        let acts = co.begin(0, tid(1));
+        let ids: Vec<_> = acts.calls.iter().map(|c| c.id).collect();
+        co.on_reply(300_000, ids[0], vote(Vote::CommitOk, vec![], 1));
+        let acts = co.on_reply(300_000, ids[1], vote(Vote::AbortLock, vec![], 0));
+        let Next::Retry { at_us } = acts.next else {
+            panic!("expected a retry, got {:?}", acts.next);
+        };
+        // The second attempt's phase 1 takes as long; the next retry would end past 1 s.
+        let acts = co.begin(at_us, tid(2));
+        let ids: Vec<_> = acts.calls.iter().map(|c| c.id).collect();
+        let now = at_us + 300_000;
+        co.on_reply(now, ids[0], vote(Vote::CommitOk, vec![], 1));
+        let acts = co.on_reply(now, ids[1], vote(Vote::AbortLock, vec![], 0));
+        match acts.next {
+            Next::Done(Err(ExecError::Timeout { attempts: 2, .. })) => {}
+            other => panic!("expected a timeout after 2 attempts, got {other:?}"),
         }
     }
 

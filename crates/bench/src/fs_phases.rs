@@ -73,8 +73,15 @@ fn timed_each<T>(
 /// reads from the file system, not from memory. Failing to is not an error: the phase then
 /// says less, and the report says so where it matters.
 pub fn drop_caches() -> bool {
-    unsafe { libc::sync() };
+    settle_disk();
     fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+/// Writes back what earlier phases (or an earlier system's data, removed) left dirty in the
+/// page cache, so that a phase timing each call's fsync does not queue behind it.
+fn settle_disk() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
 }
 
 // ------------------------------------------------------------------ Connectathon (Fig. 22)
@@ -412,6 +419,7 @@ pub fn andrew(dir: &Path, src: &Path, copies: usize) -> Result<Vec<Phase>, Strin
 /// Creates, stats and unlinks `n` empty files in one new directory `dir`, one at a time.
 pub fn metadata(dir: &Path, n: usize) -> Result<Vec<Phase>, String> {
     fs::create_dir(dir).map_err(io("mkdir", dir))?;
+    settle_disk();
     let paths: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("file-{i:06}"))).collect();
     Ok(vec![
         timed_each("create", &paths, |p| create_empty(p))?,
@@ -437,6 +445,7 @@ pub fn metadata_parallel(dirs: &[PathBuf], n: usize) -> Result<Vec<Phase>, Strin
             .collect()
     };
     let mut out = vec![];
+    settle_disk();
     for step in ["create", "stat", "unlink"] {
         let start = Instant::now();
         let lat = std::thread::scope(|s| {

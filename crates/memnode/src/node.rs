@@ -1084,51 +1084,82 @@ fn serve(node: &Arc<Node>, flusher: Option<crate::space::Flusher>) {
 }
 
 /// Stage 2 of Fig. 8 with the §4.5 optimisations: learn each peer's all-log-tids, then ask
-/// (one batched REQUEST-ABORT per peer) only about tids some participant does not hold.
+/// each (batched REQUEST-ABORTs) only about tids it does not hold. The peers are asked at
+/// once, and each tid is resolved as soon as its own participants have answered: a peer
+/// that is down keeps locked only the bytes of the tids it takes part in.
 async fn recover_stage2(node: &Node, promoted: bool, undecided: Vec<(Tid, Vec<NodeId>)>) {
     if undecided.is_empty() {
         return;
     }
     tracing::info!(tids = undecided.len(), "stage 2: asking peers for outcomes");
-    let (mut stage2, queries) = match promoted {
+    let (stage2, queries) = match promoted {
         true => Stage2::after_promotion(node.cfg.id, undecided),
         false => Stage2::start(node.cfg.id, undecided),
     };
-    let mut requests = Vec::new();
+    let stage2 = Mutex::new(stage2);
+    let mut committed = resolve_decided(node, &stage2).await;
+    let mut per_peer: std::collections::BTreeMap<NodeId, Vec<Request>> = Default::default();
     for (q, query) in queries {
-        if let Response::LogTids(tids) = call_until_ok(node, q, &query).await {
-            tracing::info!(
-                peer = q,
-                tids = tids.len(),
-                "stage 2: peer said which tids it holds"
-            );
-            requests = stage2.on_log_tids(q, tids).unwrap_or_default();
-        }
+        per_peer.entry(q).or_default().push(query);
     }
-    for (q, request) in requests {
-        if let Response::Votes(votes) = call_until_ok(node, q, &request).await {
-            tracing::info!(
-                peer = q,
-                votes = votes.len(),
-                "stage 2: peer's votes received"
-            );
-            stage2.on_votes(q, &votes);
+    let asking = per_peer.into_iter().map(|(q, queries)| {
+        let stage2 = &stage2;
+        async move {
+            let mut committed = 0;
+            for query in queries {
+                let Response::LogTids(tids) = call_until_ok(node, q, &query).await else {
+                    continue;
+                };
+                tracing::info!(
+                    peer = q,
+                    tids = tids.len(),
+                    "stage 2: peer said which tids it holds"
+                );
+                let asks = lock_stage2(stage2).on_log_tids(q, tids);
+                committed += resolve_decided(node, stage2).await;
+                for (_, ask) in asks {
+                    if let Response::Votes(votes) = call_until_ok(node, q, &ask).await {
+                        tracing::info!(
+                            peer = q,
+                            votes = votes.len(),
+                            "stage 2: peer's votes received"
+                        );
+                        lock_stage2(stage2).on_votes(q, &votes);
+                        committed += resolve_decided(node, stage2).await;
+                    }
+                }
+            }
+            committed
         }
-    }
+    });
+    committed += futures::future::join_all(asking)
+        .await
+        .into_iter()
+        .sum::<usize>();
+    let stage2 = stage2.into_inner().expect("stage 2 poisoned");
     assert!(stage2.done(), "every peer answered");
-    let (outcomes, decisions) = stage2.outcomes();
+    let tids = stage2.tids();
+    tracing::info!(committed, aborted = tids - committed, "stage 2 done");
+}
+
+fn lock_stage2(stage2: &Mutex<Stage2>) -> std::sync::MutexGuard<'_, Stage2> {
+    stage2.lock().expect("stage 2 poisoned")
+}
+
+/// Resolves the tids stage 2 decided since it last did (their bytes unlocked once served)
+/// and tells their other participants; returns how many committed.
+async fn resolve_decided(node: &Node, stage2: &Mutex<Stage2>) -> usize {
+    let (outcomes, decisions) = lock_stage2(stage2).decided();
+    if outcomes.is_empty() {
+        return 0;
+    }
     node.step(|p, now| p.resolve(now, &outcomes));
     for (q, decision) in decisions {
         if let Ok(conn) = node.peer(q).await {
             let _ = conn.send_one_way(&decision).await;
         }
     }
-    let committed = outcomes.iter().filter(|o| o.1).count();
-    tracing::info!(
-        committed,
-        aborted = outcomes.len() - committed,
-        "stage 2 done"
-    );
+    outcomes.iter().filter(|o| o.1).count()
 }
 
 /// Calls a peer until it answers with something other than an error (Sinfonia blocks while

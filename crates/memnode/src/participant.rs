@@ -1578,6 +1578,9 @@ pub enum Bug {
     /// A single-node minitransaction that waited for a busy lock runs, once something
     /// freed a lock, without the locks it waited for.
     WokenWithoutLocks,
+    /// Stage 2 decides a tid once a peer said it does not hold it, before that peer
+    /// answered the REQUEST-ABORT (which aborts the tid there if it never voted).
+    DecidedBeforeAnswered,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -648,8 +648,7 @@ impl SimNode {
             stage2,
             outstanding,
         });
-        if self.recovering.as_ref().is_some_and(|r| r.stage2.done()) {
-            self.finish_stage2(ctx);
+        if self.stage2_progress(ctx) {
             return;
         }
         self.stage2_retry(ctx);
@@ -669,20 +668,26 @@ impl SimNode {
         }
     }
 
-    /// (Re)sends the unanswered requests of the current stage-2 step, as `call_until_ok`
-    /// does.
+    /// (Re)sends the unanswered stage-2 requests, as `call_until_ok` does.
     fn stage2_retry(&mut self, ctx: &mut Ctx<'_>) {
         let Some(rec) = &self.recovering else { return };
-        let unanswered: Vec<(usize, NodeId, Request)> = (rec.outstanding.iter().enumerate())
+        let unanswered: Vec<usize> = (rec.outstanding.iter().enumerate())
             .filter(|(_, o)| !o.2)
-            .map(|(i, (q, r, _))| (i, *q, r.clone()))
+            .map(|(i, _)| i)
             .collect();
-        for (i, q, req) in unanswered {
-            let msg_id = ctx.new_id();
-            self.pending.insert(msg_id, Pending::Stage2 { index: i });
-            ctx.send(self.dir.node(q), Msg::Req { id: msg_id, req });
+        for i in unanswered {
+            self.stage2_send(ctx, i);
         }
         ctx.set_timer(30_000, NodeTimer::Stage2Retry);
+    }
+
+    fn stage2_send(&mut self, ctx: &mut Ctx<'_>, i: usize) {
+        let Some(rec) = &self.recovering else { return };
+        let (q, req, _) = &rec.outstanding[i];
+        let (to, req) = (self.dir.node(*q), req.clone());
+        let msg_id = ctx.new_id();
+        self.pending.insert(msg_id, Pending::Stage2 { index: i });
+        ctx.send(to, Msg::Req { id: msg_id, req });
     }
 
     fn stage2_answer(&mut self, ctx: &mut Ctx<'_>, i: usize, resp: Response) {
@@ -699,12 +704,13 @@ impl SimNode {
         match resp {
             Response::LogTids(tids) => {
                 *answered = true;
-                if let Some(requests) = rec.stage2.on_log_tids(q, tids) {
-                    // The next step: forget the LogTids queries, ask the REQUEST-ABORTs.
-                    rec.outstanding = requests.into_iter().map(|(q, r)| (q, r, false)).collect();
-                    self.pending
-                        .retain(|_, p| !matches!(p, Pending::Stage2 { .. }));
-                    self.stage2_retry(ctx);
+                // The peer's REQUEST-ABORTs go at once, whoever else has not answered.
+                let asks = rec.stage2.on_log_tids(q, tids);
+                let first = rec.outstanding.len();
+                rec.outstanding
+                    .extend(asks.into_iter().map(|(q, r)| (q, r, false)));
+                for i in first..rec.outstanding.len() {
+                    self.stage2_send(ctx, i);
                 }
             }
             Response::Votes(votes) => {
@@ -713,26 +719,34 @@ impl SimNode {
             }
             _ => return,
         }
-        if self.recovering.as_ref().is_some_and(|r| r.stage2.done()) {
-            self.finish_stage2(ctx);
-        }
+        self.stage2_progress(ctx);
     }
 
-    /// Every undecided tid's outcome is known: resolve them, serve (if not serving yet),
-    /// tell the peers.
-    fn finish_stage2(&mut self, ctx: &mut Ctx<'_>) {
-        let rec = self.recovering.take().expect("recovering");
-        let (outcomes, decisions) = rec.stage2.outcomes();
+    /// Resolves the tids stage 2 decided since it last did and tells their other
+    /// participants; once every outcome is known, serves (if not serving yet). Returns
+    /// whether stage 2 is over.
+    fn stage2_progress(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        let Some(rec) = self.recovering.as_mut() else {
+            return true;
+        };
+        let (outcomes, decisions) = rec.stage2.decided();
+        let done = rec.stage2.done();
         let now = now_ms(ctx);
-        let acts = self.up().resolve(now, &outcomes);
-        if !self.serving() {
-            self.up().finish_recovery(now);
+        if !outcomes.is_empty() {
+            let acts = self.up().resolve(now, &outcomes);
+            self.apply(ctx, acts);
+            for (q, decision) in decisions {
+                msg::send_one_way(ctx, self.dir.node(q), decision);
+            }
         }
-        self.apply(ctx, acts);
-        self.recovered(ctx);
-        for (q, decision) in decisions {
-            msg::send_one_way(ctx, self.dir.node(q), decision);
+        if done {
+            self.recovering = None;
+            if !self.serving() {
+                self.up().finish_recovery(now);
+            }
+            self.recovered(ctx);
         }
+        done
     }
 }
 

@@ -70,6 +70,16 @@ fn serving_undecided_bytes_before_stage_2_decides_them_is_caught() {
     eprintln!("caught: {found:?}");
 }
 
+/// Stage 2 decides a tid (commit) once a peer said it does not hold it, before the peer's
+/// REQUEST-ABORT answer, which aborts it there: one participant applies the writes, the
+/// other never does.
+#[test]
+fn a_tid_decided_before_every_participant_answered_is_caught() {
+    let found = first_failing_seed(Bug::DecidedBeforeAnswered);
+    assert!(found.is_some(), "not caught in 1,000 seeds");
+    eprintln!("caught: {found:?}");
+}
+
 #[test]
 fn commit_ok_before_the_log_sync_is_caught() {
     let found = first_failing_seed(Bug::CommitOkBeforeSync);

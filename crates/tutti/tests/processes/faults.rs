@@ -237,6 +237,97 @@ fn a_restart_serves_while_stage_2_waits_for_a_frozen_peer() {
     });
 }
 
+/// Stage 2 decides each undecided tid as soon as its own participants answer: with one peer
+/// frozen, a restarting node commits (and unlocks) at once the tid it shares with the other
+/// peer, and keeps locked only the frozen peer's. Before, it asked its peers one after the
+/// other, the frozen one first here, and applied nothing until all had answered.
+#[test]
+fn a_frozen_peer_holds_back_only_the_tids_it_takes_part_in() {
+    let rt = common::runtime();
+    let _in_rt = rt.enter();
+    let flags = ["--timeout-uncertain-ms", "600000"];
+    let mut c = common::start("stage2-per-tid", 3, "log", &flags, &[]);
+    let orphan = |seq| Tid {
+        epoch: 1,
+        coordinator: rand::thread_rng().gen(),
+        seq,
+    };
+    let (with_2, with_3) = (orphan(1), orphan(2));
+    let at = |addr, v| Item::Write {
+        addr,
+        bytes: vec![v; 8],
+    };
+    rt.block_on(async {
+        common::ready(&c).await;
+        let n = [raw(&c, 1).await, raw(&c, 2).await, raw(&c, 3).await];
+        for (node, tid, addr, v) in [
+            (0, with_2, 0, 0xaa),
+            (1, with_2, 0, 0xaa),
+            (0, with_3, 4096, 0xbb),
+            (2, with_3, 0, 0xbb),
+        ] {
+            let peers = if tid == with_2 {
+                vec![1, 2]
+            } else {
+                vec![1, 3]
+            };
+            let ep = prepare(tid, peers, vec![at(addr, v)]);
+            assert_eq!(vote(&n[node], &ep).await, Vote::CommitOk);
+        }
+    });
+    let pid_2 = (c.local.process_entries(&Default::default()).into_iter())
+        .find(|p| p.name == "node-2")
+        .and_then(|p| p.pid)
+        .expect("node 2's pid");
+    c.local.kill_node(1);
+    unsafe { libc::kill(pid_2 as i32, libc::SIGSTOP) };
+    c.local.start_node(1).unwrap();
+    let client = |deadline| {
+        let opts = ClientOptions {
+            deadline,
+            dialer: c.local.dialer(),
+            ..Default::default()
+        };
+        Cluster::connect(&c.local.file.manager, opts)
+    };
+    let (shared_with_3, shared_with_2) = rt.block_on(async {
+        let patient = client(Duration::from_secs(10)).await.unwrap();
+        let with_3_committed = Minitx::new()
+            .compare(1, 4096, vec![0xbb; 8])
+            .compare(3, 0, vec![0xbb; 8])
+            .write(1, 4096, vec![3; 8]);
+        let shared_with_3 = patient.exec_and_commit(&with_3_committed).await;
+        let short = client(Duration::from_millis(300)).await.unwrap();
+        let on_with_2 = Minitx::new().write(1, 0, vec![1; 8]);
+        (shared_with_3, short.exec_and_commit(&on_with_2).await)
+    });
+    unsafe { libc::kill(pid_2 as i32, libc::SIGCONT) };
+    assert!(
+        shared_with_3.as_ref().is_ok_and(|o| o.committed),
+        "the tid node 1 shares with node 3 is decided while node 2 is frozen: {shared_with_3:?}"
+    );
+    assert!(
+        matches!(
+            shared_with_2,
+            Err(ExecError::Timeout { .. } | ExecError::OutcomeUnknown { .. })
+        ),
+        "the tid node 1 shares with the frozen node 2 stays locked: {shared_with_2:?}"
+    );
+    rt.block_on(async {
+        let cluster = client(Duration::from_secs(20)).await.unwrap();
+        let cas = Minitx::new()
+            .compare(1, 0, vec![0xaa; 8])
+            .compare(2, 0, vec![0xaa; 8])
+            .write(1, 0, vec![2; 8]);
+        let out = cluster.exec_and_commit(&cas).await.unwrap();
+        assert!(
+            out.committed,
+            "stage 2 committed the other tid too: {out:?}"
+        );
+        common::assert_idle(&cluster, Duration::from_secs(5)).await;
+    });
+}
+
 /// A node that takes connections but never answers (its process stopped, as one cut off
 /// or swapping): a write on it ends in `Timeout`, since its request never left the client,
 /// at its deadline, and nothing is written. It ended `OutcomeUnknown`: a call still

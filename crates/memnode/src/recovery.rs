@@ -12,15 +12,14 @@ use tutti_wire::{decisions_by_node, Decision, NodeId, Outgoing, Request, Tid};
 pub struct Stage2 {
     me: NodeId,
     undecided: Vec<(Tid, Vec<NodeId>)>,
-    /// Per undecided tid, the peers whose answer about it is still awaited.
+    /// Per tid not handed out by `decided` yet, the peers whose answer about it is still
+    /// awaited.
     awaited: HashMap<Tid, HashSet<NodeId>>,
     /// Per peer, the tids it said it holds (until all its LogTids answers are in).
     held: HashMap<NodeId, HashSet<Tid>>,
     /// LogTids answers still awaited, per peer.
     log_tids_left: BTreeMap<NodeId, usize>,
     refused: HashSet<Tid>,
-    /// Tids whose outcome `decided` has handed out.
-    reported: HashSet<Tid>,
 }
 
 impl Stage2 {
@@ -57,7 +56,6 @@ impl Stage2 {
             held: HashMap::new(),
             log_tids_left,
             refused: HashSet::new(),
-            reported: HashSet::new(),
         };
         (stage, queries)
     }
@@ -79,7 +77,6 @@ impl Stage2 {
                 held: HashMap::new(),
                 log_tids_left: BTreeMap::new(),
                 refused,
-                reported: HashSet::new(),
             };
             return (stage, Vec::new());
         }
@@ -152,10 +149,10 @@ impl Stage2 {
         let mut outcomes = Vec::new();
         let mut told = Vec::new();
         for (tid, d) in &self.undecided {
-            if self.reported.contains(tid) || !self.awaited[tid].is_empty() {
+            if !self.awaited.get(tid).is_some_and(HashSet::is_empty) {
                 continue;
             }
-            self.reported.insert(*tid);
+            self.awaited.remove(tid);
             let commit = !self.refused.contains(tid);
             outcomes.push((*tid, commit));
             let decision = Decision::without_lsns(*tid, commit);

@@ -833,8 +833,8 @@ impl FsWorkload {
     }
 
     /// `client` takes its callback back: from now on the others announce to it; its trust
-    /// starts again once the change commits. `fetched`: reads whose reply is handled after
-    /// the change.
+    /// starts again once the change commits. `reply`: the reply to a read of its own, handled
+    /// after the change.
     fn retake(&mut self, client: u64, op: &mut FsOp, reply: Option<(Pending, Outcome)>) -> Minitx {
         self.clients[client as usize].takes = true;
         op.pending = Some(Pending::Retake(reply.map(Box::new)));
@@ -963,27 +963,24 @@ impl Workload for FsWorkload {
     }
 
     fn next(&mut self, client: u64, rng: &mut dyn RngCore) -> (FsOp, Minitx) {
-        if !self.clients[client as usize].unfenced.is_empty() {
-            let mut op = FsOp {
-                action: Action::random(rng),
-                step: Step::Fence,
-                file: None,
-                pending: None,
-            };
-            let tx = self.advance(client, &mut op, rng).expect("a fence to run");
-            return (op, tx);
-        }
         let c = &mut self.clients[client as usize];
-        c.until_retake -= 1;
-        let retake = !c.takes && c.until_retake <= -RETAKE_OVERDUE;
-        if retake {
+        let first = if !c.unfenced.is_empty() {
+            Some(Step::Fence)
+        } else {
+            c.until_retake -= 1;
+            (!c.takes && c.until_retake <= -RETAKE_OVERDUE).then_some(Step::Retake)
+        };
+        if let Some(step) = first {
+            // A step of the client's own before any action: a fence, or its callback back.
             let mut op = FsOp {
                 action: Action::random(rng),
-                step: Step::Retake,
+                step,
                 file: None,
                 pending: None,
             };
-            let tx = self.advance(client, &mut op, rng).expect("a retake to run");
+            let tx = self
+                .advance(client, &mut op, rng)
+                .expect("a fence or a retake to run");
             return (op, tx);
         }
         loop {

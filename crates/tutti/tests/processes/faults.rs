@@ -46,6 +46,34 @@ async fn vote(conn: &Connection, req: &Request) -> Vote {
     }
 }
 
+/// The pid of process `name` (`node-2`, say) of `c`.
+fn pid_of(c: &common::TestCluster, name: &str) -> i32 {
+    (c.local.process_entries(&Default::default()).into_iter())
+        .find(|p| p.name == name)
+        .and_then(|p| p.pid)
+        .unwrap_or_else(|| panic!("{name}'s pid")) as i32
+}
+
+/// Kills node 1, stops node 2 (SIGSTOP) and starts node 1 again, whose stage 2 then waits
+/// for node 2 until the pid returned gets SIGCONT.
+fn restart_1_with_2_frozen(c: &mut common::TestCluster) -> i32 {
+    let pid_2 = pid_of(c, "node-2");
+    c.local.kill_node(1);
+    unsafe { libc::kill(pid_2, libc::SIGSTOP) };
+    c.local.start_node(1).unwrap();
+    pid_2
+}
+
+/// A client of `c` that gives up after `deadline`.
+async fn client(c: &common::TestCluster, deadline: Duration) -> Cluster {
+    let opts = ClientOptions {
+        deadline,
+        dialer: c.local.dialer(),
+        ..Default::default()
+    };
+    Cluster::connect(&c.local.file.manager, opts).await.unwrap()
+}
+
 fn w(v: u8) -> Item {
     Item::Write {
         addr: 0,
@@ -182,32 +210,18 @@ fn a_restart_serves_while_stage_2_waits_for_a_frozen_peer() {
             assert_eq!(vote(n, &ep).await, Vote::CommitOk);
         }
     });
-    let pid_2 = (c.local.process_entries(&Default::default()).into_iter())
-        .find(|p| p.name == "node-2")
-        .and_then(|p| p.pid)
-        .expect("node 2's pid");
-    c.local.kill_node(1);
-    unsafe { libc::kill(pid_2 as i32, libc::SIGSTOP) };
-    c.local.start_node(1).unwrap();
-    let client = |deadline| {
-        let opts = ClientOptions {
-            deadline,
-            dialer: c.local.dialer(),
-            ..Default::default()
-        };
-        Cluster::connect(&c.local.file.manager, opts)
-    };
+    let pid_2 = restart_1_with_2_frozen(&mut c);
     let served = rt.block_on(async {
-        let patient = client(Duration::from_secs(20)).await.unwrap();
+        let patient = client(&c, Duration::from_secs(20)).await;
         let started = Instant::now();
         let elsewhere = Minitx::new().write(1, 4096, vec![1; 8]);
         let out = patient.exec_and_commit(&elsewhere).await;
         let took = started.elapsed();
-        let short = client(Duration::from_millis(300)).await.unwrap();
+        let short = client(&c, Duration::from_millis(300)).await;
         let on_the_orphan = Minitx::new().write(1, 0, vec![1; 8]);
         (out, took, short.exec_and_commit(&on_the_orphan).await)
     });
-    unsafe { libc::kill(pid_2 as i32, libc::SIGCONT) };
+    unsafe { libc::kill(pid_2, libc::SIGCONT) };
     let (out, took, on_the_orphan) = served;
     eprintln!(
         "node 1 served after {took:?} of its restart; on the orphan's bytes: {on_the_orphan:?}"
@@ -225,7 +239,7 @@ fn a_restart_serves_while_stage_2_waits_for_a_frozen_peer() {
         "the orphan's bytes are locked until stage 2 decides it: {on_the_orphan:?}"
     );
     rt.block_on(async {
-        let cluster = client(Duration::from_secs(20)).await.unwrap();
+        let cluster = client(&c, Duration::from_secs(20)).await;
         let cas = Minitx::new()
             .compare(1, 0, vec![0xaa; 8])
             .compare(2, 0, vec![0xaa; 8])
@@ -275,33 +289,19 @@ fn a_frozen_peer_holds_back_only_the_tids_it_takes_part_in() {
             assert_eq!(vote(&n[node], &ep).await, Vote::CommitOk);
         }
     });
-    let pid_2 = (c.local.process_entries(&Default::default()).into_iter())
-        .find(|p| p.name == "node-2")
-        .and_then(|p| p.pid)
-        .expect("node 2's pid");
-    c.local.kill_node(1);
-    unsafe { libc::kill(pid_2 as i32, libc::SIGSTOP) };
-    c.local.start_node(1).unwrap();
-    let client = |deadline| {
-        let opts = ClientOptions {
-            deadline,
-            dialer: c.local.dialer(),
-            ..Default::default()
-        };
-        Cluster::connect(&c.local.file.manager, opts)
-    };
+    let pid_2 = restart_1_with_2_frozen(&mut c);
     let (shared_with_3, shared_with_2) = rt.block_on(async {
-        let patient = client(Duration::from_secs(10)).await.unwrap();
+        let patient = client(&c, Duration::from_secs(10)).await;
         let with_3_committed = Minitx::new()
             .compare(1, 4096, vec![0xbb; 8])
             .compare(3, 0, vec![0xbb; 8])
             .write(1, 4096, vec![3; 8]);
         let shared_with_3 = patient.exec_and_commit(&with_3_committed).await;
-        let short = client(Duration::from_millis(300)).await.unwrap();
+        let short = client(&c, Duration::from_millis(300)).await;
         let on_with_2 = Minitx::new().write(1, 0, vec![1; 8]);
         (shared_with_3, short.exec_and_commit(&on_with_2).await)
     });
-    unsafe { libc::kill(pid_2 as i32, libc::SIGCONT) };
+    unsafe { libc::kill(pid_2, libc::SIGCONT) };
     assert!(
         shared_with_3.as_ref().is_ok_and(|o| o.committed),
         "the tid node 1 shares with node 3 is decided while node 2 is frozen: {shared_with_3:?}"
@@ -314,7 +314,7 @@ fn a_frozen_peer_holds_back_only_the_tids_it_takes_part_in() {
         "the tid node 1 shares with the frozen node 2 stays locked: {shared_with_2:?}"
     );
     rt.block_on(async {
-        let cluster = client(Duration::from_secs(20)).await.unwrap();
+        let cluster = client(&c, Duration::from_secs(20)).await;
         let cas = Minitx::new()
             .compare(1, 0, vec![0xaa; 8])
             .compare(2, 0, vec![0xaa; 8])
@@ -339,18 +339,10 @@ fn a_write_that_never_left_for_a_frozen_node_times_out() {
     let _in_rt = rt.enter();
     let c = common::start("frozen-node", 2, "log", &[], &[]);
     let cluster = rt.block_on(common::ready(&c));
-    let pid = (c.local.process_entries(&Default::default()).into_iter())
-        .find(|p| p.name == "node-1")
-        .and_then(|p| p.pid)
-        .expect("node 1's pid");
-    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    let pid = pid_of(&c, "node-1");
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
     let (err, took) = rt.block_on(async {
-        let opts = ClientOptions {
-            deadline: Duration::from_millis(500),
-            dialer: c.local.dialer(),
-            ..Default::default()
-        };
-        let fresh = Cluster::connect(&c.local.file.manager, opts).await.unwrap();
+        let fresh = client(&c, Duration::from_millis(500)).await;
         let write = Minitx::new()
             .write(1, 0, vec![7; 8])
             .write(2, 0, vec![7; 8]);
@@ -358,7 +350,7 @@ fn a_write_that_never_left_for_a_frozen_node_times_out() {
         let err = fresh.exec_and_commit(&write).await.unwrap_err();
         (err, started.elapsed())
     });
-    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    unsafe { libc::kill(pid, libc::SIGCONT) };
     assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
     // Not held up by the abort decision to node 1, which cannot connect for 1 s.
     assert!(took < Duration::from_millis(1300), "{took:?}");

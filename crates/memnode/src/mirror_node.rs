@@ -123,24 +123,28 @@ pub(crate) async fn run(
     let _lock = open_data_dir(&data, cfg)?;
     // A `ram-repl` copy dies with its process: what a predecessor left is not the node's,
     // unless it was a primary that stopped on being replaced and left its copy to this
-    // process, which holds it while the managers may name it primary again. A `log-repl`
-    // directory holds one unless marked empty (new, lost, or emptied to join).
-    let mut holds_copy = !cfg.volatile && crate::node::holds_copy(&data);
-    let mut former = None;
-    if cfg.volatile {
-        former = take_former_marker(&data);
-        match former {
-            Some(config_epoch) => {
-                holds_copy = true;
-                tracing::warn!(
-                    node = cfg.id,
-                    config_epoch,
-                    "holding the copy a replaced primary left here while the managers may \
-                     name it primary again"
-                );
-            }
-            None => empty_copy(&data)?,
+    // process. A `log-repl` directory holds one unless marked empty (new, lost, or emptied
+    // to join). A copy a replaced primary left is held while the managers may name it
+    // primary again: the copy that replaced it may die or lose its disk before it serves.
+    let mut former = former_marker(&data, cfg.volatile);
+    let mut holds_copy = if cfg.volatile {
+        former.is_some()
+    } else {
+        crate::node::holds_copy(&data)
+    };
+    if !holds_copy {
+        former = None;
+        if cfg.volatile {
+            empty_copy(&data)?;
         }
+    }
+    if let Some(config_epoch) = former {
+        tracing::warn!(
+            node = cfg.id,
+            config_epoch,
+            "holding the copy a replaced primary left here while the managers may name it \
+             primary again"
+        );
     }
     let mut listener = Some(listener);
     let mut told_empty = false;
@@ -158,6 +162,7 @@ pub(crate) async fn run(
                         "named primary again: serving the copy a replaced primary left"
                     );
                     former = None;
+                    remove_former_marker(&data)?;
                 } else if keep {
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_millis(200)) => continue,
@@ -298,36 +303,78 @@ async fn ask_as_former(
     }
 }
 
-/// What a replaced `ram-repl` primary leaves in its data directory (`former.json`) as it
-/// stops: the configuration epoch it served under. The process started next in its place
-/// keeps the copy instead of emptying it, and tells the managers
-/// (`Request::FormerPrimary`). Read once: the copy then dies with that process.
+/// What `former.json` and `served.json` hold: a configuration epoch.
 #[derive(serde::Serialize, serde::Deserialize)]
-struct FormerMarker {
+struct EpochMarker {
     config_epoch: u64,
 }
 
+/// What a replaced primary leaves in its data directory as it stops: the configuration
+/// epoch it served under. The process started next in its place keeps the copy instead of
+/// emptying it (`ram-repl`) or joining the new primary (`log-repl`), and tells the
+/// managers (`Request::FormerPrimary`). A `ram-repl` marker is read once: the copy then
+/// dies with that process. A `log-repl` one stays with the copy on disk until the copy is
+/// emptied or named primary again.
 const FORMER_MARKER: &str = "former.json";
 
-/// Leaves the copy in `data` to the process started next on it (the marker above), as
-/// of `config_epoch`; a failure is logged (that process then empties the copy).
+/// What a `log-repl` primary keeps with its copy (`served.json`, as `former.json`): the
+/// latest configuration epoch it served under, rewritten as it rises. Started again and
+/// refused by the managers (replaced while it was down), it leaves its copy as of that
+/// epoch. A lagging epoch is safe: the managers name a former primary again only if the
+/// placement is the one right after its epoch.
+const SERVED: &str = "served.json";
+
+/// Leaves the copy in `data` to the process started next on it (the marker above, made
+/// durable: a `log-repl` copy outlives a power loss), as of `config_epoch`; a failure is
+/// logged (that process then holds an ordinary copy, or none in RAM).
 pub(crate) fn leave_copy(data: &Path, config_epoch: u64) {
-    let tmp = data.join("former.json.tmp");
-    let written = serde_json::to_vec(&FormerMarker { config_epoch })
-        .map_err(|e| e.to_string())
-        .and_then(|bytes| std::fs::write(&tmp, bytes).map_err(|e| e.to_string()))
-        .and_then(|()| std::fs::rename(&tmp, data.join(FORMER_MARKER)).map_err(|e| e.to_string()));
-    if let Err(e) = written {
-        tracing::error!("leaving this copy for the next process: writing former.json: {e}");
+    if let Err(e) = write_durably(data, FORMER_MARKER, &EpochMarker { config_epoch }) {
+        tracing::error!("leaving this copy for the next process: {e}");
     }
 }
 
-/// The former primary's configuration epoch, if one left its copy here; the marker goes.
-fn take_former_marker(data: &Path) -> Option<u64> {
+/// Records in `data` that its copy serves under `config_epoch` (`SERVED`); a failure is
+/// logged (the copy is then not offered again past the epoch recorded before).
+pub(crate) fn record_served(data: &Path, config_epoch: u64) {
+    if let Err(e) = write_durably(data, SERVED, &EpochMarker { config_epoch }) {
+        tracing::error!("recording the configuration served: {e}");
+    }
+}
+
+/// The configuration epoch the copy in `data` last served under, if recorded.
+pub(crate) fn served(data: &Path) -> Option<u64> {
+    let marker: EpochMarker =
+        serde_json::from_slice(&std::fs::read(data.join(SERVED)).ok()?).ok()?;
+    Some(marker.config_epoch)
+}
+
+/// Writes `value` as JSON to `data/name` durably: a temporary file synced, renamed over
+/// `name`, the directory synced.
+fn write_durably(data: &Path, name: &str, value: &impl serde::Serialize) -> Result<(), NodeError> {
+    let tmp = data.join(format!("{name}.tmp"));
+    let bytes = serde_json::to_vec(value).map_err(|e| NodeError::Config(e.to_string()))?;
+    std::fs::write(&tmp, bytes).map_err(io(format!("write {name}")))?;
+    (std::fs::File::open(&tmp).and_then(|f| f.sync_all())).map_err(io(format!("sync {name}")))?;
+    std::fs::rename(&tmp, data.join(name)).map_err(io(format!("rename {name}")))?;
+    Ok(crate::redo_log::sync_dir(data)?)
+}
+
+/// The former primary's configuration epoch, if one left its copy here; with `once` (a
+/// copy in RAM), the marker goes.
+fn former_marker(data: &Path, once: bool) -> Option<u64> {
     let path = data.join(FORMER_MARKER);
-    let marker: Option<FormerMarker> = serde_json::from_slice(&std::fs::read(&path).ok()?).ok();
-    let _ = std::fs::remove_file(&path);
+    let marker: Option<EpochMarker> = serde_json::from_slice(&std::fs::read(&path).ok()?).ok();
+    if once {
+        let _ = std::fs::remove_file(&path);
+    }
     marker.map(|m| m.config_epoch)
+}
+
+fn remove_former_marker(data: &Path) -> Result<(), NodeError> {
+    match std::fs::remove_file(data.join(FORMER_MARKER)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove former.json")(e)),
+        _ => Ok(()),
+    }
 }
 
 /// How a mirror process starts serving as one.
@@ -352,17 +399,6 @@ const JOIN_MARKER: &str = "join.json";
 
 fn read_join_marker(data: &Path) -> Option<JoinMarker> {
     serde_json::from_slice(&std::fs::read(data.join(JOIN_MARKER)).ok()?).ok()
-}
-
-fn write_join_marker(data: &Path, marker: &JoinMarker) -> Result<(), NodeError> {
-    let tmp = data.join("join.json.tmp");
-    let bytes = serde_json::to_vec(marker).map_err(|e| NodeError::Config(e.to_string()))?;
-    std::fs::write(&tmp, bytes).map_err(io("write join.json"))?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io("sync join.json"))?;
-    std::fs::rename(&tmp, data.join(JOIN_MARKER)).map_err(io("rename join.json"))?;
-    Ok(crate::redo_log::sync_dir(data)?)
 }
 
 /// A data directory filled from a primary's seed.
@@ -406,6 +442,7 @@ pub(crate) fn empty_copy(data: &Path) -> Result<(), NodeError> {
     for stale in [
         data.join(JOIN_MARKER),
         data.join(FORMER_MARKER),
+        data.join(SERVED),
         data.join(IMAGE_FILE),
         data.join(crate::node::LOG_DIR),
     ] {
@@ -547,7 +584,7 @@ async fn seed(
         config_epoch,
         primary: primary.to_string(),
     };
-    write_join_marker(data, &marker)?;
+    write_durably(data, JOIN_MARKER, &marker)?;
     crate::node::mark_whole(data)?;
     tracing::info!(
         ms = started.elapsed().as_millis() as u64,

@@ -221,13 +221,35 @@ impl Node {
         self.release_held();
     }
 
-    /// Another copy serves this node now: stop at once, answering nobody. A `ram-repl`
-    /// primary leaves its copy to the process started next in its place: the copy that
-    /// replaced it may die before it serves, and this one is then the node's only copy
-    /// (`mirror_node::leave_copy`).
+    /// Takes a placement the managers committed: a placement naming another primary ends
+    /// the process. A `log-repl` primary records each configuration it serves under with
+    /// its copy (`mirror_node::record_served`).
+    pub(crate) fn take_placement(&self, placement: tutti_wire::Placement) {
+        let epochs = self.with_shipper(|s| {
+            let before = s.placement().config_epoch;
+            s.set_placement(placement)
+                .map(|()| (before, s.placement().config_epoch))
+        });
+        match epochs {
+            Err(why) => self.replaced(&why),
+            Ok((before, now)) if now > before => self.record_served(now),
+            Ok(_) => {}
+        }
+    }
+
+    fn record_served(&self, config_epoch: u64) {
+        if let (false, Some(data)) = (self.cfg.volatile, &self.cfg.data) {
+            crate::mirror_node::record_served(data, config_epoch);
+        }
+    }
+
+    /// Another copy serves this node now: stop at once, answering nobody. The primary
+    /// leaves its copy to the process started next in its place: the copy that replaced
+    /// it may die (or lose its disk) before it serves, and this one is then the node's
+    /// only copy (`mirror_node::leave_copy`).
     pub(crate) fn replaced(&self, why: &str) -> ! {
         tracing::error!("this primary was replaced ({why}); stopping");
-        if let (true, Some(data), Some(_)) = (self.cfg.volatile, &self.cfg.data, &self.shipper) {
+        if let (Some(data), Some(_)) = (&self.cfg.data, &self.shipper) {
             let config_epoch = self.with_shipper(|s| s.placement().config_epoch);
             crate::mirror_node::leave_copy(data, config_epoch);
         }
@@ -480,11 +502,15 @@ pub async fn run(
             if replicated {
                 let req = register_request(&cfg, &listen_addr, rebooted);
                 let first = match crate::primary::register(&managers, &req).await {
-                    // A `ram-repl` copy promoted and replaced before it registered keeps its
-                    // copy for the managers, as a replaced primary does.
+                    // A copy promoted and replaced before it registered keeps its copy for
+                    // the managers, as a replaced primary does; so does a `log-repl` primary
+                    // replaced while it was down, as of the configuration it last served.
                     Err(NodeError::Replaced(why)) => {
-                        if let (true, Some(named_in)) = (cfg.volatile, promoted_in) {
-                            crate::mirror_node::leave_copy(&data, named_in);
+                        let served = (!cfg.volatile)
+                            .then(|| crate::mirror_node::served(&data))
+                            .flatten();
+                        if let Some(config_epoch) = promoted_in.or(served) {
+                            crate::mirror_node::leave_copy(&data, config_epoch);
                         }
                         return Err(NodeError::Replaced(why));
                     }
@@ -509,6 +535,9 @@ pub async fn run(
                     &mut records,
                 )
                 .await?;
+                if !cfg.volatile {
+                    crate::mirror_node::record_served(&data, reg.placement.config_epoch);
+                }
                 let mut s = Shipper::new(cfg.id, session, reg.placement, log.next_lsn())
                     .in_ram(cfg.volatile);
                 if behind {
@@ -1250,9 +1279,7 @@ async fn heartbeat_loop(node: Arc<Node>) {
             }) => {
                 manager_heard_ms.store(node.now_ms(), Ordering::Relaxed);
                 if let (Some(placement), Some(_)) = (placement, &node.shipper) {
-                    if let Err(why) = node.with_shipper(|s| s.set_placement(placement)) {
-                        node.replaced(&why);
-                    }
+                    node.take_placement(placement);
                     // Without a mirror now, what waited for it is durable.
                     let durable_next = node.with_shipper(|s| s.durable_next());
                     node.durable(durable_next);

@@ -411,9 +411,7 @@ async fn refresh_placement(node: &Arc<Node>) {
     let ask = Request::Placement { node: node.cfg.id };
     match node.managers.call(&ask, Duration::from_secs(5)).await {
         Ok(Response::Placement(Some(placement))) => {
-            if let Err(why) = node.with_shipper(|s| s.set_placement(placement)) {
-                node.replaced(&why);
-            }
+            node.take_placement(placement);
             node.durable(node.with_shipper(|s| s.durable_next()));
         }
         other => tracing::warn!("asking the manager for the placement: {other:?}"),
@@ -438,9 +436,7 @@ pub(crate) async fn name_joiner(node: &Arc<Node>) {
     match node.managers.call(&ask, Duration::from_secs(5)).await {
         Ok(Response::Placement(Some(placement))) => {
             tracing::info!(?placement, "the joining mirror is the node's mirror now");
-            if let Err(why) = node.with_shipper(|s| s.set_placement(placement)) {
-                node.replaced(&why);
-            }
+            node.take_placement(placement);
             *node.seed.lock().expect("seed poisoned") = None;
             node.ship_wakeup.notify_one();
         }

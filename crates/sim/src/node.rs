@@ -96,6 +96,9 @@ struct Repl {
     /// A mirror named primary (under that configuration epoch), until its recovery starts
     /// (`Stage2::after_promotion`).
     promoted: Option<u64>,
+    /// `log-repl`: the latest configuration epoch this copy served under as a primary,
+    /// kept on its disk (`memnode::mirror_node::record_served`); gone with the copy.
+    served: Option<u64>,
 }
 
 enum ReplState {
@@ -116,8 +119,8 @@ enum ReplState {
     /// Replaced, or dropped from the placement: answers nobody, and joins the node's
     /// primary as its new mirror once the placement has none (`memnode::mirror_node`),
     /// its disk emptied and filled from the primary's seed. `asked_ms`: when it last asked.
-    /// `former`: a replaced `ram-repl` primary that kept its copy, holding the node's data
-    /// as of that configuration epoch while the managers may name it primary again.
+    /// `former`: a replaced primary that kept its copy, holding the node's data as of that
+    /// configuration epoch while the managers may name it primary again.
     Outside {
         asked_ms: Option<u64>,
         former: Option<u64>,
@@ -242,6 +245,9 @@ impl SimNode {
                 ReplState::Mirror(m) => ReplState::Mirror(m.in_ram(in_ram)),
                 other => other,
             };
+            if in_ram {
+                repl.served = None;
+            }
         }
         self
     }
@@ -278,7 +284,7 @@ impl SimNode {
         )
     }
 
-    /// `ram-repl`: a replaced primary holding the copy it kept, named in no placement.
+    /// A replaced primary holding the copy it kept, named in no placement.
     pub(crate) fn is_former(&self) -> bool {
         matches!(
             self.repl.as_ref().map(|r| &r.state),
@@ -310,6 +316,7 @@ impl SimNode {
             joining: None,
             seed: None,
             promoted: None,
+            served: Some(1),
         });
         node
     }
@@ -331,6 +338,7 @@ impl SimNode {
             joining: None,
             seed: None,
             promoted: None,
+            served: None,
         });
         node
     }
@@ -655,8 +663,13 @@ impl SimNode {
     }
 
     /// Every commit already reported that touched this node must be back in its space,
-    /// or still to come there (its bytes locked by a tid in flight).
+    /// or still to come there (its bytes locked by a tid in flight). A replaced primary
+    /// that ends a recovery it began before its mirror took over is not the node any
+    /// more: it serves nothing (its lease needs the mirror) and stops once it learns.
     fn recovered(&self, ctx: &mut Ctx<'_>) {
+        if self.dir.node(self.id) != ctx.me() {
+            return;
+        }
         let p = self.participant.as_ref().expect("just recovered");
         let read = |addr, len| {
             let len = u64::from(len);
@@ -879,6 +892,9 @@ impl SimNode {
     /// whatever it was, and joins once the manager has named another copy.
     fn lose_copy(&mut self, _ctx: &mut Ctx<'_>) {
         self.retire();
+        if let Some(repl) = &mut self.repl {
+            repl.served = None;
+        }
         self.synced.clear();
         self.written.clear();
         self.image = vec![0; self.space_bytes as usize];
@@ -918,9 +934,10 @@ impl SimNode {
         Mirror::new(self.id, space, next, self.synced.clone(), now_ms).in_ram(self.in_ram)
     }
 
-    /// `ram-repl`: a replaced primary stops, and the process started in its place keeps
-    /// the copy it left on the tmpfs (its log, and its image as the participant had it),
-    /// holding the node's data as of `config_epoch` (`memnode::node::Node::replaced`).
+    /// A replaced primary stops, and the process started in its place keeps the copy it
+    /// left (its log, and its image as the participant had it: the page cache outlives the
+    /// process, as at a crash without power loss), holding the node's data as of
+    /// `config_epoch` (`memnode::node::Node::replaced`).
     fn retire_keeping_copy(&mut self, config_epoch: u64) {
         if let Some(p) = &self.participant {
             self.image = p.space().read(0, self.space_bytes).to_vec();
@@ -1102,6 +1119,7 @@ impl SimNode {
                 let repl = self.repl.as_mut().expect("replicated");
                 repl.state = ReplState::Mirror(mirror);
                 repl.joining = Some(config_epoch);
+                repl.served = None;
             }
             // Asked again after the next heartbeat's placement.
             _ => {}
@@ -1137,12 +1155,14 @@ impl SimNode {
         let Some(s) = self.shipper() else { return };
         let config_epoch = s.placement().config_epoch;
         if s.set_placement(placement).is_err() {
-            match self.in_ram {
-                true => self.retire_keeping_copy(config_epoch),
-                false => self.retire(),
-            }
+            self.retire_keeping_copy(config_epoch);
             return;
         }
+        let now_serving = s.placement().config_epoch;
+        if now_serving > config_epoch && !self.in_ram {
+            self.repl.as_mut().expect("replicated").served = Some(now_serving);
+        }
+        let Some(s) = self.shipper() else { return };
         // Without a mirror now, what waited for it is durable.
         let durable_next = s.durable_next();
         let released = s.release(now);
@@ -1230,6 +1250,7 @@ impl SimNode {
                     asking_since_ms,
                 },
             promoted,
+            served,
             ..
         }) = &mut self.repl
         else {
@@ -1240,11 +1261,12 @@ impl SimNode {
             ..
         } = resp
         {
-            // A `ram-repl` copy promoted and replaced before it registered keeps its copy,
-            // as a replaced primary does (`memnode::node`).
-            match (self.in_ram, *promoted) {
-                (true, Some(named_in)) => self.retire_keeping_copy(named_in),
-                _ => self.retire(),
+            // A copy promoted and replaced before it registered keeps its copy, as a
+            // replaced primary does; so does a `log-repl` primary replaced while it was
+            // down, as of the configuration it last served (`memnode::node`).
+            match promoted.or(*served) {
+                Some(config_epoch) => self.retire_keeping_copy(config_epoch),
+                None => self.retire(),
             }
             return;
         }
@@ -1319,12 +1341,15 @@ impl SimNode {
     /// Both logs are equal (or the mirror is behind for good): recover as the primary.
     fn joined(&mut self, ctx: &mut Ctx<'_>, placement: Placement, behind: bool) {
         let session = self.repl.as_ref().map_or(0, |r| r.session);
+        let served = (!self.in_ram).then_some(placement.config_epoch);
         let mut shipper =
             Shipper::new(self.id, session, placement, self.log_next()).in_ram(self.in_ram);
         if behind {
             shipper.mark_behind(now_ms(ctx));
         }
-        self.repl.as_mut().expect("replicated").state = ReplState::Primary(shipper);
+        let repl = self.repl.as_mut().expect("replicated");
+        repl.state = ReplState::Primary(shipper);
+        repl.served = served;
         self.pending.retain(|_, p| {
             !matches!(
                 p,
@@ -1646,9 +1671,10 @@ impl Process for SimNode {
                 ReplState::Mirror(_) | ReplState::Promoted(_) | ReplState::MirrorDown => {
                     ReplState::MirrorDown
                 }
-                ReplState::Outside { .. } => ReplState::Outside {
+                // A `log-repl` former's marker stays with its copy on disk.
+                ReplState::Outside { former, .. } => ReplState::Outside {
                     asked_ms: None,
-                    former: None,
+                    former,
                 },
             };
             // `joining` stays: the real mirror's join.json.

@@ -419,7 +419,8 @@ fn a_primary_voting_before_its_mirror_acknowledged_is_caught() {
 /// the first rule is lifted here (the managers' own planted bug), or the join rule's
 /// failure could not show. The lifted rule breaks seeds of its own (seed 447 loses a
 /// transfer with it alone): a seed counts only if it passes with the lifted rule alone.
-/// Caught at seed 76: a node never settles.
+/// Caught at seed 873: a node never settles (76 before a replaced `log-repl` primary
+/// waited as a former copy: fewer joins race with fail-overs now).
 #[test]
 fn a_mirror_joining_before_it_caught_up_is_caught() {
     // Without lost disks: with them, the lifted rule loses nodes that hide this failure.
@@ -498,9 +499,12 @@ fn ram_repl() -> SimConfig {
 /// The first of 1,000 `ram-repl` seeds that breaks a safety checker (not just liveness,
 /// which a lost node breaks), and what broke.
 fn first_safety_failure_in_ram_repl() -> Option<(u64, String)> {
-    let cfg = ram_repl();
+    first_safety_failure_with(&ram_repl())
+}
+
+fn first_safety_failure_with(cfg: &SimConfig) -> Option<(u64, String)> {
     (0..1000).find_map(|seed| {
-        let report = run(seed, &cfg);
+        let report = run(seed, cfg);
         (report.violations.iter())
             .find(|v| v.kind != "liveness")
             .map(|v| (seed, v.to_string()))
@@ -567,6 +571,21 @@ fn the_managers_old_fail_over_rules_lose_nodes() {
 fn naming_a_former_primary_again_after_its_successor_registered_is_caught() {
     tutti_manager::plant(Some(tutti_manager::Bug::RenameRegisteredFormer));
     let found = first_safety_failure_in_ram_repl();
+    tutti_manager::plant(None);
+    let (seed, detail) = found.expect("caught within 1,000 seeds");
+    eprintln!("seed {seed}: {detail}");
+}
+
+/// `log-repl`: the same rule, a replaced primary's copy left on its disk named again
+/// although the copy that replaced it registered and may have served since.
+#[test]
+fn naming_a_log_repl_former_primary_again_after_its_successor_registered_is_caught() {
+    tutti_manager::plant(Some(tutti_manager::Bug::RenameRegisteredFormer));
+    let found = first_safety_failure_with(&SimConfig {
+        replicated: true,
+        backups: 0,
+        ..SimConfig::default()
+    });
     tutti_manager::plant(None);
     let (seed, detail) = found.expect("caught within 1,000 seeds");
     eprintln!("seed {seed}: {detail}");

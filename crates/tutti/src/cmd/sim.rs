@@ -170,7 +170,8 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     if a.workload == SimWorkload::BankRepl {
         outln!(
             "{disks_lost} crashes also took the process's disk (it joins again, empty); \
-             {lost} seeds lost a node (both copies)"
+             {lost} seeds lost a node (both copies); {formers} replaced primaries named \
+             again (the copy that replaced them fell silent before it registered)"
         );
     }
     if a.workload == SimWorkload::BankRamRepl {

@@ -746,10 +746,32 @@ fn a_ram_repl_node_survives_the_loss_of_each_copy_in_turn() {
 /// and run again on a new cluster.
 #[test]
 fn a_replaced_ram_repl_primary_serves_again_when_its_successor_dies_before_registering() {
+    a_replaced_primary_serves_again_when_its_successor_dies_empty("ram-repl", false);
+}
+
+/// `log-repl`: the same, the promoted mirror losing its disk as it dies (a killed one
+/// would restart over its disk and serve). Before, the replaced primary joined the empty
+/// successor, which waited for another copy to be named, and the node stopped serving.
+#[test]
+fn a_replaced_log_repl_primary_serves_again_when_its_successor_loses_its_disk() {
+    a_replaced_primary_serves_again_when_its_successor_dies_empty("log-repl", false);
+}
+
+/// `log-repl`: the same, the stopped primary killed instead of woken: `tutti up` starts it
+/// again as the primary, the managers refuse its registration, and it offers its copy as of
+/// the configuration it last served under (`served.json`).
+#[test]
+fn a_log_repl_primary_replaced_while_down_serves_again_when_its_successor_loses_its_disk() {
+    a_replaced_primary_serves_again_when_its_successor_dies_empty("log-repl", true);
+}
+
+/// Node 1's primary stopped until its mirror is promoted, the mirror then killed (losing
+/// its disk in `log-repl`), the primary woken or killed (`primary_dies`).
+fn a_replaced_primary_serves_again_when_its_successor_dies_empty(mode: &str, primary_dies: bool) {
     let rt = common::runtime();
     for attempt in 1..=3 {
-        let data = common::scratch("up-ram-repl-former");
-        let (mut child, manager) = up_with(&data, &["--mode", "ram-repl"]);
+        let data = common::scratch(&format!("up-{mode}-former"));
+        let (mut child, manager) = up_with(&data, &["--mode", mode]);
         assert_eq!(txn(&manager, &["write:1:0:68656c6c6f"])["committed"], true);
         let primary = until_role(&data, "node-1", "primary");
         let mirror = until_role(&data, "node-1-mirror", "mirror");
@@ -780,9 +802,19 @@ fn a_replaced_ram_repl_primary_serves_again_when_its_successor_dies_before_regis
             assert!(Instant::now() < until, "the mirror was never promoted");
             std::thread::sleep(Duration::from_millis(2));
         }
+        if mode == "log-repl" {
+            lose_disk(&data, "node-1-mirror", mirror);
+        } else {
+            // SAFETY: as above.
+            unsafe { libc::kill(mirror as i32, libc::SIGKILL) };
+        }
+        let wake = if primary_dies {
+            libc::SIGKILL
+        } else {
+            libc::SIGCONT
+        };
         // SAFETY: as above.
-        unsafe { libc::kill(mirror as i32, libc::SIGKILL) };
-        unsafe { libc::kill(primary as i32, libc::SIGCONT) };
+        unsafe { libc::kill(primary as i32, wake) };
         let mirror_log = std::fs::read_to_string(data.join("logs/node-1-mirror.log")).unwrap();
         if mirror_log.contains("registered with the managers") {
             eprintln!("attempt {attempt}: the promoted mirror registered before it was killed");

@@ -71,19 +71,22 @@ pub enum HeaderProblem {
     FirstLsn(Lsn),
 }
 
-/// The header of the segment whose first record is `first_lsn`.
-pub fn segment_header(first_lsn: Lsn) -> [u8; SEGMENT_HEADER_BYTES] {
+/// The header of the segment whose first record is `first_lsn`, which says that every
+/// record in its first `synced_sectors` sectors of 512 bytes was synced (0: no claim).
+pub fn segment_header(first_lsn: Lsn, synced_sectors: u32) -> [u8; SEGMENT_HEADER_BYTES] {
     let mut h = [0; SEGMENT_HEADER_BYTES];
     h[..8].copy_from_slice(&SEGMENT_MAGIC);
     h[8..12].copy_from_slice(&SEGMENT_FORMAT_VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&synced_sectors.to_le_bytes());
     h[16..24].copy_from_slice(&first_lsn.to_le_bytes());
     let crc = crc32c::crc32c(&h[..24]);
     h[24..28].copy_from_slice(&crc.to_le_bytes());
     h
 }
 
-/// Checks the header at the start of `bytes` for a segment named after `first_lsn`.
-pub fn check_segment_header(bytes: &[u8], first_lsn: Lsn) -> Result<(), HeaderProblem> {
+/// Checks the header at the start of `bytes` for a segment named after `first_lsn`, and
+/// returns how many of its first sectors it says were synced.
+pub fn check_segment_header(bytes: &[u8], first_lsn: Lsn) -> Result<u32, HeaderProblem> {
     let h = bytes
         .get(..SEGMENT_HEADER_BYTES)
         .ok_or(HeaderProblem::Damaged)?;
@@ -99,7 +102,7 @@ pub fn check_segment_header(bytes: &[u8], first_lsn: Lsn) -> Result<(), HeaderPr
     if named != first_lsn {
         return Err(HeaderProblem::FirstLsn(named));
     }
-    Ok(())
+    Ok(u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")))
 }
 
 fn put_tid(out: &mut Vec<u8>, tid: &Tid) {
@@ -316,14 +319,15 @@ mod tests {
 
     #[test]
     fn the_segment_header_follows_the_documented_layout() {
-        let h = segment_header(17);
+        let h = segment_header(17, 0x0102_0304);
         assert_eq!(&h[..8], b"TUTTILOG");
         assert_eq!(h[8..12], [1, 0, 0, 0]);
-        assert_eq!(h[12..16], [0; 4]);
+        assert_eq!(h[12..16], [4, 3, 2, 1]);
         assert_eq!(h[16..24], 17u64.to_le_bytes());
         assert_eq!(h[24..28], crc32c::crc32c(&h[..24]).to_le_bytes());
         assert_eq!(h[28..], [0; 4]);
-        assert_eq!(check_segment_header(&h, 17), Ok(()));
+        assert_eq!(check_segment_header(&h, 17), Ok(0x0102_0304));
+        assert_eq!(check_segment_header(&segment_header(17, 0), 17), Ok(0));
         assert_eq!(
             check_segment_header(&h, 18),
             Err(HeaderProblem::FirstLsn(17))

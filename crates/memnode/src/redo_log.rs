@@ -88,6 +88,10 @@ struct Segment {
 /// A sector: the smallest direct-I/O alignment used, and what a device writes whole or not
 /// at all, so that a crash cuts a write short only at a multiple of it in the file.
 const SECTOR_BYTES: usize = 512;
+/// How often at most a segment's header is rewritten to say how much of it was synced: a
+/// record synced before that, found damaged at restart, refuses the start instead of being
+/// cut as a torn tail (a sector read back as zeros looks torn).
+const SYNCED_MARK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 /// File systems asking for a larger alignment get buffered writes.
 const ALIGN_BYTES_MAX: usize = 64 << 10;
 
@@ -170,23 +174,27 @@ fn create_segment(
     options
         .open(path)
         .and_then(|mut f| {
-            f.write_all(&segment_header(first_lsn))?;
+            f.write_all(&segment_header(first_lsn, 0))?;
             f.sync_data()
         })
         .map_err(io_err(path))?;
     open_segment(path, direct)
 }
 
-/// Where the records of the segment `bytes`, named after `first_lsn`, start; `None` for a
-/// last segment whose creation a crash interrupted (nothing but zeros, if anything).
+/// Where the records of the segment `bytes`, named after `first_lsn`, start, and the bytes
+/// of it its header says were synced; `None` for a last segment whose creation a crash
+/// interrupted (nothing but zeros, if anything).
 fn records_start(
     path: &Path,
     bytes: &[u8],
     first_lsn: Lsn,
     last: bool,
-) -> Result<Option<usize>, LogError> {
+) -> Result<Option<(usize, usize)>, LogError> {
     match check_segment_header(bytes, first_lsn) {
-        Ok(()) => Ok(Some(SEGMENT_HEADER_BYTES)),
+        Ok(sectors) => Ok(Some((
+            SEGMENT_HEADER_BYTES,
+            sectors as usize * SECTOR_BYTES,
+        ))),
         Err(HeaderProblem::Damaged) if last && bytes.iter().all(|&b| b == 0) => Ok(None),
         Err(HeaderProblem::Version(found)) => Err(LogError::Version {
             path: path.to_path_buf(),
@@ -261,6 +269,13 @@ pub struct RedoLog {
     /// The size of the next spare asked for: `EXTEND_BYTES` after a start, doubling up to
     /// the segment size, so an idle node zeroes little and a busy one soon has whole segments.
     spare_bytes: u64,
+    /// The current segment's first block as last written (direct I/O): the header is
+    /// rewritten with it.
+    first_block: Vec<u8>,
+    /// Bytes of the current segment that the last sync covered.
+    synced_used: u64,
+    /// Sectors of the current segment its header says were synced, and when it was written.
+    synced_mark: (u32, std::time::Instant),
 }
 
 /// What stage 1 of recovery read back from disk.
@@ -289,6 +304,7 @@ impl RedoLog {
         let mut bytes_total = 0;
         let mut tail = Vec::new();
         let mut torn_creation = None;
+        let (mut first_block, mut synced_sectors) = (Vec::new(), 0);
         let count = listed.len();
         for (i, (first_lsn, path)) in listed.into_iter().enumerate() {
             let last = i + 1 == count;
@@ -296,13 +312,26 @@ impl RedoLog {
             File::open(&path)
                 .and_then(|mut f| f.read_to_end(&mut bytes))
                 .map_err(io_err(&path))?;
-            let Some(start) = records_start(&path, &bytes, first_lsn, last)? else {
+            let Some((start, synced)) = records_start(&path, &bytes, first_lsn, last)? else {
                 torn_creation = Some((first_lsn, path));
                 break;
             };
             let offset = start + read_records(&bytes[start..], &mut records);
             if last {
                 tail = bytes[offset.saturating_sub(ALIGN_BYTES_MAX)..offset].to_vec();
+                // As the disk will hold it: a torn tail is zeroed below.
+                first_block = bytes[..bytes.len().min(ALIGN_BYTES_MAX)].to_vec();
+                first_block.iter_mut().skip(offset).for_each(|b| *b = 0);
+                synced_sectors = (synced / SECTOR_BYTES) as u32;
+            }
+            if offset < synced {
+                return Err(LogError::Corrupt {
+                    path,
+                    offset: offset as u64,
+                    why: "the segment's header says it was synced past there, so no crash cut \
+                          that record short: it was damaged since (a sector read back as \
+                          zeros), and the records after it may hold committed writes",
+                });
             }
             if bytes[offset..].iter().any(|&b| b != 0) {
                 let why = match last {
@@ -347,7 +376,8 @@ impl RedoLog {
                 let (first_lsn, path) = torn.unwrap_or_else(|| (1, segment_path(dir, 1)));
                 let opened = create_segment(&path, first_lsn, direct, false)?;
                 sync_dir(dir)?;
-                tail = segment_header(first_lsn).to_vec();
+                tail = segment_header(first_lsn, 0).to_vec();
+                (first_block, synced_sectors) = (Vec::new(), 0);
                 segments.push(Segment {
                     first_lsn,
                     path,
@@ -358,6 +388,7 @@ impl RedoLog {
         };
         let last = segments.last().expect("at least one segment");
         let tail = tail.split_off(tail.len() - (last.used % writes.align()) as usize);
+        first_block.truncate(writes.align() as usize);
         let file_bytes = file.metadata().map_err(io_err(&last.path))?.len();
         match writes {
             Writes::Direct { align } => tracing::info!(align, "redo log: direct I/O"),
@@ -379,6 +410,9 @@ impl RedoLog {
             segment_bytes_max,
             next_lsn,
             bytes_total,
+            first_block,
+            synced_used: RECORDS_AT,
+            synced_mark: (synced_sectors, std::time::Instant::now()),
         };
         Ok(Recovered { log, records })
     }
@@ -456,6 +490,9 @@ impl RedoLog {
                 data[..self.tail.len()].copy_from_slice(&self.tail);
                 data[self.tail.len()..filled].copy_from_slice(bytes);
                 let at = current.used - self.tail.len() as u64;
+                if at == 0 {
+                    self.first_block = data[..align].to_vec();
+                }
                 self.tail.clear();
                 self.tail
                     .extend_from_slice(&data[filled - filled % align..filled]);
@@ -472,9 +509,53 @@ impl RedoLog {
         Ok(())
     }
 
+    /// Makes every record appended so far durable. At most every `SYNCED_MARK_EVERY`, the
+    /// same sync first rewrites the segment's header to say how much of it the last sync
+    /// covered.
     pub fn sync(&mut self) -> Result<(), LogError> {
-        let path = &self.segments.last().expect("current segment").path;
-        self.file.sync_data().map_err(io_err(path))
+        self.mark_synced()?;
+        let current = self.segments.last().expect("current segment");
+        self.file.sync_data().map_err(io_err(&current.path))?;
+        self.synced_used = current.used;
+        Ok(())
+    }
+
+    /// Rewrites the current segment's header with the sectors the last sync covered, if
+    /// they grew and the last rewrite is `SYNCED_MARK_EVERY` old. A sector is written whole
+    /// or not at all, so a crash leaves the old header or the new one; the rest of the
+    /// first block is written again unchanged.
+    fn mark_synced(&mut self) -> Result<(), LogError> {
+        use std::os::unix::fs::FileExt;
+        let sectors = u32::try_from(self.synced_used / SECTOR_BYTES as u64).unwrap_or(u32::MAX);
+        let (marked, at) = self.synced_mark;
+        if sectors <= marked || at.elapsed() < SYNCED_MARK_EVERY {
+            return Ok(());
+        }
+        let current = self.segments.last().expect("current segment");
+        let header = segment_header(current.first_lsn, sectors);
+        match self.writes {
+            Writes::Direct { align } => {
+                if self.first_block.len() < align {
+                    return Ok(());
+                }
+                self.first_block[..SEGMENT_HEADER_BYTES].copy_from_slice(&header);
+                let data = aligned_zeroed(&mut self.staging, align, align);
+                data.copy_from_slice(&self.first_block);
+                self.file
+                    .write_all_at(data, 0)
+                    .map_err(io_err(&current.path))?;
+                // The next append writes the first block again from the tail.
+                if current.used < align as u64 {
+                    self.tail[..SEGMENT_HEADER_BYTES].copy_from_slice(&header);
+                }
+            }
+            Writes::Buffered => self
+                .file
+                .write_all_at(&header, 0)
+                .map_err(io_err(&current.path))?,
+        }
+        self.synced_mark = (sectors, std::time::Instant::now());
+        Ok(())
     }
 
     /// Grows the current segment with zeros to `to` bytes. The zeros go through the page
@@ -511,8 +592,11 @@ impl RedoLog {
         (self.file, self.writes) = create_segment(&path, self.next_lsn, direct, spare.is_some())?;
         sync_dir(&self.dir)?;
         self.file_bytes = self.file.metadata().map_err(io_err(&path))?.len();
-        let header = segment_header(self.next_lsn);
+        let header = segment_header(self.next_lsn, 0);
         self.tail = header[..(RECORDS_AT % self.writes.align()) as usize].to_vec();
+        self.first_block.clear();
+        self.synced_used = RECORDS_AT;
+        self.synced_mark = (0, std::time::Instant::now());
         self.segments.push(Segment {
             first_lsn: self.next_lsn,
             path,
@@ -575,7 +659,7 @@ pub fn read_synced(dir: &Path, below: Lsn) -> Result<Vec<(Lsn, LogRecord)>, LogE
             }
             Err(source) => return Err(LogError::Io { path, source }),
         }
-        let start = records_start(&path, &bytes, first_lsn, false)?.expect("not the last");
+        let (start, _) = records_start(&path, &bytes, first_lsn, false)?.expect("not the last");
         if records.last().is_some_and(|(lsn, _)| lsn + 1 != first_lsn) {
             records.clear();
         }
@@ -731,6 +815,54 @@ mod tests {
         });
         let recovered = RedoLog::open_with(dir, 1 << 16, false).unwrap();
         assert_eq!(recovered.records, vec![(1, forced(1))]);
+    }
+
+    /// A sector of records synced and then read back as zeros (rot, or a write the device
+    /// acknowledged and lost) looks like a torn write. Once a later sync's header says the
+    /// sector was synced, the start is refused; a sector past what the header says is still
+    /// taken for a torn tail and cut.
+    #[test]
+    fn a_synced_sector_read_back_as_zeros_is_refused_once_the_header_marks_it_synced() {
+        for direct in [true, false] {
+            for past_the_mark in [false, true] {
+                let scratch = scratch();
+                let dir = scratch.path();
+                let mut log = RedoLog::open_with(dir, 1 << 20, direct).unwrap().log;
+                let first: Vec<LogRecord> = (1..=100).map(forced).collect();
+                append_batch(&mut log, &first);
+                log.sync().unwrap();
+                std::thread::sleep(SYNCED_MARK_EVERY);
+                let second: Vec<LogRecord> = (101..=200).map(forced).collect();
+                append_batch(&mut log, &second);
+                log.sync().unwrap();
+                drop(log);
+                let seg = list_segments(dir).unwrap().pop().unwrap().1;
+                let mut bytes = fs::read(&seg).unwrap();
+                let marked = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+                let (end_of_first, _) = extent(101, 1..=100);
+                assert_eq!(marked, end_of_first / SECTOR_BYTES, "direct {direct}");
+                // A whole sector inside the first batch, or the last one of the second.
+                let (end, _) = extent(201, 1..=200);
+                let sector = match past_the_mark {
+                    false => 2 * SECTOR_BYTES,
+                    true => (end / SECTOR_BYTES - 1) * SECTOR_BYTES,
+                };
+                bytes[sector..sector + SECTOR_BYTES].fill(0);
+                fs::write(&seg, &bytes).unwrap();
+                let opened = RedoLog::open_with(dir, 1 << 20, direct);
+                match past_the_mark {
+                    false => assert!(
+                        matches!(opened, Err(LogError::Corrupt { offset, .. }) if (offset as usize) < sector + SECTOR_BYTES),
+                        "direct {direct}: {:?}",
+                        opened.map(|r| r.records.len())
+                    ),
+                    true => {
+                        let records = opened.unwrap().records;
+                        assert!((100..200).contains(&records.len()), "direct {direct}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

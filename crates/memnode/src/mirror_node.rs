@@ -343,8 +343,12 @@ pub(crate) fn record_served(data: &Path, config_epoch: u64) {
 
 /// The configuration epoch the copy in `data` last served under, if recorded.
 pub(crate) fn served(data: &Path) -> Option<u64> {
-    let marker: EpochMarker =
-        serde_json::from_slice(&std::fs::read(data.join(SERVED)).ok()?).ok()?;
+    read_epoch(data, SERVED)
+}
+
+/// The epoch in `data/name` (`former.json`, `served.json`), if it is there and reads.
+fn read_epoch(data: &Path, name: &str) -> Option<u64> {
+    let marker: EpochMarker = serde_json::from_slice(&std::fs::read(data.join(name)).ok()?).ok()?;
     Some(marker.config_epoch)
 }
 
@@ -362,12 +366,11 @@ fn write_durably(data: &Path, name: &str, value: &impl serde::Serialize) -> Resu
 /// The former primary's configuration epoch, if one left its copy here; with `once` (a
 /// copy in RAM), the marker goes.
 fn former_marker(data: &Path, once: bool) -> Option<u64> {
-    let path = data.join(FORMER_MARKER);
-    let marker: Option<EpochMarker> = serde_json::from_slice(&std::fs::read(&path).ok()?).ok();
+    let config_epoch = read_epoch(data, FORMER_MARKER);
     if once {
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(data.join(FORMER_MARKER));
     }
-    marker.map(|m| m.config_epoch)
+    config_epoch
 }
 
 fn remove_former_marker(data: &Path) -> Result<(), NodeError> {

@@ -1159,13 +1159,12 @@ impl SimNode {
             return;
         }
         let now_serving = s.placement().config_epoch;
-        if now_serving > config_epoch && !self.in_ram {
-            self.repl.as_mut().expect("replicated").served = Some(now_serving);
-        }
-        let Some(s) = self.shipper() else { return };
         // Without a mirror now, what waited for it is durable.
         let durable_next = s.durable_next();
         let released = s.release(now);
+        if now_serving > config_epoch && !self.in_ram {
+            self.repl.as_mut().expect("replicated").served = Some(now_serving);
+        }
         send_replies(ctx, released);
         let acts = self.up().on_synced(now, durable_next - 1);
         self.apply(ctx, acts);

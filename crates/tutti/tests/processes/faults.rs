@@ -232,23 +232,36 @@ fn a_restart_serves_while_stage_2_waits_for_a_frozen_peer() {
     );
     assert!(took < Duration::from_secs(5), "served after {took:?}");
     assert!(
-        matches!(
-            on_the_orphan,
-            Err(ExecError::Timeout { .. } | ExecError::OutcomeUnknown { .. })
-        ),
+        held_back(&on_the_orphan),
         "the orphan's bytes are locked until stage 2 decides it: {on_the_orphan:?}"
     );
-    rt.block_on(async {
-        let cluster = client(&c, Duration::from_secs(20)).await;
-        let cas = Minitx::new()
-            .compare(1, 0, vec![0xaa; 8])
-            .compare(2, 0, vec![0xaa; 8])
-            .write(1, 0, vec![2; 8])
-            .write(2, 0, vec![2; 8]);
-        let out = cluster.exec_and_commit(&cas).await.unwrap();
-        assert!(out.committed, "stage 2 committed the orphan: {out:?}");
-        common::assert_idle(&cluster, Duration::from_secs(5)).await;
-    });
+    let cas = Minitx::new()
+        .compare(1, 0, vec![0xaa; 8])
+        .compare(2, 0, vec![0xaa; 8])
+        .write(1, 0, vec![2; 8])
+        .write(2, 0, vec![2; 8]);
+    rt.block_on(commits_once_thawed(
+        &c,
+        &cas,
+        "stage 2 committed the orphan",
+    ));
+}
+
+/// Whether a minitransaction on bytes a stage 2 holds locked ran into them.
+fn held_back(out: &Result<tutti_client::Outcome, ExecError>) -> bool {
+    matches!(
+        out,
+        Err(ExecError::Timeout { .. } | ExecError::OutcomeUnknown { .. })
+    )
+}
+
+/// Once the frozen peer is back, `cas` (which compares what stage 2 should have committed)
+/// commits, and the cluster ends with nothing locked or uncertain.
+async fn commits_once_thawed(c: &common::TestCluster, cas: &Minitx, what: &str) {
+    let cluster = client(c, Duration::from_secs(20)).await;
+    let out = cluster.exec_and_commit(cas).await.unwrap();
+    assert!(out.committed, "{what}: {out:?}");
+    common::assert_idle(&cluster, Duration::from_secs(5)).await;
 }
 
 /// Stage 2 decides each undecided tid as soon as its own participants answer: with one peer
@@ -307,25 +320,18 @@ fn a_frozen_peer_holds_back_only_the_tids_it_takes_part_in() {
         "the tid node 1 shares with node 3 is decided while node 2 is frozen: {shared_with_3:?}"
     );
     assert!(
-        matches!(
-            shared_with_2,
-            Err(ExecError::Timeout { .. } | ExecError::OutcomeUnknown { .. })
-        ),
+        held_back(&shared_with_2),
         "the tid node 1 shares with the frozen node 2 stays locked: {shared_with_2:?}"
     );
-    rt.block_on(async {
-        let cluster = client(&c, Duration::from_secs(20)).await;
-        let cas = Minitx::new()
-            .compare(1, 0, vec![0xaa; 8])
-            .compare(2, 0, vec![0xaa; 8])
-            .write(1, 0, vec![2; 8]);
-        let out = cluster.exec_and_commit(&cas).await.unwrap();
-        assert!(
-            out.committed,
-            "stage 2 committed the other tid too: {out:?}"
-        );
-        common::assert_idle(&cluster, Duration::from_secs(5)).await;
-    });
+    let cas = Minitx::new()
+        .compare(1, 0, vec![0xaa; 8])
+        .compare(2, 0, vec![0xaa; 8])
+        .write(1, 0, vec![2; 8]);
+    rt.block_on(commits_once_thawed(
+        &c,
+        &cas,
+        "stage 2 committed the other tid too",
+    ));
 }
 
 /// A node that takes connections but never answers (its process stopped, as one cut off

@@ -232,6 +232,15 @@ impl<R> Mirror<R> {
         self.promoted = true;
     }
 
+    /// Whether this mirror, named primary, leaves its copy to the process started after it
+    /// should it die before it registers, as a replaced primary does (as of the epoch that
+    /// named it). The managers may meanwhile name the copy it replaced again, and that one
+    /// may die or lose its disk before it serves: this copy, which holds every record its
+    /// primary counted durable, is then the node's. A `ram-repl` copy dies with its process.
+    pub fn keeps_copy_once_named(&self) -> bool {
+        self.promoted && !self.in_ram && !planted(Bug::NamedCopyForgotten)
+    }
+
     /// Whether the lease of every acknowledgement sent has run out, so that the replaced
     /// primary no longer answers anyone.
     pub fn may_take_over(&self, now_ms: u64) -> bool {

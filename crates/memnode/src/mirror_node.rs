@@ -142,8 +142,8 @@ pub(crate) async fn run(
         tracing::warn!(
             node = cfg.id,
             config_epoch,
-            "holding the copy a replaced primary left here while the managers may name it \
-             primary again"
+            "holding the copy a replaced primary (or a mirror named primary) left here while \
+             the managers may name it primary again"
         );
     }
     let mut listener = Some(listener);
@@ -373,7 +373,7 @@ fn former_marker(data: &Path, once: bool) -> Option<u64> {
     config_epoch
 }
 
-fn remove_former_marker(data: &Path) -> Result<(), NodeError> {
+pub(crate) fn remove_former_marker(data: &Path) -> Result<(), NodeError> {
     match std::fs::remove_file(data.join(FORMER_MARKER)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove former.json")(e)),
         _ => Ok(()),
@@ -736,10 +736,14 @@ async fn heartbeat_until_promoted(
             // From a manager that had not heard of the newer one yet.
             Standing::Stale => continue,
             Standing::Primary => {
-                node.mirror
-                    .lock()
-                    .expect("mirror poisoned")
-                    .promote(p.config_epoch);
+                let keeps_copy = {
+                    let mut m = node.mirror.lock().expect("mirror poisoned");
+                    m.promote(p.config_epoch);
+                    m.keeps_copy_once_named()
+                };
+                if let (true, Some(data)) = (keeps_copy, &node.cfg.data) {
+                    leave_copy(data, p.config_epoch);
+                }
                 tracing::warn!(
                     node = node.cfg.id,
                     config_epoch = p.config_epoch,

@@ -537,6 +537,8 @@ pub async fn run(
                 .await?;
                 if !cfg.volatile {
                     crate::mirror_node::record_served(&data, reg.placement.config_epoch);
+                    // Registered: no longer a copy left for the managers to name again.
+                    crate::mirror_node::remove_former_marker(&data)?;
                 }
                 let mut s = Shipper::new(cfg.id, session, reg.placement, log.next_lsn())
                     .in_ram(cfg.volatile);

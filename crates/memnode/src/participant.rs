@@ -1581,6 +1581,10 @@ pub enum Bug {
     /// Stage 2 decides a tid once a peer said it does not hold it, before that peer
     /// answered the REQUEST-ABORT (which aborts the tid there if it never voted).
     DecidedBeforeAnswered,
+    /// A `log-repl` mirror named primary that dies before it registers comes back as an
+    /// ordinary mirror, and joins (emptying its copy) whoever the placement names next
+    /// (`Mirror::keeps_copy_once_named`).
+    NamedCopyForgotten,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -46,7 +46,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         epoch_interval_us: base.epoch_interval_us,
         replicated: false,
         in_ram: false,
-        lose_disks: false,
+        disk_loss_probability: 0.0,
     };
     let dir = crate::spawn_cluster(&mut world, images, &servers, &fs, cfg.clients, &client_cfg);
     let nodes: Vec<_> = (1..=cfg.nodes).map(|n| dir.node(n)).collect();

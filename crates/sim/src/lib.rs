@@ -69,9 +69,10 @@ pub struct SimConfig {
     /// With `replicated`, `ram-repl`: both copies in RAM, so every crash loses the
     /// process's copy; the fault schedule never crashes the only copy holding a node.
     pub in_ram: bool,
-    /// With `replicated` and not `in_ram`: a share of the crashes of a node process also
-    /// take its disk, where the node keeps a copy the managers reach without it.
-    pub lose_disks: bool,
+    /// With `replicated` and not `in_ram`: the share of the crashes of a node process that
+    /// also take its disk, where the node keeps a copy the managers reach without it (0:
+    /// none).
+    pub disk_loss_probability: f64,
 }
 
 impl Default for SimConfig {
@@ -99,7 +100,7 @@ impl Default for SimConfig {
             managers: 3,
             replicated: false,
             in_ram: false,
-            lose_disks: true,
+            disk_loss_probability: DISK_LOSS_PROBABILITY,
         }
     }
 }
@@ -180,7 +181,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         epoch_interval_us: cfg.epoch_interval_us,
         replicated: cfg.replicated,
         in_ram: cfg.in_ram,
-        lose_disks: cfg.lose_disks,
+        disk_loss_probability: cfg.disk_loss_probability,
     };
     let dir = spawn_cluster(
         &mut world,
@@ -309,8 +310,9 @@ pub(crate) struct Servers {
     pub(crate) replicated: bool,
     /// `ram-repl` (with `replicated`).
     pub(crate) in_ram: bool,
-    /// `log-repl` (`replicated`, not `in_ram`): crashes may take a node process's disk.
-    pub(crate) lose_disks: bool,
+    /// `log-repl` (`replicated`, not `in_ram`): the share of crashes that take a node
+    /// process's disk.
+    pub(crate) disk_loss_probability: f64,
 }
 
 /// Spawns memory nodes holding `images` (node i + 1 the i-th), the `servers`, and
@@ -328,7 +330,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
         epoch_interval_us,
         replicated,
         in_ram,
-        lose_disks,
+        disk_loss_probability,
     } = *servers;
     let nodes = images.len() as u32;
     let dir = Rc::new(Directory::new(
@@ -388,8 +390,8 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
     if replicated && in_ram {
         world.guard_faults(copies_guard(dir.clone()));
     }
-    if replicated && !in_ram && lose_disks {
-        world.lose_disks(DISK_LOSS_PROBABILITY, disks_guard(dir.clone()));
+    if replicated && !in_ram && disk_loss_probability > 0.0 {
+        world.lose_disks(disk_loss_probability, disks_guard(dir.clone()));
     }
     for c in 0..clients {
         let client = SimClient::new(c as u64, client_cfg.clone(), workload.clone(), dir.clone());
@@ -398,7 +400,7 @@ pub(crate) fn spawn_cluster<W: Workload + 'static>(
     dir
 }
 
-/// `log-repl`: the share of a node process's crashes that also take its disk.
+/// `log-repl`: the share of a node process's crashes that also take its disk, by default.
 const DISK_LOSS_PROBABILITY: f64 = 0.2;
 
 /// `log-repl` survives a lost disk as `ram-repl` survives a crash (`copies_guard`): only a

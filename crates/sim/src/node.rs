@@ -286,13 +286,16 @@ impl SimNode {
 
     /// A replaced primary holding the copy it kept, named in no placement.
     pub(crate) fn is_former(&self) -> bool {
-        matches!(
-            self.repl.as_ref().map(|r| &r.state),
-            Some(ReplState::Outside {
-                former: Some(_),
-                ..
-            })
-        )
+        self.former_epoch().is_some()
+    }
+
+    /// The configuration epoch of the copy it holds for the managers, as a former primary
+    /// (or a mirror named primary that died before it registered).
+    fn former_epoch(&self) -> Option<u64> {
+        match self.repl.as_ref().map(|r| &r.state) {
+            Some(ReplState::Outside { former, .. }) => *former,
+            _ => None,
+        }
     }
 
     /// Node `id`'s first primary at `me`, shipping to its mirror at `mirror` (`log-repl`).
@@ -915,7 +918,10 @@ impl SimNode {
             return;
         }
         if p.primary == me {
-            ctx.count("formers_named_again", 1);
+            // Not a copy still named under the epoch it holds (a named mirror restarted).
+            if self.former_epoch().is_some_and(|e| p.config_epoch > e) {
+                ctx.count("formers_named_again", 1);
+            }
             let mirror = self.mirror_from_disk(now);
             let repl = self.repl.as_mut().expect("replicated");
             repl.state = ReplState::Mirror(mirror);
@@ -1193,7 +1199,6 @@ impl SimNode {
         let upto = self.next_lsn - 1;
         self.make_durable(upto);
         self.sync_in_flight = None;
-        self.dir.serve_at(self.id, ctx.me());
         self.join(ctx);
     }
 
@@ -1349,6 +1354,10 @@ impl SimNode {
         let repl = self.repl.as_mut().expect("replicated");
         repl.state = ReplState::Primary(shipper);
         repl.served = served;
+        // Clients find the node here once the managers took this process's registration:
+        // one that took over and was then refused (named, then replaced before it
+        // registered) never serves, and must not hide the copy that does.
+        self.dir.serve_at(self.id, ctx.me());
         self.pending.retain(|_, p| {
             !matches!(
                 p,
@@ -1662,6 +1671,13 @@ impl Process for SimNode {
                 ReplState::Primary(_) | ReplState::Joining { .. } => ReplState::Joining {
                     placement: None,
                     asking_since_ms: None,
+                },
+                // A mirror named primary keeps its copy for the managers as of the epoch
+                // that named it, as the real one's `former.json` does
+                // (`Mirror::keeps_copy_once_named`).
+                ReplState::Promoted(m) if m.keeps_copy_once_named() => ReplState::Outside {
+                    asked_ms: None,
+                    former: Some(m.config_epoch()),
                 },
                 // A mirror that was still joining keeps what its seed left on disk: once up
                 // again, it serves as a mirror if the placement names it or is still the

@@ -503,6 +503,14 @@ impl World {
                             self.core.rng.gen_bool(p) && guard(self, victim)
                         });
                         self.crash(victim, power_loss);
+                        if self.print_trace {
+                            // The event's own line does not say whom it took.
+                            eprintln!(
+                                "{:>10} crashed {victim:?} (power lost: {power_loss}, disk lost: \
+                                 {disk_lost})",
+                                ""
+                            );
+                        }
                         *self.core.counters.entry("crashes").or_default() += 1;
                         if disk_lost {
                             self.with(victim, |p, ctx| p.on_disk_lost(ctx));

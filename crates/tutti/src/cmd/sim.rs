@@ -170,8 +170,9 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     if a.workload == SimWorkload::BankRepl {
         outln!(
             "{disks_lost} crashes also took the process's disk (it joins again, empty); \
-             {lost} seeds lost a node (both copies); {formers} replaced primaries named \
-             again (the copy that replaced them fell silent before it registered)"
+             {lost} seeds lost a node (both copies); {formers} kept copies named primary \
+             again (a replaced primary, or a mirror named primary that died before it \
+             registered: the copy named in its place fell silent before it registered)"
         );
     }
     if a.workload == SimWorkload::BankRamRepl {

@@ -765,6 +765,119 @@ fn a_log_repl_primary_replaced_while_down_serves_again_when_its_successor_loses_
     a_replaced_primary_serves_again_when_its_successor_dies_empty("log-repl", true);
 }
 
+/// `log-repl`: node 1's primary stopped until the managers name its mirror primary; the
+/// mirror stopped as soon as it knows, before it registers, so that, hearing nothing from
+/// it, the managers name the woken primary's copy again; that copy loses its disk before it
+/// registers. The named mirror, killed and started again, holds its copy for the managers
+/// (the `former.json` it wrote on learning it was named) and is named in turn, and what was
+/// written before is read back. Before, it came back an ordinary mirror, joined the emptied
+/// copy, and the node was lost. Each stop and loss must land before a registration (about
+/// 100 ms): an attempt that missed is told by the logs and run again on a new cluster.
+#[test]
+fn a_named_log_repl_mirror_that_died_before_registering_serves_when_the_copy_named_again_is_lost() {
+    let rt = common::runtime();
+    let registrations = |data: &std::path::Path, name: &str| {
+        let log = std::fs::read_to_string(data.join(format!("logs/{name}.log")));
+        log.unwrap_or_default()
+            .matches("registered with the managers")
+            .count()
+    };
+    for attempt in 1..=3 {
+        let data = common::scratch("up-log-repl-named");
+        let (mut child, manager) = up_with(&data, &["--mode", "log-repl"]);
+        assert_eq!(txn(&manager, &["write:1:0:68656c6c6f"])["committed"], true);
+        let primary = until_role(&data, "node-1", "primary");
+        let mirror = until_role(&data, "node-1-mirror", "mirror");
+        let file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
+        let addr = |name: &str| {
+            (file["processes"].as_array().unwrap().iter())
+                .find(|p| p["name"] == name)
+                .and_then(|p| p["addr"].as_str())
+                .unwrap()
+                .to_string()
+        };
+        let (primary_addr, mirror_addr) = (addr("node-1"), addr("node-1-mirror"));
+        let managers = tutti_wire::Managers::parse(
+            &manager,
+            tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+            tutti_wire::Dialer::default(),
+        )
+        .unwrap();
+        let until_primary = |addr: &str| {
+            let until = Instant::now() + Duration::from_secs(30);
+            loop {
+                let ask = tutti_wire::Request::Placement { node: 1 };
+                let answer = rt.block_on(managers.call(&ask, Duration::from_secs(1)));
+                if let Ok(tutti_wire::Response::Placement(Some(p))) = answer {
+                    if p.primary == addr {
+                        return;
+                    }
+                }
+                assert!(Instant::now() < until, "{addr} never named primary");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        };
+        let primary_registrations = registrations(&data, "node-1");
+        // SAFETY: kill(2) on processes of this test's cluster.
+        unsafe { libc::kill(primary as i32, libc::SIGSTOP) };
+        until_primary(&mirror_addr);
+        let mirror_log = data.join("logs/node-1-mirror.log");
+        let until = Instant::now() + Duration::from_secs(5);
+        while !(std::fs::read_to_string(&mirror_log).unwrap_or_default())
+            .contains("named primary: waiting out the old primary's lease")
+        {
+            assert!(
+                Instant::now() < until,
+                "the mirror never learned it was named"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(mirror as i32, libc::SIGSTOP) };
+        unsafe { libc::kill(primary as i32, libc::SIGCONT) };
+        if registrations(&data, "node-1-mirror") > 0 {
+            eprintln!("attempt {attempt}: the named mirror registered before it was stopped");
+            unsafe { libc::kill(mirror as i32, libc::SIGCONT) };
+            sigterm_and_wait(&mut child);
+            continue;
+        }
+        // The woken primary stops, replaced; the process started in its place is named
+        // primary again once the named mirror has been silent long enough.
+        until_primary(&primary_addr);
+        let named_again = until_role(&data, "node-1", "primary");
+        lose_disk(&data, "node-1", named_again);
+        if registrations(&data, "node-1") > primary_registrations {
+            eprintln!("attempt {attempt}: the copy named again registered before its disk went");
+            unsafe { libc::kill(mirror as i32, libc::SIGCONT) };
+            sigterm_and_wait(&mut child);
+            continue;
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(mirror as i32, libc::SIGKILL) };
+        let until = Instant::now() + Duration::from_secs(30);
+        while !matches!(processes(&data).get("node-1-mirror"),
+            Some((role, Some(pid))) if role == "primary" && *pid != mirror)
+        {
+            assert!(Instant::now() < until, "{:?}", processes(&data));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = txn_after_fail_over(&data, &manager, &["read:1:0:5"]);
+        assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
+        let log = std::fs::read_to_string(&mirror_log).unwrap();
+        assert!(
+            log.contains("or a mirror named primary) left here"),
+            "{log}"
+        );
+        // The emptied copy joins it.
+        until_role(&data, "node-1", "mirror");
+        assert_eq!(txn(&manager, &["write:1:8:01"])["committed"], true);
+        assert_eq!(stop_and_count_children(&mut child, &data), 0);
+        return;
+    }
+    panic!("in 3 attempts, a stop or a loss landed after a registration");
+}
+
 /// Node 1's primary stopped until its mirror is promoted, the mirror then killed (losing
 /// its disk in `log-repl`), the primary woken or killed (`primary_dies`).
 fn a_replaced_primary_serves_again_when_its_successor_dies_empty(mode: &str, primary_dies: bool) {

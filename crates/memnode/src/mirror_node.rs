@@ -126,7 +126,11 @@ pub(crate) async fn run(
     // process. A `log-repl` directory holds one unless marked empty (new, lost, or emptied
     // to join). A copy a replaced primary left is held while the managers may name it
     // primary again: the copy that replaced it may die or lose its disk before it serves.
-    let mut former = former_marker(&data, cfg.volatile);
+    // So is a `log-repl` copy that served as the primary and was replaced while this
+    // process was down, as of the configuration it last served under: what `node::run`
+    // does for a primary-role process whose registration is refused.
+    let mut former = former_marker(&data, cfg.volatile)
+        .or_else(|| (!cfg.volatile).then(|| served(&data)).flatten());
     let mut holds_copy = if cfg.volatile {
         former.is_some()
     } else {

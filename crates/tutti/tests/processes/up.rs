@@ -746,7 +746,7 @@ fn a_ram_repl_node_survives_the_loss_of_each_copy_in_turn() {
 /// and run again on a new cluster.
 #[test]
 fn a_replaced_ram_repl_primary_serves_again_when_its_successor_dies_before_registering() {
-    a_replaced_primary_serves_again_when_its_successor_dies_empty("ram-repl", false);
+    a_replaced_primary_serves_again_when_its_successor_dies_empty("ram-repl", false, false);
 }
 
 /// `log-repl`: the same, the promoted mirror losing its disk as it dies (a killed one
@@ -754,7 +754,7 @@ fn a_replaced_ram_repl_primary_serves_again_when_its_successor_dies_before_regis
 /// successor, which waited for another copy to be named, and the node stopped serving.
 #[test]
 fn a_replaced_log_repl_primary_serves_again_when_its_successor_loses_its_disk() {
-    a_replaced_primary_serves_again_when_its_successor_dies_empty("log-repl", false);
+    a_replaced_primary_serves_again_when_its_successor_dies_empty("log-repl", false, false);
 }
 
 /// `log-repl`: the same, the stopped primary killed instead of woken: `tutti up` starts it
@@ -762,7 +762,17 @@ fn a_replaced_log_repl_primary_serves_again_when_its_successor_loses_its_disk() 
 /// the configuration it last served under (`served.json`).
 #[test]
 fn a_log_repl_primary_replaced_while_down_serves_again_when_its_successor_loses_its_disk() {
-    a_replaced_primary_serves_again_when_its_successor_dies_empty("log-repl", true);
+    a_replaced_primary_serves_again_when_its_successor_dies_empty("log-repl", true, false);
+}
+
+/// `log-repl`: the same, the primary a process of the mirror role (its node failed over
+/// once before). `tutti up` starts it again as a mirror-role process, which does not
+/// register first: it offers its copy as of `served.json` instead of joining the empty
+/// successor, as the simulator's model of it does. Before, the node stopped serving.
+#[test]
+fn a_log_repl_mirror_role_primary_replaced_while_down_serves_again_when_its_successor_loses_its_disk(
+) {
+    a_replaced_primary_serves_again_when_its_successor_dies_empty("log-repl", true, true);
 }
 
 /// `log-repl`: node 1's primary stopped until the managers name its mirror primary; the
@@ -879,19 +889,38 @@ fn a_named_log_repl_mirror_that_died_before_registering_serves_when_the_copy_nam
 }
 
 /// Node 1's primary stopped until its mirror is promoted, the mirror then killed (losing
-/// its disk in `log-repl`), the primary woken or killed (`primary_dies`).
-fn a_replaced_primary_serves_again_when_its_successor_dies_empty(mode: &str, primary_dies: bool) {
+/// its disk in `log-repl`), the primary woken or killed (`primary_dies`). With `swapped`,
+/// node 1's processes first trade places (its first primary killed, its mirror promoted,
+/// the killed one back as the mirror), so that the primary is a process of the mirror role.
+fn a_replaced_primary_serves_again_when_its_successor_dies_empty(
+    mode: &str,
+    primary_dies: bool,
+    swapped: bool,
+) {
     let rt = common::runtime();
     for attempt in 1..=3 {
         let data = common::scratch(&format!("up-{mode}-former"));
         let (mut child, manager) = up_with(&data, &["--mode", mode]);
         assert_eq!(txn(&manager, &["write:1:0:68656c6c6f"])["committed"], true);
-        let primary = until_role(&data, "node-1", "primary");
-        let mirror = until_role(&data, "node-1-mirror", "mirror");
+        let (primary_name, mirror_name) = match swapped {
+            false => ("node-1", "node-1-mirror"),
+            true => ("node-1-mirror", "node-1"),
+        };
+        if swapped {
+            let first = until_role(&data, "node-1", "primary");
+            until_role(&data, "node-1-mirror", "mirror");
+            // SAFETY: kill(2) on a process of this test's cluster.
+            unsafe { libc::kill(first as i32, libc::SIGSTOP) };
+            until_role(&data, "node-1-mirror", "primary");
+            // SAFETY: as above.
+            unsafe { libc::kill(first as i32, libc::SIGKILL) };
+        }
+        let primary = until_role(&data, primary_name, "primary");
+        let mirror = until_role(&data, mirror_name, "mirror");
         let file: serde_json::Value =
             serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
         let mirror_addr = (file["processes"].as_array().unwrap().iter())
-            .find(|p| p["name"] == "node-1-mirror")
+            .find(|p| p["name"] == mirror_name)
             .and_then(|p| p["addr"].as_str())
             .unwrap()
             .to_string();
@@ -916,7 +945,7 @@ fn a_replaced_primary_serves_again_when_its_successor_dies_empty(mode: &str, pri
             std::thread::sleep(Duration::from_millis(2));
         }
         if mode == "log-repl" {
-            lose_disk(&data, "node-1-mirror", mirror);
+            lose_disk(&data, mirror_name, mirror);
         } else {
             // SAFETY: as above.
             unsafe { libc::kill(mirror as i32, libc::SIGKILL) };
@@ -928,15 +957,20 @@ fn a_replaced_primary_serves_again_when_its_successor_dies_empty(mode: &str, pri
         };
         // SAFETY: as above.
         unsafe { libc::kill(primary as i32, wake) };
-        let mirror_log = std::fs::read_to_string(data.join("logs/node-1-mirror.log")).unwrap();
-        if mirror_log.contains("registered with the managers") {
+        let mirror_log = std::fs::read_to_string(data.join(format!("logs/{mirror_name}.log")));
+        let registered = mirror_log
+            .unwrap()
+            .matches("registered with the managers")
+            .count();
+        // A process of the primary role registers at its start.
+        if registered > usize::from(mirror_name == "node-1") {
             eprintln!("attempt {attempt}: the promoted mirror registered before it was killed");
             sigterm_and_wait(&mut child);
             continue;
         }
         // The old primary's process, started again in its place, is named primary again.
         let until = Instant::now() + Duration::from_secs(30);
-        while !matches!(processes(&data).get("node-1"),
+        while !matches!(processes(&data).get(primary_name),
             Some((role, Some(pid))) if role == "primary" && *pid != primary)
         {
             assert!(Instant::now() < until, "{:?}", processes(&data));
@@ -944,13 +978,13 @@ fn a_replaced_primary_serves_again_when_its_successor_dies_empty(mode: &str, pri
         }
         let out = txn(&manager, &["read:1:0:5"]);
         assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
-        let log = std::fs::read_to_string(data.join("logs/node-1.log")).unwrap();
+        let log = std::fs::read_to_string(data.join(format!("logs/{primary_name}.log"))).unwrap();
         assert!(
             log.contains("named primary again: serving the copy a replaced primary left"),
             "{log}"
         );
         // The mirror, started again empty, joins it.
-        until_role(&data, "node-1-mirror", "mirror");
+        until_role(&data, mirror_name, "mirror");
         assert_eq!(txn(&manager, &["write:1:8:01"])["committed"], true);
         assert_eq!(stop_and_count_children(&mut child, &data), 0);
         return;

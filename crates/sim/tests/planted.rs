@@ -434,16 +434,9 @@ fn a_mirror_joining_before_it_caught_up_is_caught() {
         ..SimConfig::default()
     };
     cfg.faults.crash_interval_us = 100_000;
-    let failure = |seed: u64, join_bug: bool| {
-        plant(join_bug.then_some(Bug::JoinBeforeCaughtUp));
-        let report = run(seed, &cfg);
-        plant(None);
-        report.violations.first().map(ToString::to_string)
-    };
     tutti_manager::plant(Some(tutti_manager::Bug::TrustOldHeartbeats));
-    let found = (0..1000).find_map(|seed| {
-        let detail = failure(seed, true)?;
-        failure(seed, false).is_none().then_some((seed, detail))
+    let found = first_seed_failing_only_with(Bug::JoinBeforeCaughtUp, &cfg, |report| {
+        report.violations.first().map(ToString::to_string)
     });
     tutti_manager::plant(None);
     let (seed, detail) = found.expect("caught within 1,000 seeds");
@@ -466,18 +459,30 @@ fn a_named_mirror_forgetting_it_was_named_is_caught() {
         ..SimConfig::default()
     };
     cfg.faults.crash_interval_us = 60_000;
-    let lost = |seed: u64, bug: bool| {
-        plant(bug.then_some(Bug::NamedCopyForgotten));
-        let report = run(seed, &cfg);
-        plant(None);
+    let found = first_seed_failing_only_with(Bug::NamedCopyForgotten, &cfg, |report| {
         (report.nodes_lost > 0).then(|| report.violations.first().map(ToString::to_string))
-    };
-    let found = (0..1000).find_map(|seed| {
-        let detail = lost(seed, true)?;
-        lost(seed, false).is_none().then_some((seed, detail))
     });
     let (seed, detail) = found.expect("caught within 1,000 seeds");
     eprintln!("seed {seed}: {detail:?}");
+}
+
+/// The first of 1,000 seeds that `failed` finds failing with `bug` planted and passing
+/// without it (the configuration breaks some seeds by itself), and what it found.
+fn first_seed_failing_only_with<T>(
+    bug: Bug,
+    cfg: &SimConfig,
+    failed: impl Fn(&tutti_sim::Report) -> Option<T>,
+) -> Option<(u64, T)> {
+    let failure = |seed: u64, planted: bool| {
+        plant(planted.then_some(bug));
+        let report = run(seed, cfg);
+        plant(None);
+        failed(&report)
+    };
+    (0..1000).find_map(|seed| {
+        let detail = failure(seed, true)?;
+        failure(seed, false).is_none().then_some((seed, detail))
+    })
 }
 
 /// A promoted mirror that aborts its undecided tids without asking their other

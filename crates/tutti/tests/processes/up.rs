@@ -480,6 +480,62 @@ fn processes(data: &std::path::Path) -> std::collections::HashMap<String, (Strin
         .collect()
 }
 
+/// The address cluster.json gives the process `name`.
+fn addr_of(data: &std::path::Path, name: &str) -> String {
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
+    (file["processes"].as_array().unwrap().iter())
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["addr"].as_str())
+        .unwrap()
+        .to_string()
+}
+
+/// How many times the processes that ran as `name` logged a registration with the managers.
+fn registrations(data: &std::path::Path, name: &str) -> usize {
+    let log = std::fs::read_to_string(data.join(format!("logs/{name}.log")));
+    log.unwrap_or_default()
+        .matches("registered with the managers")
+        .count()
+}
+
+/// Node 1's placement, asked of the managers directly (cluster.json follows it late).
+struct NamedPrimary {
+    rt: tokio::runtime::Runtime,
+    managers: tutti_wire::Managers,
+}
+
+impl NamedPrimary {
+    fn new(manager: &str) -> NamedPrimary {
+        let managers = tutti_wire::Managers::parse(
+            manager,
+            tutti_wire::FRAME_BYTES_MAX_DEFAULT,
+            tutti_wire::Dialer::default(),
+        )
+        .unwrap();
+        NamedPrimary {
+            rt: common::runtime(),
+            managers,
+        }
+    }
+
+    /// Waits, asking every 2 ms, until the placement names `addr` node 1's primary.
+    fn until(&self, addr: &str, within: Duration) {
+        let until = Instant::now() + within;
+        loop {
+            let ask = tutti_wire::Request::Placement { node: 1 };
+            let answer = (self.rt).block_on(self.managers.call(&ask, Duration::from_secs(1)));
+            if let Ok(tutti_wire::Response::Placement(Some(p))) = answer {
+                if p.primary == addr {
+                    return;
+                }
+            }
+            assert!(Instant::now() < until, "{addr} never named primary");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 /// Waits until cluster.json gives `name` the role `role` and a pid; the pid.
 fn until_role(data: &std::path::Path, name: &str, role: &str) -> u64 {
     let until = Instant::now() + Duration::from_secs(30);
@@ -785,53 +841,19 @@ fn a_log_repl_mirror_role_primary_replaced_while_down_serves_again_when_its_succ
 /// 100 ms): an attempt that missed is told by the logs and run again on a new cluster.
 #[test]
 fn a_named_log_repl_mirror_that_died_before_registering_serves_when_the_copy_named_again_is_lost() {
-    let rt = common::runtime();
-    let registrations = |data: &std::path::Path, name: &str| {
-        let log = std::fs::read_to_string(data.join(format!("logs/{name}.log")));
-        log.unwrap_or_default()
-            .matches("registered with the managers")
-            .count()
-    };
     for attempt in 1..=3 {
         let data = common::scratch("up-log-repl-named");
         let (mut child, manager) = up_with(&data, &["--mode", "log-repl"]);
         assert_eq!(txn(&manager, &["write:1:0:68656c6c6f"])["committed"], true);
         let primary = until_role(&data, "node-1", "primary");
         let mirror = until_role(&data, "node-1-mirror", "mirror");
-        let file: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
-        let addr = |name: &str| {
-            (file["processes"].as_array().unwrap().iter())
-                .find(|p| p["name"] == name)
-                .and_then(|p| p["addr"].as_str())
-                .unwrap()
-                .to_string()
-        };
-        let (primary_addr, mirror_addr) = (addr("node-1"), addr("node-1-mirror"));
-        let managers = tutti_wire::Managers::parse(
-            &manager,
-            tutti_wire::FRAME_BYTES_MAX_DEFAULT,
-            tutti_wire::Dialer::default(),
-        )
-        .unwrap();
-        let until_primary = |addr: &str| {
-            let until = Instant::now() + Duration::from_secs(30);
-            loop {
-                let ask = tutti_wire::Request::Placement { node: 1 };
-                let answer = rt.block_on(managers.call(&ask, Duration::from_secs(1)));
-                if let Ok(tutti_wire::Response::Placement(Some(p))) = answer {
-                    if p.primary == addr {
-                        return;
-                    }
-                }
-                assert!(Instant::now() < until, "{addr} never named primary");
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        };
+        let (primary_addr, mirror_addr) =
+            (addr_of(&data, "node-1"), addr_of(&data, "node-1-mirror"));
+        let named = NamedPrimary::new(&manager);
         let primary_registrations = registrations(&data, "node-1");
         // SAFETY: kill(2) on processes of this test's cluster.
         unsafe { libc::kill(primary as i32, libc::SIGSTOP) };
-        until_primary(&mirror_addr);
+        named.until(&mirror_addr, Duration::from_secs(30));
         let mirror_log = data.join("logs/node-1-mirror.log");
         let until = Instant::now() + Duration::from_secs(5);
         while !(std::fs::read_to_string(&mirror_log).unwrap_or_default())
@@ -854,7 +876,7 @@ fn a_named_log_repl_mirror_that_died_before_registering_serves_when_the_copy_nam
         }
         // The woken primary stops, replaced; the process started in its place is named
         // primary again once the named mirror has been silent long enough.
-        until_primary(&primary_addr);
+        named.until(&primary_addr, Duration::from_secs(30));
         let named_again = until_role(&data, "node-1", "primary");
         lose_disk(&data, "node-1", named_again);
         if registrations(&data, "node-1") > primary_registrations {
@@ -897,7 +919,6 @@ fn a_replaced_primary_serves_again_when_its_successor_dies_empty(
     primary_dies: bool,
     swapped: bool,
 ) {
-    let rt = common::runtime();
     for attempt in 1..=3 {
         let data = common::scratch(&format!("up-{mode}-former"));
         let (mut child, manager) = up_with(&data, &["--mode", mode]);
@@ -917,33 +938,11 @@ fn a_replaced_primary_serves_again_when_its_successor_dies_empty(
         }
         let primary = until_role(&data, primary_name, "primary");
         let mirror = until_role(&data, mirror_name, "mirror");
-        let file: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(data.join("cluster.json")).unwrap()).unwrap();
-        let mirror_addr = (file["processes"].as_array().unwrap().iter())
-            .find(|p| p["name"] == mirror_name)
-            .and_then(|p| p["addr"].as_str())
-            .unwrap()
-            .to_string();
-        let managers = tutti_wire::Managers::parse(
-            &manager,
-            tutti_wire::FRAME_BYTES_MAX_DEFAULT,
-            tutti_wire::Dialer::default(),
-        )
-        .unwrap();
+        let mirror_addr = addr_of(&data, mirror_name);
+        let named = NamedPrimary::new(&manager);
         // SAFETY: kill(2) on processes of this test's cluster.
         unsafe { libc::kill(primary as i32, libc::SIGSTOP) };
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let ask = tutti_wire::Request::Placement { node: 1 };
-            let answer = rt.block_on(managers.call(&ask, Duration::from_secs(1)));
-            if let Ok(tutti_wire::Response::Placement(Some(p))) = answer {
-                if p.primary == mirror_addr {
-                    break;
-                }
-            }
-            assert!(Instant::now() < until, "the mirror was never promoted");
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        named.until(&mirror_addr, Duration::from_secs(10));
         if mode == "log-repl" {
             lose_disk(&data, mirror_name, mirror);
         } else {
@@ -957,13 +956,8 @@ fn a_replaced_primary_serves_again_when_its_successor_dies_empty(
         };
         // SAFETY: as above.
         unsafe { libc::kill(primary as i32, wake) };
-        let mirror_log = std::fs::read_to_string(data.join(format!("logs/{mirror_name}.log")));
-        let registered = mirror_log
-            .unwrap()
-            .matches("registered with the managers")
-            .count();
         // A process of the primary role registers at its start.
-        if registered > usize::from(mirror_name == "node-1") {
+        if registrations(&data, mirror_name) > usize::from(mirror_name == "node-1") {
             eprintln!("attempt {attempt}: the promoted mirror registered before it was killed");
             sigterm_and_wait(&mut child);
             continue;

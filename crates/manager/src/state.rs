@@ -108,9 +108,10 @@ struct PersistedNode {
     /// A replicated node's mirror, while it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mirror: Option<String>,
-    /// The primary was named by a fail-over and has not registered under this placement
-    /// yet: it has served nothing, so the copy it replaced may be named again if it never
-    /// does (`ManagerState::fail_over`).
+    /// The primary was named by a fail-over, or its mirror was dropped, and it has not
+    /// registered under this placement yet: it has committed nothing the copy it replaced
+    /// (or the dropped mirror) lacks, so that copy may be named again if it never does
+    /// (`ManagerState::fail_over`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     unregistered: bool,
 }
@@ -119,7 +120,7 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// A replaced `ram-repl` primary that kept its copy, as it last told.
+/// A replaced primary, or a dropped mirror, that kept its copy, as it last told.
 struct Former {
     addr: String,
     /// The configuration it served under: its copy holds the node's data as of then.
@@ -128,10 +129,11 @@ struct Former {
 }
 
 impl PersistedNode {
-    /// Whether the replaced primary at `addr`, which served under `config_epoch`, may be
-    /// named primary again: this placement is the one that replaced it (one epoch up), and
-    /// its primary has not registered under it, so it has served nothing the replaced copy
-    /// lacks (every record the promoted mirror held, its primary had shipped to it).
+    /// Whether the copy at `addr`, a primary replaced or a mirror dropped under
+    /// `config_epoch`, may be named primary again: this placement is the one that replaced
+    /// or dropped it (one epoch up), and its primary has not registered under it, so it has
+    /// committed nothing that copy lacks (every record the promoted mirror held, its
+    /// primary had shipped to it; every record a primary counted durable, its mirror held).
     fn may_name_again(&self, addr: &str, config_epoch: u64) -> bool {
         self.config_epoch == config_epoch + 1
             && self.addr != addr
@@ -361,9 +363,9 @@ impl ManagerState {
         Response::Placement(placement)
     }
 
-    /// `Request::FormerPrimary`: the process at `addr`, replaced as `node`'s primary, holds
-    /// the node's data as of `config_epoch`. Noted while the placement that replaced it may
-    /// still need it; replies whether it is to keep its copy.
+    /// `Request::FormerPrimary`: the process at `addr`, replaced as `node`'s primary (or
+    /// dropped as its mirror), holds the node's data as of `config_epoch`. Noted while the
+    /// placement that replaced it may still need it; replies whether it is to keep its copy.
     pub fn former_primary(
         &mut self,
         now_ms: u64,
@@ -456,9 +458,10 @@ impl ManagerState {
     /// Changes the placement of every replicated node that lost a copy, as of `now_ms`:
     /// a primary silent for `timeout_ms` whose mirror was heard from since is replaced by
     /// the mirror; a mirror that long behind by its primary's account is dropped, and the
-    /// primary goes on alone; a primary named by a fail-over that never registered, silent
-    /// twice that long, is replaced by the copy it replaced if that one kept its data and
-    /// was heard from since. Each change raises the node's
+    /// primary goes on alone once it registers under that placement; a primary named by a
+    /// fail-over, or left alone, that never registered, silent twice that long, is replaced
+    /// by the copy it replaced (or dropped) if that one kept its data and was heard from
+    /// since. Each change raises the node's
     /// configuration epoch. With a snapshot, propose it: nobody hears of the new placement
     /// before it is committed.
     pub fn fail_over(&mut self, now_ms: u64, timeout_ms: u64) -> Option<Persisted> {
@@ -521,6 +524,10 @@ impl ManagerState {
             } else if !primary_silent && mirror_behind {
                 tracing::warn!(node = id, %mirror, "mirror lost: the primary goes on alone");
                 n.mirror = None;
+                // The primary commits alone only once it registered under this placement:
+                // until then the dropped mirror holds every record it counted durable, and
+                // is named in its place if it dies first (the report may have been stale).
+                n.unregistered = true;
             } else {
                 continue;
             }
@@ -894,6 +901,48 @@ mod tests {
             .fail_over(2_200, 1_000)
             .expect("behind for the fail-over timeout");
         assert_eq!(s.placement(1).unwrap().mirror, None);
+    }
+
+    /// Node 1 (primary p:1, mirror m:1) with its mirror dropped at 2,200 on its primary's
+    /// report: configuration epoch 2, the primary alone.
+    fn dropped_at_2200() -> ManagerState {
+        let mut s = ManagerState::new(Persisted::fresh(), 1);
+        let _ = s.register(0, 1, "p:1".into(), 4096, true, false, Some("m:1".into()));
+        let _ = s.heartbeat(2_200, 1, vec![], vec![], 0, 1_000);
+        let _ = s.fail_over(2_200, 1_000).expect("dropped");
+        s
+    }
+
+    #[test]
+    fn a_dropped_mirror_is_named_primary_if_its_primary_dies_before_registering_alone() {
+        let mut s = dropped_at_2200();
+        let alone = s.placement(1).unwrap();
+        assert_eq!((alone.config_epoch, alone.mirror), (2, None));
+        let keep = |r: Response| matches!(r, Response::FormerCopy { keep: true, .. });
+        assert!(keep(s.former_primary(2_300, 1, "m:1".into(), 1)));
+        assert!(
+            s.fail_over(3_300, 1_000).is_none(),
+            "the primary may still register"
+        );
+        assert!(keep(s.former_primary(4_100, 1, "m:1".into(), 1)));
+        let _ = s.fail_over(4_200, 1_000).expect("silent twice the timeout");
+        let named = s.placement(1).unwrap();
+        assert_eq!((named.config_epoch, named.primary.as_str()), (3, "m:1"));
+
+        let mut s = dropped_at_2200();
+        assert!(keep(s.former_primary(2_300, 1, "m:1".into(), 1)));
+        let (resp, written) = s.register(2_400, 1, "p:1".into(), 4096, true, false, None);
+        assert!(matches!(resp, Response::Registered { .. }), "{resp:?}");
+        assert!(
+            written.is_some(),
+            "registered alone: committed before the reply"
+        );
+        assert!(
+            !keep(s.former_primary(2_500, 1, "m:1".into(), 1)),
+            "the primary may commit alone now: the dropped copy lets go"
+        );
+        assert!(s.fail_over(4_500, 1_000).is_none());
+        assert_eq!(s.placement(1).unwrap().primary, "p:1");
     }
 
     #[test]

@@ -36,6 +36,15 @@ pub(crate) enum Ended {
     Stopped,
 }
 
+/// How serving as the node's mirror ended.
+enum Served {
+    Ended(Ended),
+    /// The placement no longer names this mirror. `Some(E)`: it was the node's mirror
+    /// under configuration epoch E, and so holds every record its primary counted durable;
+    /// the managers may name it primary while that primary has not registered without it.
+    Dropped(Option<u64>),
+}
+
 enum MirrorCmd {
     Append(Lsn, u64, Vec<u8>),
     Truncate(Lsn),
@@ -128,7 +137,8 @@ pub(crate) async fn run(
     // primary again: the copy that replaced it may die or lose its disk before it serves.
     // So is a `log-repl` copy that served as the primary and was replaced while this
     // process was down, as of the configuration it last served under: what `node::run`
-    // does for a primary-role process whose registration is refused.
+    // does for a primary-role process whose registration is refused. (And, below, a
+    // mirror's copy the placement dropped, until its primary registers without it.)
     let mut former = former_marker(&data, cfg.volatile)
         .or_else(|| (!cfg.volatile).then(|| served(&data)).flatten());
     let mut holds_copy = if cfg.volatile {
@@ -163,7 +173,7 @@ pub(crate) async fn run(
                     tracing::warn!(
                         node = cfg.id,
                         config_epoch = placement.config_epoch,
-                        "named primary again: serving the copy a replaced primary left"
+                        "named primary: serving the copy kept for the managers"
                     );
                     former = None;
                     remove_former_marker(&data)?;
@@ -175,7 +185,7 @@ pub(crate) async fn run(
                 } else {
                     tracing::info!(
                         node = cfg.id,
-                        "the copy that replaced the primary serves: letting this one go"
+                        "the copy serving in this one's place registered: letting this one go"
                     );
                     former = None;
                     empty_copy(&data)?;
@@ -258,11 +268,26 @@ pub(crate) async fn run(
         )
         .await?
         {
-            Some(ended) => return Ok(ended),
-            None => tracing::warn!(
+            Served::Ended(ended) => return Ok(ended),
+            Served::Dropped(None) => tracing::warn!(
                 node = cfg.id,
                 "the placement dropped this mirror: joining again"
             ),
+            // Its primary may die before it hears of the drop (the report that dropped
+            // this copy may have been stale): this copy is then the node's.
+            Served::Dropped(Some(config_epoch)) => {
+                tracing::warn!(
+                    node = cfg.id,
+                    config_epoch,
+                    "the placement dropped this mirror: holding its copy until the primary \
+                     registers without it"
+                );
+                if !cfg.volatile {
+                    leave_copy(&data, config_epoch);
+                }
+                former = Some(config_epoch);
+                holds_copy = true;
+            }
         }
     }
 }
@@ -609,7 +634,7 @@ async fn seed(
 
 /// Serves as node `cfg.id`'s mirror over `data` (just seeded, or as left by an earlier
 /// start) until promoted (`Ended::Promoted`), stopped, or dropped from the placement
-/// (`None`).
+/// (`Served::Dropped`).
 async fn serve(
     cfg: &NodeConfig,
     data: &Path,
@@ -618,7 +643,7 @@ async fn serve(
     addr: &str,
     how: Start,
     shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-) -> Result<Option<Ended>, NodeError> {
+) -> Result<Served, NodeError> {
     let start = Instant::now();
     let (mirror, log, flusher, joined) = match how {
         Start::Seeded(s) => {
@@ -681,7 +706,7 @@ async fn serve(
     tracing::info!(id = cfg.id, %addr, "mirror listening");
     let ended = tokio::select! {
         ended = heartbeat_until_promoted(&node, managers, addr, joined) => ended,
-        () = shutdown => Ok(Some(Ended::Stopped)),
+        () = shutdown => Ok(Served::Ended(Ended::Stopped)),
     };
     // Every connection goes away: no request reaches the mirror's handler from here on,
     // and the clients retrying on it hear which of their requests it answered. The
@@ -696,13 +721,13 @@ async fn serve(
 /// Heartbeats the manager until its placement names this mirror primary; then waits out
 /// the old primary's lease (no acknowledgement leaves from the promotion on). `joined`: a
 /// mirror just seeded under that configuration epoch, which the placement does not name
-/// until its primary says it caught up. `None` once the placement has dropped it.
+/// until its primary says it caught up. `Served::Dropped` once the placement has dropped it.
 async fn heartbeat_until_promoted(
     node: &MirrorNode,
     managers: &Managers,
     addr: &str,
     mut joined: Option<u64>,
-) -> Result<Option<Ended>, NodeError> {
+) -> Result<Served, NodeError> {
     loop {
         tokio::time::sleep(MIRROR_HEARTBEAT).await;
         let (next_lsn, last_ack_ms) = {
@@ -774,7 +799,7 @@ async fn heartbeat_until_promoted(
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                return Ok(Some(Ended::Promoted(p.config_epoch)));
+                return Ok(Served::Ended(Ended::Promoted(p.config_epoch)));
             }
             Standing::Mirror => {
                 if joined.take().is_some() {
@@ -790,7 +815,8 @@ async fn heartbeat_until_promoted(
                     mirror = ?p.mirror,
                     "the placement does not name this mirror"
                 );
-                return Ok(None);
+                let named_under = joined.is_none().then_some(known_epoch);
+                return Ok(Served::Dropped(named_under.filter(|&e| e > 0)));
             }
         }
         node.mirror

@@ -1078,7 +1078,7 @@ pub(crate) async fn rebind(addr: std::net::SocketAddr) -> Result<TcpListener, No
     }
 }
 
-fn register_request(cfg: &NodeConfig, addr: &str, rebooted: bool) -> Request {
+pub(crate) fn register_request(cfg: &NodeConfig, addr: &str, rebooted: bool) -> Request {
     Request::Register {
         node: cfg.id,
         addr: addr.to_string(),
@@ -1282,7 +1282,9 @@ async fn heartbeat_loop(node: Arc<Node>) {
                 manager_heard_ms.store(node.now_ms(), Ordering::Relaxed);
                 if let (Some(placement), Some(_)) = (placement, &node.shipper) {
                     node.take_placement(placement);
-                    // Without a mirror now, what waited for it is durable.
+                    crate::primary::confirm_alone(&node).await;
+                    // Without a mirror now (and registered so), what waited for it is
+                    // durable.
                     let durable_next = node.with_shipper(|s| s.durable_next());
                     node.durable(durable_next);
                     node.ship_wakeup.notify_one();

@@ -1585,6 +1585,10 @@ pub enum Bug {
     /// ordinary mirror, and joins (emptying its copy) whoever the placement names next
     /// (`Mirror::keeps_copy_once_named`).
     NamedCopyForgotten,
+    /// A primary whose mirror the placement dropped counts records durable on its own disk
+    /// at once, before the managers committed that it serves alone (`Shipper`): the dropped
+    /// mirror, named primary if this one dies first, lacks them.
+    AloneUnconfirmed,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -418,6 +418,37 @@ async fn refresh_placement(node: &Arc<Node>) {
     }
 }
 
+/// The placement dropped this primary's mirror: it registers under that placement before
+/// it counts anything durable on its own disk alone, after which the managers no longer
+/// name the dropped copy in its place (`Shipper::confirming_alone`). One try per heartbeat;
+/// refused, another copy serves the node, and this one stops.
+pub(crate) async fn confirm_alone(node: &Node) {
+    if !node.with_shipper(|s| s.confirming_alone()) {
+        return;
+    }
+    let addr = node.with_shipper(|s| s.placement().primary.clone());
+    let req = crate::node::register_request(&node.cfg, &addr, false);
+    match node.managers.call(&req, Duration::from_secs(5)).await {
+        Ok(Response::Registered {
+            placement: Some(placement),
+            ..
+        }) => {
+            node.take_placement(placement.clone());
+            node.with_shipper(|s| s.confirm_alone(&placement));
+            tracing::warn!(
+                config_epoch = placement.config_epoch,
+                "registered without the mirror: serving alone"
+            );
+        }
+        Err(RpcError::Remote {
+            code: ErrorCode::StaleConfig,
+            message,
+            ..
+        }) => node.replaced(&message),
+        other => tracing::warn!("registering without the mirror: {other:?}"),
+    }
+}
+
 /// A joining mirror that holds everything this primary counted durable is named the
 /// node's mirror by the manager; one silent too long before that is given up.
 pub(crate) async fn name_joiner(node: &Arc<Node>) {

@@ -121,6 +121,11 @@ pub struct Shipper<R> {
     /// `ram-repl`: this copy dies with its process, so a record handed over is as held here
     /// as it will ever be; the mirror's acknowledgement alone makes it durable.
     in_ram: bool,
+    /// The placement dropped the mirror, and the managers have not yet confirmed that this
+    /// primary serves alone under it (`confirm_alone`). Until they have, the dropped mirror
+    /// may be named primary instead (this one may die before it hears of the drop), so
+    /// nothing counts durable that the mirror did not acknowledge, and replies wait.
+    alone_unconfirmed: bool,
 }
 
 impl<R> Shipper<R> {
@@ -147,6 +152,7 @@ impl<R> Shipper<R> {
             joins: 0,
             generation: 0,
             in_ram: false,
+            alone_unconfirmed: false,
         }
     }
 
@@ -202,9 +208,26 @@ impl<R> Shipper<R> {
     }
 
     /// Whether the participant counts records durable only once a mirror holds them: the
-    /// placement has one, or a joining mirror caught up.
+    /// placement has one, a joining mirror caught up, or the placement dropped the mirror
+    /// and this primary has not registered alone yet.
     fn mirror_counted(&self) -> bool {
-        self.placement.mirror.is_some() || self.joiner.as_ref().is_some_and(|j| j.counted)
+        self.placement.mirror.is_some()
+            || self.joiner.as_ref().is_some_and(|j| j.counted)
+            || self.alone_unconfirmed
+    }
+
+    /// Whether the placement dropped the mirror and this primary must register under it
+    /// (`Request::Register`) before it counts anything durable on its own disk alone.
+    pub fn confirming_alone(&self) -> bool {
+        self.alone_unconfirmed
+    }
+
+    /// The managers committed that this primary serves `placement` (its registration's
+    /// reply): if that is the current one, without a mirror, it serves alone from now on.
+    pub fn confirm_alone(&mut self, placement: &Placement) {
+        if *placement == self.placement && placement.mirror.is_none() {
+            self.alone_unconfirmed = false;
+        }
     }
 
     /// The mirror at `addr` asks to join this primary, which runs without one, at `now_ms`.
@@ -214,6 +237,12 @@ impl<R> Shipper<R> {
     pub fn join(&mut self, now_ms: u64, addr: &str) -> Result<JoinTerms, String> {
         if let Some(mirror) = &self.placement.mirror {
             return Err(format!("node {} has a mirror: {mirror}", self.node));
+        }
+        if self.alone_unconfirmed {
+            return Err(format!(
+                "node {}'s primary has not registered without its mirror yet",
+                self.node
+            ));
         }
         if let Some(j) = self.joiner.as_ref().filter(|j| j.counted) {
             return Err(format!(
@@ -282,7 +311,8 @@ impl<R> Shipper<R> {
     }
 
     /// A placement the manager committed. Without a mirror the primary relies on its own
-    /// disk alone; a placement naming another primary means this one was replaced.
+    /// disk alone, once the managers confirmed it (`confirm_alone`); a placement naming
+    /// another primary means this one was replaced.
     pub fn set_placement(&mut self, placement: Placement) -> Result<(), String> {
         if placement.config_epoch < self.placement.config_epoch {
             return Ok(());
@@ -305,7 +335,14 @@ impl<R> Shipper<R> {
                 // The placement moved on without the joiner.
                 self.joiner = None;
             }
-            if moved_on || placement.mirror != self.placement.mirror {
+            let dropped = placement.config_epoch > self.placement.config_epoch
+                && placement.mirror.is_none()
+                && self.placement.mirror.is_some();
+            if dropped && !planted(Bug::AloneUnconfirmed) {
+                // What the mirror acknowledged stays the durable point until confirmed.
+                self.alone_unconfirmed = true;
+                self.forget_mirror(self.mirror_next.min(self.local_next));
+            } else if moved_on || placement.mirror != self.placement.mirror {
                 self.forget_mirror(self.local_next);
             }
         }
@@ -570,6 +607,49 @@ mod tests {
     }
 
     #[test]
+    fn a_primary_left_alone_counts_nothing_more_durable_until_it_registered_so() {
+        let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1);
+        let mut m: Mirror<u32> = Mirror::new(1, Space::anonymous(1 << 16).unwrap(), 1, vec![], 0);
+        s.push(0, 1, 1, encode_records(&[(1, prepare(1, vec![1], 0, 7))]));
+        s.on_local_synced(2);
+        let reply = deliver(&mut m, 5, &s.to_send(0, true)[0]);
+        s.on_reply(5, Ok(reply));
+        s.push(10, 2, 1, encode_records(&[(2, prepare(2, vec![1], 4, 8))]));
+        assert_eq!(s.on_local_synced(3), 2, "record 2 is not on the mirror");
+        let alone = Placement {
+            config_epoch: 2,
+            mirror: None,
+            ..placement(None)
+        };
+        s.set_placement(alone.clone()).expect("still the primary");
+        assert!(s.confirming_alone());
+        assert_eq!(
+            s.durable_next(),
+            2,
+            "the dropped mirror may be named instead"
+        );
+        let lease_out = 5 + PRIMARY_LEASE_MS;
+        assert!(
+            !s.lease_valid(lease_out),
+            "replies wait once the lease ran out"
+        );
+        assert!(
+            s.join(20, "j").is_err(),
+            "no join before it registered alone"
+        );
+        assert!(
+            s.to_send(20, true).is_empty(),
+            "nothing goes to the dropped mirror"
+        );
+        s.confirm_alone(&placement(None));
+        assert!(s.confirming_alone(), "not the placement it serves");
+        s.confirm_alone(&alone);
+        assert!(!s.confirming_alone());
+        assert_eq!(s.durable_next(), 3, "its own disk alone from now on");
+        assert!(s.lease_valid(lease_out));
+    }
+
+    #[test]
     fn in_ram_a_record_is_durable_once_the_mirror_received_it() {
         let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1).in_ram(true);
         let mut m: Mirror<u32> =
@@ -827,12 +907,14 @@ mod tests {
         let mut s: Shipper<u32> = Shipper::new(1, 5, placement(Some("m")), 1);
         s.push(0, 1, 1, vec![0; 8]);
         assert_eq!(s.on_local_synced(2), 1);
-        s.set_placement(Placement {
+        let alone = Placement {
             config_epoch: 2,
             primary: "p".into(),
             mirror: None,
-        })
-        .unwrap();
+        };
+        s.set_placement(alone.clone()).unwrap();
+        assert_eq!(s.durable_next(), 1, "until it registered alone");
+        s.confirm_alone(&alone);
         assert_eq!(s.durable_next(), 2);
         assert!(s.lease_valid(0));
         assert!(s.to_send(0, true).is_empty());

@@ -98,6 +98,7 @@ pub fn run(seed: u64, cfg: &FsSimConfig) -> Report {
         fail_overs: 0,
         mirror_joins: 0,
         formers_named_again: 0,
+        dropped_mirrors_named: 0,
         answered_on_trust: fs.counts.trusted,
         members_revoked: fs.counts.revoked,
         callbacks_retaken: fs.counts.retaken,

@@ -152,6 +152,9 @@ pub struct Report {
     /// `ram-repl`: replaced primaries named primary again, holding the copy they kept (the
     /// copy that replaced them died before it registered).
     pub formers_named_again: u64,
+    /// Mirrors dropped on their primary's report and named primary, holding the copy they
+    /// kept (the primary fell silent before it registered without them).
+    pub dropped_mirrors_named: u64,
     /// `fs`: steps the clients answered on trust, without a minitransaction (each checked
     /// against the memory nodes at that instant).
     pub answered_on_trust: u64,
@@ -236,6 +239,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Report {
         fail_overs: fail_overs(&dir),
         mirror_joins: world.counter("mirror_joins"),
         formers_named_again: world.counter("formers_named_again"),
+        dropped_mirrors_named: world.counter("dropped_mirrors_named"),
         answered_on_trust: 0,
         members_revoked: 0,
         callbacks_retaken: 0,

@@ -246,6 +246,7 @@ pub fn run(seed: u64, cfg: &LogSimConfig) -> Report {
         fail_overs: 0,
         mirror_joins: 0,
         formers_named_again: 0,
+        dropped_mirrors_named: 0,
         answered_on_trust: 0,
         members_revoked: 0,
         callbacks_retaken: 0,

@@ -53,6 +53,11 @@ enum Pending {
         config_epoch: u64,
     },
     MirrorHeartbeat,
+    /// A primary whose mirror the placement dropped registers under it before it serves
+    /// alone (`memnode::primary::confirm_alone`); asked again if unanswered for a while.
+    ConfirmAlone {
+        sent_ms: u64,
+    },
     /// A joining primary's registration, its ask for the mirror's tail, and the records it
     /// sent the mirror because it lacked them (up to `upto`).
     Register,
@@ -99,6 +104,9 @@ struct Repl {
     /// `log-repl`: the latest configuration epoch this copy served under as a primary,
     /// kept on its disk (`memnode::mirror_node::record_served`); gone with the copy.
     served: Option<u64>,
+    /// The copy kept outside the placement is a dropped mirror's (counted apart from
+    /// replaced primaries when named primary).
+    kept_dropped: bool,
 }
 
 enum ReplState {
@@ -119,8 +127,8 @@ enum ReplState {
     /// Replaced, or dropped from the placement: answers nobody, and joins the node's
     /// primary as its new mirror once the placement has none (`memnode::mirror_node`),
     /// its disk emptied and filled from the primary's seed. `asked_ms`: when it last asked.
-    /// `former`: a replaced primary that kept its copy, holding the node's data as of that
-    /// configuration epoch while the managers may name it primary again.
+    /// `former`: a replaced primary (or a dropped mirror) that kept its copy, holding the
+    /// node's data as of that configuration epoch while the managers may name it primary.
     Outside {
         asked_ms: Option<u64>,
         former: Option<u64>,
@@ -320,6 +328,7 @@ impl SimNode {
             seed: None,
             promoted: None,
             served: Some(1),
+            kept_dropped: false,
         });
         node
     }
@@ -342,6 +351,7 @@ impl SimNode {
             seed: None,
             promoted: None,
             served: None,
+            kept_dropped: false,
         });
         node
     }
@@ -885,7 +895,15 @@ impl SimNode {
                 m.set_config_epoch(p.config_epoch);
                 repl.joining = None;
             }
-            Standing::Outside => self.retire(),
+            // A named mirror keeps its copy while its primary may not have heard of the
+            // drop (`memnode::mirror_node::run`).
+            Standing::Outside => match Some(m.config_epoch()).filter(|&e| e > 0) {
+                Some(named_under) if repl.joining.is_none() => {
+                    repl.kept_dropped = true;
+                    self.retire_keeping_copy(named_under);
+                }
+                _ => self.retire(),
+            },
         }
     }
 
@@ -897,6 +915,7 @@ impl SimNode {
         self.retire();
         if let Some(repl) = &mut self.repl {
             repl.served = None;
+            repl.kept_dropped = false;
         }
         self.synced.clear();
         self.written.clear();
@@ -920,10 +939,17 @@ impl SimNode {
         if p.primary == me {
             // Not a copy still named under the epoch it holds (a named mirror restarted).
             if self.former_epoch().is_some_and(|e| p.config_epoch > e) {
-                ctx.count("formers_named_again", 1);
+                let kept_dropped = self.repl.as_ref().is_some_and(|r| r.kept_dropped);
+                let counter = if kept_dropped {
+                    "dropped_mirrors_named"
+                } else {
+                    "formers_named_again"
+                };
+                ctx.count(counter, 1);
             }
             let mirror = self.mirror_from_disk(now);
             let repl = self.repl.as_mut().expect("replicated");
+            repl.kept_dropped = false;
             repl.state = ReplState::Mirror(mirror);
             self.mirror_placement(ctx, Some(p));
         } else if !keep {
@@ -947,6 +973,8 @@ impl SimNode {
     fn retire_keeping_copy(&mut self, config_epoch: u64) {
         if let Some(p) = &self.participant {
             self.image = p.space().read(0, self.space_bytes).to_vec();
+        } else if let Some(space) = self.mirror_space() {
+            self.image = space.read(0, self.space_bytes).to_vec();
         } else if let Some(cache) = self.page_cache.take() {
             self.image = cache;
         }
@@ -1155,17 +1183,23 @@ impl SimNode {
         }
     }
 
-    /// A placement the manager committed reaches a serving primary.
-    fn primary_placement(&mut self, ctx: &mut Ctx<'_>, placement: Placement) {
+    /// A placement the manager committed reaches a serving primary; `registered`: its
+    /// registration's reply, which confirms it serves that placement alone if it has no
+    /// mirror (`memnode::primary::confirm_alone`).
+    fn primary_placement(&mut self, ctx: &mut Ctx<'_>, placement: Placement, registered: bool) {
         let now = now_ms(ctx);
         let Some(s) = self.shipper() else { return };
         let config_epoch = s.placement().config_epoch;
-        if s.set_placement(placement).is_err() {
+        if s.set_placement(placement.clone()).is_err() {
             self.retire_keeping_copy(config_epoch);
             return;
         }
+        if registered {
+            s.confirm_alone(&placement);
+        }
         let now_serving = s.placement().config_epoch;
-        // Without a mirror now, what waited for it is durable.
+        let confirming = s.confirming_alone();
+        // Without a mirror now (and registered so), what waited for it is durable.
         let durable_next = s.durable_next();
         let released = s.release(now);
         if now_serving > config_epoch && !self.in_ram {
@@ -1174,6 +1208,45 @@ impl SimNode {
         send_replies(ctx, released);
         let acts = self.up().on_synced(now, durable_next - 1);
         self.apply(ctx, acts);
+        if confirming {
+            self.pending.retain(
+                |_, p| !matches!(p, Pending::ConfirmAlone { sent_ms } if now >= *sent_ms + 200),
+            );
+            if !(self.pending.values()).any(|p| matches!(p, Pending::ConfirmAlone { .. })) {
+                let req = Request::Register {
+                    node: self.id,
+                    addr: name_of(ctx.me()),
+                    size_bytes: self.space_bytes,
+                    durable: true,
+                    rebooted: false,
+                    mirror: None,
+                };
+                let to = self.manager.addr();
+                self.request(ctx, to, Pending::ConfirmAlone { sent_ms: now }, req);
+            }
+        }
+    }
+
+    /// The answer to a primary's registration without its mirror.
+    fn alone_answer(&mut self, ctx: &mut Ctx<'_>, resp: Response) {
+        match resp {
+            Response::Registered {
+                placement: Some(placement),
+                ..
+            } => self.primary_placement(ctx, placement, true),
+            Response::Error {
+                code: ErrorCode::StaleConfig,
+                ..
+            } => {
+                let config_epoch = (self.shipper()).map(|s| s.placement().config_epoch);
+                if let Some(config_epoch) = config_epoch {
+                    self.retire_keeping_copy(config_epoch);
+                }
+            }
+            other => {
+                self.manager.not_leader(&other);
+            }
+        }
     }
 
     /// A promoted mirror, once the old primary's lease ran out: its writer syncs what it
@@ -1554,13 +1627,15 @@ impl Process for SimNode {
                             p.on_heartbeat_ack(sent_ms, epoch, incarnation, &gc, &applied_below);
                         self.apply(ctx, acts);
                         if let Some(placement) = placement {
-                            self.primary_placement(ctx, placement);
+                            self.primary_placement(ctx, placement, false);
                         }
                         self.name_joiner(ctx);
                     }
                 }
                 Some(Pending::Placement) => match resp {
-                    Response::Placement(Some(placement)) => self.primary_placement(ctx, placement),
+                    Response::Placement(Some(placement)) => {
+                        self.primary_placement(ctx, placement, false)
+                    }
                     other => {
                         self.manager.not_leader(&other);
                     }
@@ -1573,7 +1648,7 @@ impl Process for SimNode {
                         if named {
                             ctx.count("mirror_joins", 1);
                         }
-                        self.primary_placement(ctx, placement);
+                        self.primary_placement(ctx, placement, false);
                         if let Some(repl) = &mut self.repl {
                             repl.seed = None;
                         }
@@ -1582,6 +1657,7 @@ impl Process for SimNode {
                     }
                 }
                 Some(Pending::Stage2 { index }) => self.stage2_answer(ctx, index, resp),
+                Some(Pending::ConfirmAlone { .. }) => self.alone_answer(ctx, resp),
                 Some(Pending::MirrorReport) => {
                     self.manager.not_leader(&resp);
                 }

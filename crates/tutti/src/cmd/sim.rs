@@ -85,7 +85,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     );
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::default();
-    let totals: [AtomicU64; 12] = Default::default();
+    let totals: [AtomicU64; 13] = Default::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -109,6 +109,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
                     report.disks_lost,
                     report.members_revoked,
                     report.callbacks_retaken,
+                    report.dropped_mirrors_named,
                 ]) {
                     total.fetch_add(n, Ordering::Relaxed);
                 }
@@ -142,7 +143,7 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             first.trace_hash
         );
     }
-    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers, trusted, disks_lost, revoked, retaken] =
+    let [committed, unknown, node_crashes, coordinator_crashes, fail_overs, mirror_joins, lost, formers, trusted, disks_lost, revoked, retaken, dropped] =
         totals.map(|t| t.into_inner());
     let mut failures = failures.into_inner().expect("failures poisoned");
     failures.sort();
@@ -172,14 +173,17 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
             "{disks_lost} crashes also took the process's disk (it joins again, empty); \
              {lost} seeds lost a node (both copies); {formers} kept copies named primary \
              again (a replaced primary, or a mirror named primary that died before it \
-             registered: the copy named in its place fell silent before it registered)"
+             registered: the copy named in its place fell silent before it registered); \
+             {dropped} dropped mirrors named primary (their primary fell silent before it \
+             registered without them)"
         );
     }
     if a.workload == SimWorkload::BankRamRepl {
         outln!(
             "{lost} seeds lost a node (both copies; docs/replication.md, \"ram-repl\"); \
              {formers} replaced primaries named again (the copy that replaced them died \
-             before it registered)"
+             before it registered); {dropped} dropped mirrors named primary (their primary \
+             fell silent before it registered without them)"
         );
     }
     if a.workload == SimWorkload::Fs {

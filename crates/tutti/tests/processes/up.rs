@@ -522,16 +522,18 @@ impl NamedPrimary {
     /// Waits, asking every 2 ms, until the placement names `addr` node 1's primary.
     fn until(&self, addr: &str, within: Duration) {
         let until = Instant::now() + within;
-        loop {
-            let ask = tutti_wire::Request::Placement { node: 1 };
-            let answer = (self.rt).block_on(self.managers.call(&ask, Duration::from_secs(1)));
-            if let Ok(tutti_wire::Response::Placement(Some(p))) = answer {
-                if p.primary == addr {
-                    return;
-                }
-            }
+        while self.now().is_none_or(|p| p.primary != addr) {
             assert!(Instant::now() < until, "{addr} never named primary");
             std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Node 1's placement as the managers' leader has it now, if it answers.
+    fn now(&self) -> Option<tutti_wire::Placement> {
+        let ask = tutti_wire::Request::Placement { node: 1 };
+        match (self.rt).block_on(self.managers.call(&ask, Duration::from_secs(1))) {
+            Ok(tutti_wire::Response::Placement(p)) => p,
+            _ => None,
         }
     }
 }
@@ -910,6 +912,86 @@ fn a_named_log_repl_mirror_that_died_before_registering_serves_when_the_copy_nam
     panic!("in 3 attempts, a stop or a loss landed after a registration");
 }
 
+/// `ram-repl`: a mirror dropped on its primary's report (stopped past the fail-over
+/// timeout), and the primary stopped before it heard of the drop, then killed (its process
+/// restarts empty). The woken mirror holds every record the primary committed and keeps its
+/// copy for the managers, who name it primary once the primary has been silent long enough:
+/// what was written before is read back. Before, it gave its copy up to join the empty
+/// primary, and the node was lost. The stop must land before the primary's next heartbeat
+/// (every 200 ms) brings it the drop: an attempt whose primary registered alone first (the
+/// mirror is then told to let its copy go) is run again on a new cluster.
+#[test]
+fn a_dropped_ram_repl_mirror_serves_when_its_primary_dies_before_hearing_of_the_drop() {
+    for attempt in 1..=3 {
+        let data = common::scratch("up-ram-repl-dropped");
+        let (mut child, manager) = up_with(&data, &["--mode", "ram-repl"]);
+        assert_eq!(txn(&manager, &["write:1:0:68656c6c6f"])["committed"], true);
+        let primary = until_role(&data, "node-1", "primary");
+        let mirror = until_role(&data, "node-1-mirror", "mirror");
+        let mirror_addr = addr_of(&data, "node-1-mirror");
+        let placement = NamedPrimary::new(&manager);
+        let mirror_log = data.join("logs/node-1-mirror.log");
+        let mirror_says =
+            |what: &str| (std::fs::read_to_string(&mirror_log).unwrap_or_default()).contains(what);
+        // A `ram-repl` mirror joins at its start; one stopped before it heard it was named
+        // does not know it holds the node's data.
+        let until = Instant::now() + Duration::from_secs(10);
+        while !mirror_says("named the node's mirror") {
+            assert!(
+                Instant::now() < until,
+                "the mirror never learned it was named"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: kill(2) on processes of this test's cluster.
+        unsafe { libc::kill(mirror as i32, libc::SIGSTOP) };
+        let until = Instant::now() + Duration::from_secs(10);
+        while placement.now().is_none_or(|p| p.mirror.is_some()) {
+            assert!(Instant::now() < until, "the mirror was never dropped");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(primary as i32, libc::SIGSTOP) };
+        unsafe { libc::kill(mirror as i32, libc::SIGCONT) };
+        let until = Instant::now() + Duration::from_secs(5);
+        while !mirror_says("the placement does not name this mirror") {
+            assert!(
+                Instant::now() < until,
+                "the mirror never learned of the drop"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(primary as i32, libc::SIGKILL) };
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut missed = false;
+        while placement.now().is_none_or(|p| p.primary != mirror_addr) {
+            missed = mirror_says("letting this one go");
+            if missed {
+                break;
+            }
+            assert!(Instant::now() < until, "the dropped mirror was never named");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if missed {
+            eprintln!("attempt {attempt}: the primary registered alone before it was stopped");
+            sigterm_and_wait(&mut child);
+            continue;
+        }
+        let out = txn_after_fail_over(&data, &manager, &["read:1:0:5"]);
+        assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
+        assert!(mirror_says(
+            "named primary: serving the copy kept for the managers"
+        ));
+        // The primary's process, started again empty, joins it.
+        until_role(&data, "node-1", "mirror");
+        assert_eq!(txn(&manager, &["write:1:8:01"])["committed"], true);
+        assert_eq!(stop_and_count_children(&mut child, &data), 0);
+        return;
+    }
+    panic!("in 3 attempts, the primary registered alone before it was stopped");
+}
+
 /// Node 1's primary stopped until its mirror is promoted, the mirror then killed (losing
 /// its disk in `log-repl`), the primary woken or killed (`primary_dies`). With `swapped`,
 /// node 1's processes first trade places (its first primary killed, its mirror promoted,
@@ -974,7 +1056,7 @@ fn a_replaced_primary_serves_again_when_its_successor_dies_empty(
         assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
         let log = std::fs::read_to_string(data.join(format!("logs/{primary_name}.log"))).unwrap();
         assert!(
-            log.contains("named primary again: serving the copy a replaced primary left"),
+            log.contains("named primary: serving the copy kept for the managers"),
             "{log}"
         );
         // The mirror, started again empty, joins it.

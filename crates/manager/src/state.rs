@@ -85,6 +85,7 @@ impl Persisted {
                         config_epoch: 0,
                         mirror: None,
                         unregistered: false,
+                        left_out: None,
                     };
                     (*id, node)
                 })
@@ -114,6 +115,11 @@ struct PersistedNode {
     /// (`ManagerState::fail_over`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     unregistered: bool,
+    /// The copy the change to this placement left out (the primary replaced, the mirror
+    /// dropped, the promoted copy that never registered), while the primary has not
+    /// registered: the one copy that may be named in its place (`may_name_again`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    left_out: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -130,15 +136,19 @@ struct Former {
 
 impl PersistedNode {
     /// Whether the copy at `addr`, a primary replaced or a mirror dropped under
-    /// `config_epoch`, may be named primary again: this placement is the one that replaced
-    /// or dropped it (one epoch up), and its primary has not registered under it, so it has
-    /// committed nothing that copy lacks (every record the promoted mirror held, its
-    /// primary had shipped to it; every record a primary counted durable, its mirror held).
+    /// `config_epoch`, may be named primary again: this placement is the one that left it
+    /// out (one epoch up, and `left_out` names it), and its primary has not registered
+    /// under it, so it has committed nothing that copy lacks (every record the promoted
+    /// mirror held, its primary had shipped to it; every record a primary counted durable,
+    /// its mirror held). A copy outside the placement may ask without knowing its epoch (a
+    /// mirror named or dropped while it was down or cut off): the managers know whom the
+    /// change left out.
     fn may_name_again(&self, addr: &str, config_epoch: u64) -> bool {
         self.config_epoch == config_epoch + 1
             && self.addr != addr
             && self.mirror.is_none()
-            && (self.unregistered || crate::planted(crate::Bug::RenameRegisteredFormer))
+            && ((self.unregistered && self.left_out.as_deref() == Some(addr))
+                || crate::planted(crate::Bug::RenameRegisteredFormer))
     }
 
     fn placement(&self) -> Option<Placement> {
@@ -297,6 +307,7 @@ impl ManagerState {
             config_epoch,
             mirror,
             unregistered: false,
+            left_out: None,
         };
         let changed = self.persisted.nodes.get(&node) != Some(&entry);
         if changed {
@@ -424,6 +435,7 @@ impl ManagerState {
         tracing::info!(node, %mirror, "a mirror caught up with the primary: it joins");
         n.mirror = Some(mirror);
         n.config_epoch += 1;
+        n.left_out = None;
         let placement = n.placement();
         // Silent from now on, it is dropped like any mirror.
         self.mirror_seen_ms.insert(node, now_ms);
@@ -449,6 +461,7 @@ impl ManagerState {
         }
         tracing::info!(node, %mirror, "a joining mirror gives up its join");
         n.config_epoch += 1;
+        n.left_out = None;
         (
             Response::Placement(n.placement()),
             Some(self.persisted.clone()),
@@ -489,7 +502,7 @@ impl ManagerState {
                 });
                 if let Some(f) = former {
                     tracing::warn!(node = id, silent = %n.addr, former = %f.addr, "a promoted copy never registered: the copy it replaced serves again");
-                    n.addr = f.addr.clone();
+                    n.left_out = Some(std::mem::replace(&mut n.addr, f.addr.clone()));
                     n.unregistered = true;
                     n.config_epoch += 1;
                     self.last_seen_ms.insert(id, now_ms);
@@ -515,7 +528,7 @@ impl ManagerState {
                 || (crate::planted(crate::Bug::DropSilentMirror) && mirror_silent);
             if primary_silent && !mirror_silent && mirror_outlived_primary {
                 tracing::warn!(node = id, old = %n.addr, new = %mirror, "primary silent: its mirror takes over");
-                n.addr = mirror;
+                n.left_out = Some(std::mem::replace(&mut n.addr, mirror));
                 n.mirror = None;
                 n.unregistered = true;
                 // The new primary registers once recovered; it is not failed until then.
@@ -524,6 +537,7 @@ impl ManagerState {
             } else if !primary_silent && mirror_behind {
                 tracing::warn!(node = id, %mirror, "mirror lost: the primary goes on alone");
                 n.mirror = None;
+                n.left_out = Some(mirror);
                 // The primary commits alone only once it registered under this placement:
                 // until then the dropped mirror holds every record it counted durable, and
                 // is named in its place if it dies first (the report may have been stale).
@@ -919,6 +933,10 @@ mod tests {
         let alone = s.placement(1).unwrap();
         assert_eq!((alone.config_epoch, alone.mirror), (2, None));
         let keep = |r: Response| matches!(r, Response::FormerCopy { keep: true, .. });
+        assert!(
+            !keep(s.former_primary(2_300, 1, "x:1".into(), 1)),
+            "not the copy the drop left out"
+        );
         assert!(keep(s.former_primary(2_300, 1, "m:1".into(), 1)));
         assert!(
             s.fail_over(3_300, 1_000).is_none(),

@@ -75,6 +75,15 @@ pub fn named_but_empty(p: &Placement, me: &str, holds_copy: bool) -> bool {
     named && !holds_copy && !planted(Bug::EmptyCopyServes)
 }
 
+/// Whether a copy outside the placement (a mirror no longer named, or a mirror-role process
+/// started again over a copy the placement changed without) keeps it and asks the managers
+/// whether the change left it out (`Request::FormerPrimary` as of the placement's epoch
+/// less one), before it empties itself to join: the copy a stale report dropped, or a named
+/// mirror replaced before it heard, may be the only one holding every committed record.
+pub fn asks_before_giving_up() -> bool {
+    !planted(Bug::OutsideCopyGivenUp)
+}
+
 /// What a `Request::Replicate` carries, but the node.
 pub struct Replicate<'a> {
     pub session: u64,
@@ -230,15 +239,6 @@ impl<R> Mirror<R> {
     pub fn promote(&mut self, config_epoch: u64) {
         self.set_config_epoch(config_epoch);
         self.promoted = true;
-    }
-
-    /// Whether this mirror, named primary, leaves its copy to the process started after it
-    /// should it die before it registers, as a replaced primary does (as of the epoch that
-    /// named it). The managers may meanwhile name the copy it replaced again, and that one
-    /// may die or lose its disk before it serves: this copy, which holds every record its
-    /// primary counted durable, is then the node's. A `ram-repl` copy dies with its process.
-    pub fn keeps_copy_once_named(&self) -> bool {
-        self.promoted && !self.in_ram && !planted(Bug::NamedCopyForgotten)
     }
 
     /// Whether the lease of every acknowledgement sent has run out, so that the replaced

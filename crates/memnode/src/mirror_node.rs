@@ -7,7 +7,9 @@
 //! driver on the same data directory. All decisions are the `Mirror`'s.
 
 use crate::log_record::LogRecord;
-use crate::mirror::{decode_records, named_but_empty, Mirror, Replicate, Standing};
+use crate::mirror::{
+    asks_before_giving_up, decode_records, named_but_empty, Mirror, Replicate, Standing,
+};
 use crate::node::{io, open_data_dir, rebind, NodeConfig, NodeError, IMAGE_FILE};
 use crate::redo_log::{Lsn, RedoLog};
 use crate::space::Space;
@@ -39,10 +41,11 @@ pub(crate) enum Ended {
 /// How serving as the node's mirror ended.
 enum Served {
     Ended(Ended),
-    /// The placement no longer names this mirror. `Some(E)`: it was the node's mirror
-    /// under configuration epoch E, and so holds every record its primary counted durable;
-    /// the managers may name it primary while that primary has not registered without it.
-    Dropped(Option<u64>),
+    /// The placement, at configuration epoch E + 1, no longer names this mirror. If that
+    /// change left this copy out (it was the node's mirror, named or promoted, under E),
+    /// it holds every record its primary counted durable, and the managers may name it
+    /// primary while that primary has not registered without it: they say which.
+    Dropped(u64),
 }
 
 enum MirrorCmd {
@@ -138,7 +141,8 @@ pub(crate) async fn run(
     // So is a `log-repl` copy that served as the primary and was replaced while this
     // process was down, as of the configuration it last served under: what `node::run`
     // does for a primary-role process whose registration is refused. (And, below, a
-    // mirror's copy the placement dropped, until its primary registers without it.)
+    // mirror's copy the placement dropped or changed without, while the managers may name
+    // it.)
     let mut former = former_marker(&data, cfg.volatile)
         .or_else(|| (!cfg.volatile).then(|| served(&data)).flatten());
     let mut holds_copy = if cfg.volatile {
@@ -156,8 +160,8 @@ pub(crate) async fn run(
         tracing::warn!(
             node = cfg.id,
             config_epoch,
-            "holding the copy a replaced primary (or a mirror named primary) left here while \
-             the managers may name it primary again"
+            "holding the copy a replaced primary (or a dropped mirror) left here while the \
+             managers may name it primary again"
         );
     }
     let mut listener = Some(listener);
@@ -182,10 +186,15 @@ pub(crate) async fn run(
                         () = tokio::time::sleep(Duration::from_millis(200)) => continue,
                         () = shutdown.as_mut() => return Ok(Ended::Stopped),
                     }
+                } else if placement.config_epoch > config_epoch + 1 {
+                    // The placement changed since this copy knew it: the change may have
+                    // left this copy out again (named, then replaced before it served).
+                    former = Some(placement.config_epoch - 1);
+                    continue;
                 } else {
                     tracing::info!(
                         node = cfg.id,
-                        "the copy serving in this one's place registered: letting this one go"
+                        "the managers no longer need this copy: letting it go"
                     );
                     former = None;
                     empty_copy(&data)?;
@@ -231,6 +240,18 @@ pub(crate) async fn run(
                 () = tokio::time::sleep(Duration::from_secs(1)) => continue,
                 () = shutdown.as_mut() => return Ok(Ended::Stopped),
             }
+        } else if holds_copy && asks_before_giving_up() {
+            // A copy the placement changed without while this process was down: if that
+            // change left it out (a mirror named primary, or dropped, before it heard), the
+            // managers may still need it, and say so, before it empties itself to join.
+            tracing::warn!(
+                node = cfg.id,
+                config_epoch = placement.config_epoch,
+                "the placement changed without this copy while it was down: holding it \
+                 while the managers may name it"
+            );
+            former = Some(placement.config_epoch - 1);
+            continue;
         } else {
             // Nobody connects while the seed is read: the primary ships once it is in.
             drop(listener.take());
@@ -239,10 +260,7 @@ pub(crate) async fn run(
                 () = shutdown.as_mut() => return Ok(Ended::Stopped),
             };
             match seeded {
-                Ok(seeded) => {
-                    holds_copy = true;
-                    Start::Seeded(Box::new(seeded))
-                }
+                Ok(seeded) => Start::Seeded(Box::new(seeded)),
                 Err(SeedError::Local(e)) => return Err(e),
                 Err(SeedError::Primary(why)) => {
                     tracing::warn!(primary = %placement.primary, "joining: {why}; trying again");
@@ -269,18 +287,16 @@ pub(crate) async fn run(
         .await?
         {
             Served::Ended(ended) => return Ok(ended),
-            Served::Dropped(None) => tracing::warn!(
-                node = cfg.id,
-                "the placement dropped this mirror: joining again"
-            ),
+            Served::Dropped(_) if !asks_before_giving_up() => {}
             // Its primary may die before it hears of the drop (the report that dropped
-            // this copy may have been stale): this copy is then the node's.
-            Served::Dropped(Some(config_epoch)) => {
+            // this copy may have been stale), or the copy serving in its place before it
+            // registers: this copy is then the node's.
+            Served::Dropped(config_epoch) => {
                 tracing::warn!(
                     node = cfg.id,
                     config_epoch,
-                    "the placement dropped this mirror: holding its copy until the primary \
-                     registers without it"
+                    "the placement dropped this mirror: holding its copy while the managers \
+                     may name it"
                 );
                 if !cfg.volatile {
                     leave_copy(&data, config_epoch);
@@ -338,12 +354,12 @@ struct EpochMarker {
     config_epoch: u64,
 }
 
-/// What a replaced primary leaves in its data directory as it stops: the configuration
-/// epoch it served under. The process started next in its place keeps the copy instead of
-/// emptying it (`ram-repl`) or joining the new primary (`log-repl`), and tells the
-/// managers (`Request::FormerPrimary`). A `ram-repl` marker is read once: the copy then
-/// dies with that process. A `log-repl` one stays with the copy on disk until the copy is
-/// emptied or named primary again.
+/// What a replaced primary leaves in its data directory as it stops (and a `log-repl` mirror
+/// the placement dropped): the configuration epoch it served under. The process started
+/// next in its place keeps the copy instead of emptying it (`ram-repl`) or joining the new
+/// primary (`log-repl`), and tells the managers (`Request::FormerPrimary`). A `ram-repl`
+/// marker is read once: the copy then dies with that process. A `log-repl` one stays with
+/// the copy on disk until the copy is emptied or named primary again.
 const FORMER_MARKER: &str = "former.json";
 
 /// What a `log-repl` primary keeps with its copy (`served.json`, as `former.json`): the
@@ -765,14 +781,7 @@ async fn heartbeat_until_promoted(
             // From a manager that had not heard of the newer one yet.
             Standing::Stale => continue,
             Standing::Primary => {
-                let keeps_copy = {
-                    let mut m = node.mirror.lock().expect("mirror poisoned");
-                    m.promote(p.config_epoch);
-                    m.keeps_copy_once_named()
-                };
-                if let (true, Some(data)) = (keeps_copy, &node.cfg.data) {
-                    leave_copy(data, p.config_epoch);
-                }
+                (node.mirror.lock().expect("mirror poisoned")).promote(p.config_epoch);
                 tracing::warn!(
                     node = node.cfg.id,
                     config_epoch = p.config_epoch,
@@ -815,8 +824,7 @@ async fn heartbeat_until_promoted(
                     mirror = ?p.mirror,
                     "the placement does not name this mirror"
                 );
-                let named_under = joined.is_none().then_some(known_epoch);
-                return Ok(Served::Dropped(named_under.filter(|&e| e > 0)));
+                return Ok(Served::Dropped(p.config_epoch - 1));
             }
         }
         node.mirror

@@ -1581,14 +1581,15 @@ pub enum Bug {
     /// Stage 2 decides a tid once a peer said it does not hold it, before that peer
     /// answered the REQUEST-ABORT (which aborts the tid there if it never voted).
     DecidedBeforeAnswered,
-    /// A `log-repl` mirror named primary that dies before it registers comes back as an
-    /// ordinary mirror, and joins (emptying its copy) whoever the placement names next
-    /// (`Mirror::keeps_copy_once_named`).
-    NamedCopyForgotten,
     /// A primary whose mirror the placement dropped counts records durable on its own disk
     /// at once, before the managers committed that it serves alone (`Shipper`): the dropped
     /// mirror, named primary if this one dies first, lacks them.
     AloneUnconfirmed,
+    /// A mirror the placement no longer names empties its copy to join at once, instead of
+    /// asking the managers whether the change left it out (`mirror_node::run`): the copy a
+    /// stale report dropped, or a named mirror replaced before it heard, is gone when the
+    /// copy serving in its place dies before it registers.
+    OutsideCopyGivenUp,
 }
 
 tutti_wire::planted_bugs!(Bug);

@@ -152,8 +152,9 @@ pub struct Report {
     /// `ram-repl`: replaced primaries named primary again, holding the copy they kept (the
     /// copy that replaced them died before it registered).
     pub formers_named_again: u64,
-    /// Mirrors dropped on their primary's report and named primary, holding the copy they
-    /// kept (the primary fell silent before it registered without them).
+    /// Mirrors the placement left out (dropped, or named and replaced before they heard)
+    /// named primary, holding the copy they kept (the copy serving in their place fell
+    /// silent before it registered).
     pub dropped_mirrors_named: u64,
     /// `fs`: steps the clients answered on trust, without a minitransaction (each checked
     /// against the memory nodes at that instant).

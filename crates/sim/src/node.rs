@@ -10,7 +10,8 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use tutti_memnode::mirror::{
-    decode_records, encode_records, named_but_empty, seed_part, Mirror, Replicate, Standing,
+    asks_before_giving_up, decode_records, encode_records, named_but_empty, seed_part, Mirror,
+    Replicate, Standing,
 };
 use tutti_memnode::participant::{Actions, Checkpoint, Config, Participant, Stage};
 use tutti_memnode::recovery::Stage2;
@@ -104,8 +105,8 @@ struct Repl {
     /// `log-repl`: the latest configuration epoch this copy served under as a primary,
     /// kept on its disk (`memnode::mirror_node::record_served`); gone with the copy.
     served: Option<u64>,
-    /// The copy kept outside the placement is a dropped mirror's (counted apart from
-    /// replaced primaries when named primary).
+    /// The copy kept outside the placement is a mirror's (counted apart from replaced
+    /// primaries when named primary).
     kept_dropped: bool,
 }
 
@@ -895,15 +896,14 @@ impl SimNode {
                 m.set_config_epoch(p.config_epoch);
                 repl.joining = None;
             }
-            // A named mirror keeps its copy while its primary may not have heard of the
-            // drop (`memnode::mirror_node::run`).
-            Standing::Outside => match Some(m.config_epoch()).filter(|&e| e > 0) {
-                Some(named_under) if repl.joining.is_none() => {
-                    repl.kept_dropped = true;
-                    self.retire_keeping_copy(named_under);
-                }
-                _ => self.retire(),
-            },
+            // The copy the change left out (a named mirror dropped, or named primary and
+            // replaced before it heard) is kept while the managers may name it; they say
+            // whether it is that one (`memnode::mirror_node::run`).
+            Standing::Outside if !asks_before_giving_up() => self.retire(),
+            Standing::Outside => {
+                repl.kept_dropped = true;
+                self.retire_keeping_copy(p.config_epoch - 1);
+            }
         }
     }
 
@@ -953,7 +953,14 @@ impl SimNode {
             repl.state = ReplState::Mirror(mirror);
             self.mirror_placement(ctx, Some(p));
         } else if !keep {
-            self.lose_copy(ctx);
+            match (self.repl.as_mut()).map(|r| &mut r.state) {
+                // Asked as of an older placement: the latest change may have left it out
+                // again. It asks again as of that one.
+                Some(ReplState::Outside {
+                    former: Some(e), ..
+                }) if p.config_epoch > *e + 1 => *e = p.config_epoch - 1,
+                _ => self.lose_copy(ctx),
+            }
         }
     }
 
@@ -1748,17 +1755,11 @@ impl Process for SimNode {
                     placement: None,
                     asking_since_ms: None,
                 },
-                // A mirror named primary keeps its copy for the managers as of the epoch
-                // that named it, as the real one's `former.json` does
-                // (`Mirror::keeps_copy_once_named`).
-                ReplState::Promoted(m) if m.keeps_copy_once_named() => ReplState::Outside {
-                    asked_ms: None,
-                    former: Some(m.config_epoch()),
-                },
-                // A mirror that was still joining keeps what its seed left on disk: once up
-                // again, it serves as a mirror if the placement names it or is still the
-                // one it joined, and empties its disk and joins anew if not, as the real
-                // one does.
+                // A mirror (named primary or not, joined or still joining) keeps what its
+                // disk holds: once up again, it serves as the placement names it, or as the
+                // mirror of the join the placement still waits for, and if neither, asks
+                // the managers whether the change left it out before it empties its disk to
+                // join anew (`mirror::asks_before_giving_up`), as the real one does.
                 ReplState::Mirror(_) | ReplState::Promoted(_) | ReplState::MirrorDown => {
                     ReplState::MirrorDown
                 }

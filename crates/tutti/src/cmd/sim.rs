@@ -171,19 +171,18 @@ pub(crate) fn run(a: SimArgs) -> Result<(), String> {
     if a.workload == SimWorkload::BankRepl {
         outln!(
             "{disks_lost} crashes also took the process's disk (it joins again, empty); \
-             {lost} seeds lost a node (both copies); {formers} kept copies named primary \
-             again (a replaced primary, or a mirror named primary that died before it \
-             registered: the copy named in its place fell silent before it registered); \
-             {dropped} dropped mirrors named primary (their primary fell silent before it \
-             registered without them)"
+             {lost} seeds lost a node (both copies); {formers} replaced primaries named \
+             again and {dropped} mirrors named primary after the placement left them out \
+             (dropped, or named and replaced before they heard), the copy serving in their \
+             place having fallen silent before it registered"
         );
     }
     if a.workload == SimWorkload::BankRamRepl {
         outln!(
             "{lost} seeds lost a node (both copies; docs/replication.md, \"ram-repl\"); \
-             {formers} replaced primaries named again (the copy that replaced them died \
-             before it registered); {dropped} dropped mirrors named primary (their primary \
-             fell silent before it registered without them)"
+             {formers} replaced primaries named again and {dropped} mirrors named primary \
+             after the placement left them out (the copy serving in their place died before \
+             it registered)"
         );
     }
     if a.workload == SimWorkload::Fs {

@@ -836,8 +836,9 @@ fn a_log_repl_mirror_role_primary_replaced_while_down_serves_again_when_its_succ
 /// `log-repl`: node 1's primary stopped until the managers name its mirror primary; the
 /// mirror stopped as soon as it knows, before it registers, so that, hearing nothing from
 /// it, the managers name the woken primary's copy again; that copy loses its disk before it
-/// registers. The named mirror, killed and started again, holds its copy for the managers
-/// (the `former.json` it wrote on learning it was named) and is named in turn, and what was
+/// registers. The named mirror, killed and started again, finds the placement changed
+/// without it and holds its copy for the managers (they know the change left it out), and
+/// is named in turn, and what was
 /// written before is read back. Before, it came back an ordinary mirror, joined the emptied
 /// copy, and the node was lost. Each stop and loss must land before a registration (about
 /// 100 ms): an attempt that missed is told by the logs and run again on a new cluster.
@@ -900,7 +901,7 @@ fn a_named_log_repl_mirror_that_died_before_registering_serves_when_the_copy_nam
         assert_eq!(out["reads"], serde_json::json!(["68656c6c6f"]));
         let log = std::fs::read_to_string(&mirror_log).unwrap();
         assert!(
-            log.contains("or a mirror named primary) left here"),
+            log.contains("the placement changed without this copy while it was down"),
             "{log}"
         );
         // The emptied copy joins it.

@@ -923,9 +923,23 @@ fn a_named_log_repl_mirror_that_died_before_registering_serves_when_the_copy_nam
 /// mirror is then told to let its copy go) is run again on a new cluster.
 #[test]
 fn a_dropped_ram_repl_mirror_serves_when_its_primary_dies_before_hearing_of_the_drop() {
+    a_dropped_mirror_serves_when_its_primary_is_lost_before_hearing_of_the_drop("ram-repl");
+}
+
+/// `log-repl`: the same, the primary losing its disk as it is killed (one killed with its
+/// disk restarts over it, registers, and serves alone).
+#[test]
+fn a_dropped_log_repl_mirror_serves_when_its_primary_loses_its_disk_before_hearing_of_the_drop() {
+    a_dropped_mirror_serves_when_its_primary_is_lost_before_hearing_of_the_drop("log-repl");
+}
+
+/// Node 1's mirror stopped until the managers drop it on its primary's report; the
+/// primary stopped before it hears of the drop, the mirror woken, and the primary killed
+/// (`ram-repl`) or killed with its disk (`log-repl`): the dropped mirror is named and serves.
+fn a_dropped_mirror_serves_when_its_primary_is_lost_before_hearing_of_the_drop(mode: &str) {
     for attempt in 1..=3 {
-        let data = common::scratch("up-ram-repl-dropped");
-        let (mut child, manager) = up_with(&data, &["--mode", "ram-repl"]);
+        let data = common::scratch(&format!("up-{mode}-dropped"));
+        let (mut child, manager) = up_with(&data, &["--mode", mode]);
         assert_eq!(txn(&manager, &["write:1:0:68656c6c6f"])["committed"], true);
         let primary = until_role(&data, "node-1", "primary");
         let mirror = until_role(&data, "node-1-mirror", "mirror");
@@ -934,10 +948,10 @@ fn a_dropped_ram_repl_mirror_serves_when_its_primary_dies_before_hearing_of_the_
         let mirror_log = data.join("logs/node-1-mirror.log");
         let mirror_says =
             |what: &str| (std::fs::read_to_string(&mirror_log).unwrap_or_default()).contains(what);
-        // A `ram-repl` mirror joins at its start; one stopped before it heard it was named
-        // does not know it holds the node's data.
+        // A `ram-repl` mirror joins at its start: this test is of one that knows it was
+        // named (a `log-repl` one is named from the cluster's creation).
         let until = Instant::now() + Duration::from_secs(10);
-        while !mirror_says("named the node's mirror") {
+        while mode == "ram-repl" && !mirror_says("named the node's mirror") {
             assert!(
                 Instant::now() < until,
                 "the mirror never learned it was named"
@@ -962,8 +976,12 @@ fn a_dropped_ram_repl_mirror_serves_when_its_primary_dies_before_hearing_of_the_
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        // SAFETY: as above.
-        unsafe { libc::kill(primary as i32, libc::SIGKILL) };
+        if mode == "log-repl" {
+            lose_disk(&data, "node-1", primary);
+        } else {
+            // SAFETY: as above.
+            unsafe { libc::kill(primary as i32, libc::SIGKILL) };
+        }
         let until = Instant::now() + Duration::from_secs(30);
         let mut missed = false;
         while placement.now().is_none_or(|p| p.primary != mirror_addr) {

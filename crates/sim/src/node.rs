@@ -1822,12 +1822,13 @@ impl Process for SimNode {
     }
 
     /// Up, serving, nothing uncertain and no lock held; a replicated primary's mirror
-    /// holds every record; a mirror has nothing unsynced; a retired copy is done.
+    /// holds every record, and a primary left alone has registered so; a mirror has nothing
+    /// unsynced; a retired copy is done.
     fn settled(&self) -> bool {
         let idle = self.participant.as_ref().is_some_and(|p| p.idle());
         match self.repl.as_ref().map(|r| &r.state) {
             None => idle,
-            Some(ReplState::Primary(s)) => idle && s.caught_up(),
+            Some(ReplState::Primary(s)) => idle && s.caught_up() && !s.confirming_alone(),
             Some(ReplState::Mirror(_)) => self.written.is_empty() && r_named(self),
             Some(_) => false,
         }

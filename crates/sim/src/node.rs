@@ -1220,17 +1220,22 @@ impl SimNode {
                 |_, p| !matches!(p, Pending::ConfirmAlone { sent_ms } if now >= *sent_ms + 200),
             );
             if !(self.pending.values()).any(|p| matches!(p, Pending::ConfirmAlone { .. })) {
-                let req = Request::Register {
-                    node: self.id,
-                    addr: name_of(ctx.me()),
-                    size_bytes: self.space_bytes,
-                    durable: true,
-                    rebooted: false,
-                    mirror: None,
-                };
+                let req = self.register_request(ctx, false);
                 let to = self.manager.addr();
                 self.request(ctx, to, Pending::ConfirmAlone { sent_ms: now }, req);
             }
+        }
+    }
+
+    /// This process's registration as the node's primary (`memnode::node::register_request`).
+    fn register_request(&self, ctx: &Ctx<'_>, rebooted: bool) -> Request {
+        Request::Register {
+            node: self.id,
+            addr: name_of(ctx.me()),
+            size_bytes: self.space_bytes,
+            durable: true,
+            rebooted,
+            mirror: None,
         }
     }
 
@@ -1294,14 +1299,7 @@ impl SimNode {
                     | Pending::Lacking { .. }
             )
         });
-        let req = Request::Register {
-            node: self.id,
-            addr: name_of(ctx.me()),
-            size_bytes: self.space_bytes,
-            durable: true,
-            rebooted: true,
-            mirror: None,
-        };
+        let req = self.register_request(ctx, true);
         let to = self.manager.addr();
         // The mirror left the last ask unanswered: the manager drops it only once told.
         if let Some(Repl {

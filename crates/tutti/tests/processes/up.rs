@@ -538,6 +538,14 @@ impl NamedPrimary {
     }
 }
 
+/// The copy that came back empty (`name`) joins node 1's primary as its mirror, node 1
+/// takes a write, and `tutti up` stops leaving no child behind.
+fn rejoins_and_stops(child: &mut Child, data: &std::path::Path, manager: &str, name: &str) {
+    until_role(data, name, "mirror");
+    assert_eq!(txn(manager, &["write:1:8:01"])["committed"], true);
+    assert_eq!(stop_and_count_children(child, data), 0);
+}
+
 /// Waits until cluster.json gives `name` the role `role` and a pid; the pid.
 fn until_role(data: &std::path::Path, name: &str, role: &str) -> u64 {
     let until = Instant::now() + Duration::from_secs(30);
@@ -905,9 +913,7 @@ fn a_named_log_repl_mirror_that_died_before_registering_serves_when_the_copy_nam
             "{log}"
         );
         // The emptied copy joins it.
-        until_role(&data, "node-1", "mirror");
-        assert_eq!(txn(&manager, &["write:1:8:01"])["committed"], true);
-        assert_eq!(stop_and_count_children(&mut child, &data), 0);
+        rejoins_and_stops(&mut child, &data, &manager, "node-1");
         return;
     }
     panic!("in 3 attempts, a stop or a loss landed after a registration");
@@ -1003,9 +1009,7 @@ fn a_dropped_mirror_serves_when_its_primary_is_lost_before_hearing_of_the_drop(m
             "named primary: serving the copy kept for the managers"
         ));
         // The primary's process, started again empty, joins it.
-        until_role(&data, "node-1", "mirror");
-        assert_eq!(txn(&manager, &["write:1:8:01"])["committed"], true);
-        assert_eq!(stop_and_count_children(&mut child, &data), 0);
+        rejoins_and_stops(&mut child, &data, &manager, "node-1");
         return;
     }
     panic!("in 3 attempts, the primary registered alone before it was stopped");
@@ -1079,9 +1083,7 @@ fn a_replaced_primary_serves_again_when_its_successor_dies_empty(
             "{log}"
         );
         // The mirror, started again empty, joins it.
-        until_role(&data, mirror_name, "mirror");
-        assert_eq!(txn(&manager, &["write:1:8:01"])["committed"], true);
-        assert_eq!(stop_and_count_children(&mut child, &data), 0);
+        rejoins_and_stops(&mut child, &data, &manager, mirror_name);
         return;
     }
     panic!("in 3 attempts, the promoted mirror registered before it was killed");

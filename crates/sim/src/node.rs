@@ -1819,14 +1819,13 @@ impl Process for SimNode {
         }
     }
 
-    /// Up, serving, nothing uncertain and no lock held; a replicated primary's mirror
-    /// holds every record, and a primary left alone has registered so; a mirror has nothing
-    /// unsynced; a retired copy is done.
+    /// Up, serving, nothing uncertain and no lock held; a replicated primary has a mirror
+    /// again, which holds every record; a mirror has nothing unsynced and is named.
     fn settled(&self) -> bool {
         let idle = self.participant.as_ref().is_some_and(|p| p.idle());
         match self.repl.as_ref().map(|r| &r.state) {
             None => idle,
-            Some(ReplState::Primary(s)) => idle && s.caught_up() && !s.confirming_alone(),
+            Some(ReplState::Primary(s)) => idle && s.caught_up() && s.mirror().is_some(),
             Some(ReplState::Mirror(_)) => self.written.is_empty() && r_named(self),
             Some(_) => false,
         }

@@ -3,6 +3,7 @@
 //! every point in one JSON record format.
 
 pub mod backup;
+pub mod cpu;
 pub mod driver;
 pub mod fs;
 pub mod fs_peers;

@@ -113,8 +113,64 @@ pub fn section(points: &[Point], summary: &ReplicationSummary, command: &str) ->
         0.7,
     );
     ratio_row(&mut md, "log-repl / etcd", summary.log_repl_vs_etcd, 10.0);
+    cpu_table(&mut md, summary);
     let _ = write!(md, "\n{SECTION_END}");
     md
+}
+
+/// Where the CPU goes in each mode, and what 0.7 × `ram` leaves for `ram-repl` on the
+/// cores every process shares here.
+fn cpu_table(md: &mut String, summary: &ReplicationSummary) {
+    if summary.cpu.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n### Where the CPU goes: one node, {HEADLINE_OUTSTANDING} outstanding\n\nµs of \
+         CPU (user and system, every thread, from `/proc/PID/stat` between the ends of two \
+         runs) per minitransaction, by process: the client (this bench), the memory node's \
+         first process (its primary in the replicated modes), the mirror, the manager and the \
+         sequencer. Every process shares this machine's {} cores.\n\n| mode | per second | \
+         client | primary | mirror | manager | all | cores busy |\n| --- | ---: | ---: | ---: \
+         | ---: | ---: | ---: | ---: |",
+        summary.cores
+    );
+    for c in &summary.cpu {
+        let us = |kind: &str| {
+            c.us_per_minitx
+                .get(kind)
+                .map_or("–".into(), |v| format!("{v:.2}"))
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} |",
+            c.mode,
+            c.throughput_per_s,
+            us("client"),
+            us("primary"),
+            us("mirror"),
+            us("manager"),
+            c.total_us(),
+            c.busy_cores
+        );
+    }
+    let share = |mode: &str| summary.cpu.iter().find(|c| c.mode == mode);
+    if let (Some(ram), Some(repl)) = (share("ram"), share("ram-repl")) {
+        let target = 0.7 * ram.throughput_per_s;
+        let budget = |cores: f64| cores * 1e6 / target;
+        let _ = writeln!(
+            md,
+            "\nAt 0.7 × `ram`'s {:.0}/s, {} cores allow at most {:.2} µs of CPU per \
+             minitransaction for every process together, and {:.2} µs with them as busy as \
+             `ram` keeps them; `ram-repl` takes {:.2} µs, `ram` {:.2} µs.",
+            ram.throughput_per_s,
+            summary.cores,
+            budget(summary.cores as f64),
+            budget(ram.busy_cores),
+            repl.total_us(),
+            ram.total_us()
+        );
+    }
 }
 
 /// Writes `results/repl.json` and the replicated modes' section of `RESULTS.md` under `out`.
@@ -131,6 +187,24 @@ pub fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::CpuShare;
+
+    /// `us`: the primary's, the client's, then the mirror's µs per minitransaction.
+    fn share(mode: &str, per_s: f64, busy_cores: f64, us: &[f64]) -> CpuShare {
+        let kinds = ["primary", "client", "mirror"];
+        CpuShare {
+            mode: mode.into(),
+            nodes: 1,
+            outstanding: 64,
+            throughput_per_s: per_s,
+            us_per_minitx: kinds
+                .iter()
+                .zip(us)
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            busy_cores,
+        }
+    }
 
     #[test]
     fn the_section_has_a_row_per_outstanding_count_and_the_targets() {
@@ -147,11 +221,30 @@ mod tests {
             ram_repl_vs_ram_2pc: 0.0,
             log_repl_vs_etcd: 12.0,
             targets_met: false,
+            cpu: vec![
+                share("ram", 400_000.0, 1.5, &[1.6, 2.4]),
+                share("ram-repl", 150_000.0, 1.3, &[4.5, 2.8, 1.35]),
+            ],
+            cores: 2,
         };
         let md = section(&points, &summary, "tutti bench repl");
         assert!(md.starts_with(SECTION_BEGIN) && md.ends_with(SECTION_END));
         assert!(md.contains("| 64 | 100 | 69 | – | – | – |"), "{md}");
         assert!(md.contains("| log-repl / log, 1 node | 0.69 | ≥ 0.7 | not met |"));
         assert!(md.contains("| log-repl / etcd | 12.00 | ≥ 10 | met |"));
+        assert!(
+            md.contains("| ram | 400000 | 2.40 | 1.60 | – | – | 4.00 | 1.50 |"),
+            "{md}"
+        );
+        assert!(md.contains("| ram-repl | 150000 | 2.80 | 4.50 | 1.35 | – | 8.65 | 1.30 |"));
+        // 2 cores over 280,000/s; 1.5 cores over the same.
+        assert!(
+            md.contains(
+                "at most 7.14 µs of CPU per minitransaction for every process \
+             together, and 5.36 µs with them as busy as `ram` keeps them; `ram-repl` takes 8.65 \
+             µs, `ram` 4.00 µs."
+            ),
+            "{md}"
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! and the same workload on every peer, in one run; writes `results/*.json` and
 //! `RESULTS.md` (tables with the ratios to each peer and to the limits).
 
+use super::cpu::{CpuMeter, CpuShare};
 use super::driver::{closed_loop, Draw, Session};
 use super::minitx::{run_minitx, Access, MinitxBench, MinitxKind};
 use super::{limits, memory, peers, Point};
@@ -115,6 +116,13 @@ impl ScratchCluster {
         &self.dir
     }
 
+    /// Its processes that run (name, pid).
+    pub fn processes(&self) -> Vec<(String, u32)> {
+        (self.local.process_entries(&BTreeMap::new()).into_iter())
+            .filter_map(|e| Some((e.name, e.pid?)))
+            .collect()
+    }
+
     pub async fn start(exe: &Path, dir: PathBuf, nodes: usize, mode: &str) -> Result<Self, String> {
         Self::start_sized(exe, dir, nodes, mode, 256 << 20).await
     }
@@ -172,6 +180,30 @@ pub async fn run(
     Ok(keep_median_runs(points))
 }
 
+/// Fig. 16's minitransactions (3 increments over `cfg.items` items per node) on nodes
+/// 1..=`nodes`, each over `spread` of them, at each of `outstanding`.
+fn fig16_bench(
+    cfg: &SuiteConfig,
+    experiment: &str,
+    mode: &str,
+    nodes: u16,
+    spread: usize,
+    outstanding: Vec<usize>,
+) -> MinitxBench {
+    MinitxBench {
+        nodes: (1..=nodes).collect(),
+        spread,
+        items_per_node: u64::from(cfg.items),
+        ops_per_minitx: 3,
+        kind: MinitxKind::Increment,
+        access: Access::Combined,
+        outstanding,
+        duration: cfg.duration(),
+        mode: mode.into(),
+        experiment: experiment.into(),
+    }
+}
+
 /// Fig. 16 on scratch tutti clusters in each of `modes`: 1 node (one phase), then 4 nodes
 /// with each minitransaction over two.
 async fn fig16_on_tutti(
@@ -184,18 +216,7 @@ async fn fig16_on_tutti(
         for (nodes, spread) in [(1u16, 1usize), (4, 2)] {
             let dir = cfg.scratch.join(format!("tutti-{mode}-{nodes}"));
             let c = ScratchCluster::start(&cfg.exe, dir, nodes as usize, mode).await?;
-            let b = MinitxBench {
-                nodes: (1..=nodes).collect(),
-                spread,
-                items_per_node: u64::from(cfg.items),
-                ops_per_minitx: 3,
-                kind: MinitxKind::Increment,
-                access: Access::Combined,
-                outstanding: cfg.fig16_sweep(),
-                duration: cfg.duration(),
-                mode: mode.into(),
-                experiment: "fig16".into(),
-            };
+            let b = fig16_bench(cfg, "fig16", mode, nodes, spread, cfg.fig16_sweep());
             points.extend(run_minitx(&c.cluster, &b, &mut *progress).await?);
         }
     }
@@ -438,6 +459,44 @@ async fn contention(
     Ok(points)
 }
 
+/// Fig. 16 at `HEADLINE_OUTSTANDING` on one node in each of `modes`, on a cluster of its
+/// own, with the CPU time each process took: measured between the ends of two runs, so
+/// that loading the items and opening the connections fall outside.
+async fn cpu_shares(
+    cfg: &SuiteConfig,
+    modes: &[&str],
+    progress: &mut dyn FnMut(&Point),
+) -> Result<Vec<CpuShare>, String> {
+    let mut shares = Vec::new();
+    for &mode in modes {
+        let dir = cfg.scratch.join(format!("tutti-cpu-{mode}"));
+        let c = ScratchCluster::start(&cfg.exe, dir, 1, mode).await?;
+        let meter = CpuMeter::new(c.processes());
+        let b = fig16_bench(cfg, "cpu", mode, 1, 1, vec![HEADLINE_OUTSTANDING; 2]);
+        let mut samples = Vec::new();
+        let measured = |p: &Point| {
+            samples.push(meter.sample());
+            progress(p);
+        };
+        let points = run_minitx(&c.cluster, &b, measured).await?;
+        let (Some(p), [before, after]) = (points.last(), &samples[..]) else {
+            return Err(format!("cpu {mode}: {} runs measured, not 2", points.len()));
+        };
+        let minitxs = p.committed + p.compare_failed;
+        let us_per_minitx = (meter.share(before, after, minitxs))
+            .ok_or_else(|| format!("cpu {mode}: a process went away during the run"))?;
+        shares.push(CpuShare {
+            mode: mode.into(),
+            nodes: 1,
+            outstanding: HEADLINE_OUTSTANDING,
+            throughput_per_s: p.throughput_per_s,
+            us_per_minitx,
+            busy_cores: meter.busy_cores(before, after),
+        });
+    }
+    Ok(shares)
+}
+
 /// What `replication` compares, at `HEADLINE_OUTSTANDING`.
 #[derive(serde::Serialize, Debug)]
 pub struct ReplicationSummary {
@@ -450,12 +509,17 @@ pub struct ReplicationSummary {
     /// `log-repl` (1 node) over etcd with one member: target ≥ 10.
     pub log_repl_vs_etcd: f64,
     pub targets_met: bool,
+    /// Where the CPU goes in each mode on one node, at `HEADLINE_OUTSTANDING`, on `cores`
+    /// cores shared by every process.
+    pub cpu: Vec<CpuShare>,
+    pub cores: usize,
 }
 
 /// Fig. 16 (3 compare-and-swaps per minitransaction) in `log`, `log-repl`, `ram` and
 /// `ram-repl` mode, on one node and on four with each minitransaction over two, Fig. 18 in
 /// the four modes at 1, 2 and 4 nodes, then Fig. 16 on etcd (one member), in one run; with
-/// the Fig. 16 ratios at `HEADLINE_OUTSTANDING` against issue 18's targets.
+/// the Fig. 16 ratios at `HEADLINE_OUTSTANDING` against issue 18's targets, and each mode's
+/// CPU time per minitransaction by process on 1 node (`cpu_shares`).
 pub async fn replication(
     cfg: &SuiteConfig,
     progress: &mut dyn FnMut(&Point),
@@ -463,6 +527,7 @@ pub async fn replication(
     let modes = ["log", "log-repl", "ram", "ram-repl"];
     let mut points = fig16_on_tutti(cfg, &modes, progress).await?;
     points.extend(scaling(cfg, &modes, &REPLICATION_SIZES, false, progress).await?);
+    let cpu = cpu_shares(cfg, &modes, progress).await?;
     {
         let (_daemon, session) = peers::etcd(&cfg.scratch, cfg.items).await?;
         let open = || {
@@ -490,6 +555,8 @@ pub async fn replication(
         ram_repl_vs_ram_2pc: ratio(at("tutti", "ram-repl", 4), at("tutti", "ram", 4)),
         log_repl_vs_etcd: ratio(repl_1pc, at("etcd", "fsync", 1)),
         targets_met: false,
+        cpu,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let targets_met = summary.log_repl_vs_log_1pc >= 0.7
         && summary.log_repl_vs_log_2pc >= 0.7

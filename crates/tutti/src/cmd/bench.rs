@@ -55,11 +55,13 @@ pub(crate) enum BenchCommand {
     /// Replicated memory nodes (docs/replication.md): Sinfonia Fig. 16 (3 compare-and-swaps
     /// per minitransaction over 50,000 items, outstanding swept) in `log`, `log-repl`, `ram`
     /// and `ram-repl` mode, on one node and on four with each minitransaction over two;
-    /// Fig. 18 (scaling) in the four modes at 1, 2 and 4 nodes; then Fig. 16 on etcd (one
-    /// member, started here), all in one run. Prints the points as JSON, then the ratios at
-    /// 64 outstanding against the targets (each replicated mode ≥ 0.7 × its unreplicated
-    /// one, `log-repl` ≥ 10 × etcd). Writes results/repl.json and the replicated modes'
-    /// section of RESULTS.md under --out.
+    /// Fig. 18 (scaling) in the four modes at 1, 2 and 4 nodes; each mode's CPU time per
+    /// minitransaction by process (client, primary, mirror, manager) on one node at 64
+    /// outstanding; then Fig. 16 on etcd (one member, started here), all in one run. Prints
+    /// the points and a summary (the ratios, `cpu`) as JSON, then the ratios at 64
+    /// outstanding against the targets (each replicated mode ≥ 0.7 × its unreplicated one,
+    /// `log-repl` ≥ 10 × etcd). Writes results/repl.json and the replicated modes' section
+    /// of RESULTS.md under --out.
     Repl(BenchReplArgs),
 }
 
@@ -641,6 +643,15 @@ mod measure {
             } else {
                 "NOT met"
             }
+        );
+        let cpu: Vec<String> = (summary.cpu.iter())
+            .map(|c| format!("{} {:.2} µs", c.mode, c.total_us()))
+            .collect();
+        eprintln!(
+            "bench: CPU per minitransaction, every process, 1 node at 64 outstanding ({} \
+             cores): {}",
+            summary.cores,
+            cpu.join(", ")
         );
         Ok(())
     }

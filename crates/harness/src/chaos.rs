@@ -474,6 +474,9 @@ pub struct ChaosReport {
     pub unavailability: Vec<Duration>,
     pub failovers: Vec<Duration>,
     pub restarts: Vec<Duration>,
+    /// The longest of `unavailability`: the node, when in the run its serving process was
+    /// killed (to find it in the processes' logs), how long, and how its probe went.
+    pub slowest: Option<(NodeId, Duration, Duration, ProbeTrace)>,
     pub client_kills: u64,
     pub manager_kills: u64,
     pub sequencer_kills: u64,
@@ -594,6 +597,23 @@ impl ChaosReport {
                     at(0.99).as_secs_f64(),
                     u[u.len() - 1].as_secs_f64(),
                     u.len()
+                ),
+            ));
+        }
+        if let Some((node, killed, took, trace)) = &self.slowest {
+            let last = (trace.last_error.as_deref())
+                .map_or(String::new(), |e| format!("; the last that failed: {e}"));
+            rows.push((
+                "  the slowest".into(),
+                format!(
+                    "node {node}, killed {:.1} s into the run",
+                    killed.as_secs_f64()
+                ),
+                format!(
+                    "{:.2} s: {} writes tried, the longest {:.2} s{last}",
+                    took.as_secs_f64(),
+                    trace.attempts,
+                    trace.longest.as_secs_f64()
                 ),
             ));
         }
@@ -1038,6 +1058,7 @@ pub fn run(
     };
     let mut report = ChaosReport::default();
     let mut faults = Faults::new(cfg);
+    faults.log = std::fs::File::create(local.dir.join(FAULT_LOG)).ok();
     if crate::local::replicated(&cfg.mode) {
         faults.probe_addrs = rt
             .block_on(create_probe_region(&cluster))
@@ -1117,13 +1138,14 @@ pub fn run(
     let probed = rt.block_on(faults.probed());
     let split = |mirrored: bool| -> Vec<Duration> {
         (probed.iter())
-            .filter(|(m, _)| *m == mirrored)
-            .map(|(_, d)| *d)
+            .filter(|p| p.mirrored == mirrored)
+            .map(|p| p.took)
             .collect()
     };
     report.failovers = split(true);
     report.restarts = split(false);
-    report.unavailability = probed.into_iter().map(|(_, d)| d).collect();
+    report.slowest = (probed.last()).map(|p| (p.node, p.killed, p.took, p.trace.clone()));
+    report.unavailability = probed.into_iter().map(|p| p.took).collect();
     if let Some(b) = &mut backups {
         b.finish();
     }
@@ -1337,12 +1359,40 @@ struct Faults<'a> {
     cut: Vec<((Process, Process), Duration)>,
     /// `log-repl`: a probe per kill of a node's serving process, timing its unavailability,
     /// with whether the node had a mirror then; and where on each node probes write.
-    probes: Vec<(bool, tokio::task::JoinHandle<Option<Duration>>)>,
+    probes: Vec<(Probed, ProbeTask)>,
     probe_addrs: Vec<(NodeId, u64)>,
     /// Each node process started again empty (every restart in `ram-repl`, one whose disk
     /// was lost in `log-repl`), with its node's configuration epoch then: it holds the
     /// node's data only once a placement of a later epoch names it (it joined).
     emptied_at_epoch: std::collections::HashMap<String, u64>,
+    /// `FAULT_LOG` in the cluster's directory: each fault, with when in the run it struck.
+    log: Option<std::fs::File>,
+}
+
+/// The faults of a run, one line each, in the cluster's directory (kept with `--data`, or
+/// when a run fails): to line a slow fail-over up with what else struck then.
+pub const FAULT_LOG: &str = "faults.log";
+
+/// Notes a fault that struck at `now` in `log` (`FAULT_LOG`).
+fn note(log: &mut Option<std::fs::File>, now: Duration, what: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    if let Some(log) = log {
+        let _ = writeln!(log, "{:9.3} s  {what}", now.as_secs_f64());
+    }
+}
+
+/// A probe under way: the time it took (none after 60 s), and how its writes went.
+type ProbeTask = tokio::task::JoinHandle<(Option<Duration>, ProbeTrace)>;
+
+/// A kill of a node's serving process, and how long the node was unavailable after it.
+struct Probed {
+    node: NodeId,
+    /// When in the run.
+    killed: Duration,
+    /// Whether the node had a mirror at the kill (a fail-over) or ran alone.
+    mirrored: bool,
+    took: Duration,
+    trace: ProbeTrace,
 }
 
 /// When a fault strikes, and how to ask the cluster where a node is served.
@@ -1369,21 +1419,37 @@ async fn create_probe_region(cluster: &Cluster) -> Result<Vec<(NodeId, u64)>, St
     }
 }
 
-/// Writes to `node` at `addr` until a write commits; the time since `killed`, or none
-/// after 60 s.
-async fn probe(cluster: Cluster, node: NodeId, addr: u64, killed: Instant) -> Option<Duration> {
+/// How a probe went: its attempts, the longest one, and what the last failed one said.
+#[derive(Debug, Default, Clone)]
+pub struct ProbeTrace {
+    pub attempts: u64,
+    pub longest: Duration,
+    pub last_error: Option<String>,
+}
+
+/// Writes to `node` at `addr` until a write commits; the time since `killed` (none after
+/// 60 s), and how the attempts went.
+async fn probe(
+    cluster: Cluster,
+    node: NodeId,
+    addr: u64,
+    killed: Instant,
+) -> (Option<Duration>, ProbeTrace) {
+    let mut trace = ProbeTrace::default();
     while killed.elapsed() < Duration::from_secs(60) {
         let tx = tutti_client::Minitx::new().write(node, addr, vec![1; 8]);
-        if cluster
-            .exec_and_commit(&tx)
-            .await
-            .is_ok_and(|o| o.committed)
-        {
-            return Some(killed.elapsed());
+        let started = Instant::now();
+        let outcome = cluster.exec_and_commit(&tx).await;
+        trace.attempts += 1;
+        trace.longest = trace.longest.max(started.elapsed());
+        match outcome {
+            Ok(o) if o.committed => return (Some(killed.elapsed()), trace),
+            Ok(_) => trace.last_error = Some("not committed".into()),
+            Err(e) => trace.last_error = Some(e.to_string()),
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    None
+    (None, trace)
 }
 
 /// `node`'s placement, as the managers have it committed.
@@ -1415,20 +1481,25 @@ impl<'a> Faults<'a> {
             probes: Vec::new(),
             probe_addrs: Vec::new(),
             emptied_at_epoch: std::collections::HashMap::new(),
+            log: None,
             cfg,
             rng,
         }
     }
 
-    /// The probes' timings, sorted, each with whether the node had a mirror at the kill;
-    /// a probe that never saw a commit counts as 60 s.
-    async fn probed(&mut self) -> Vec<(bool, Duration)> {
+    /// The probes' timings, sorted; a probe that never saw a commit counts as 60 s.
+    async fn probed(&mut self) -> Vec<Probed> {
         let mut timings = Vec::new();
-        for (mirrored, p) in self.probes.drain(..) {
-            let took = p.await.ok().flatten().unwrap_or(Duration::from_secs(60));
-            timings.push((mirrored, took));
+        for (probed, p) in self.probes.drain(..) {
+            let (took, trace) = p.await.unwrap_or_default();
+            let took = took.unwrap_or(Duration::from_secs(60));
+            timings.push(Probed {
+                took,
+                trace,
+                ..probed
+            });
         }
-        timings.sort_by_key(|(_, d)| *d);
+        timings.sort_by_key(|p| p.took);
         timings
     }
 
@@ -1464,7 +1535,7 @@ impl<'a> Faults<'a> {
         // A ram-repl node running alone holds its data in one process only: killing that
         // one is a second fault, which the mode does not survive, so the other is killed.
         let alone_in_ram = !mirrored && in_ram;
-        let name = if rng.gen_range(0..3) < 2 && !alone_in_ram {
+        let (name, role) = if rng.gen_range(0..3) < 2 && !alone_in_ram {
             report.primary_kills += 1;
             let killed = Instant::now();
             local.kill(&serving);
@@ -1474,20 +1545,38 @@ impl<'a> Faults<'a> {
             if let Some(addr) = addr {
                 let _in = at.rt.enter();
                 let probe = probe(at.cluster.clone(), node, addr, killed);
-                self.probes.push((mirrored, tokio::spawn(probe)));
+                let probed = Probed {
+                    node,
+                    killed: at.now,
+                    mirrored,
+                    took: Duration::ZERO,
+                    trace: ProbeTrace::default(),
+                };
+                self.probes.push((probed, tokio::spawn(probe)));
             }
-            serving
+            (serving, "serving")
         } else {
             report.mirror_kills += 1;
             local.kill(&other);
-            other
+            (other, "the other copy of")
         };
         let lose_disk = self.cfg.lose_disks && !in_ram && mirrored && rng.gen_ratio(1, 5);
         if lose_disk {
             local.lose_disk(&name)?;
             report.disk_losses += 1;
         }
-        std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
+        let disk = if lose_disk { ", with its disk" } else { "" };
+        let pause = Duration::from_millis(rng.gen_range(0..2000));
+        note(
+            &mut self.log,
+            at.now,
+            format_args!(
+                "kill -9 {name} ({role} node {node}, epoch {}{disk}); restarted {} ms later",
+                p.config_epoch,
+                pause.as_millis()
+            ),
+        );
+        std::thread::sleep(pause);
         // A process of the mirror role serves as what the placement makes it, and joins
         // as the new mirror if it is neither primary nor mirror any more.
         if in_ram || lose_disk {
@@ -1549,27 +1638,46 @@ impl<'a> Faults<'a> {
         if now >= self.next_node {
             let node = rng.gen_range(1..=4);
             local.kill_node(node);
-            std::thread::sleep(Duration::from_millis(rng.gen_range(0..800)));
+            let pause = Duration::from_millis(rng.gen_range(0..800));
+            let what = format_args!(
+                "kill -9 node {node}; restarted {} ms later",
+                pause.as_millis()
+            );
+            note(&mut self.log, now, what);
+            std::thread::sleep(pause);
             local.start_node(node)?;
             report.node_kills += 1;
             self.next_node = now + draw(rng, &cfg.nodes);
         }
         if now >= self.next_client {
+            note(&mut self.log, now, format_args!("kill -9 a client process"));
             workload.kill_one(rng)?;
             report.client_kills += 1;
             self.next_client = now + draw(rng, &cfg.clients_killer);
         }
         if now >= self.next_manager {
             let id = rng.gen_range(1..=local.file.manager_entries().len() as u64);
+            let pause = Duration::from_millis(rng.gen_range(0..2000));
+            let what = format_args!(
+                "kill -9 manager {id}; restarted {} ms later",
+                pause.as_millis()
+            );
+            note(&mut self.log, now, what);
             local.kill_manager_id(id);
-            std::thread::sleep(Duration::from_millis(rng.gen_range(0..2000)));
+            std::thread::sleep(pause);
             local.start_manager_id(id)?;
             report.manager_kills += 1;
             self.next_manager = now + draw(rng, &cfg.manager);
         }
         if now >= self.next_sequencer {
             local.kill_sequencer();
-            std::thread::sleep(Duration::from_millis(rng.gen_range(0..500)));
+            let pause = Duration::from_millis(rng.gen_range(0..500));
+            let what = format_args!(
+                "kill -9 the sequencer; restarted {} ms later",
+                pause.as_millis()
+            );
+            note(&mut self.log, now, what);
+            std::thread::sleep(pause);
             local.start_sequencer()?;
             report.sequencer_kills += 1;
             self.next_sequencer = now + draw(rng, &cfg.sequencer);
@@ -1579,6 +1687,7 @@ impl<'a> Faults<'a> {
                 let keep = now < *until;
                 if !keep {
                     proxy.set_cut(a, b, false);
+                    note(&mut self.log, now, format_args!("heal {a} / {b}"));
                 }
                 keep
             });
@@ -1591,7 +1700,10 @@ impl<'a> Faults<'a> {
                 if !pairs.is_empty() {
                     let (a, b) = pairs[rng.gen_range(0..pairs.len())].clone();
                     proxy.set_cut(&a, &b, true);
-                    self.cut.push(((a, b), now + draw(rng, lasting)));
+                    let until = now + draw(rng, lasting);
+                    let what = format_args!("cut {a} / {b} until {:.3} s", until.as_secs_f64());
+                    note(&mut self.log, now, what);
+                    self.cut.push(((a, b), until));
                     report.partitions += 1;
                 }
                 self.next_partition = now + draw(rng, every);

@@ -1138,14 +1138,15 @@ pub fn run(
     let probed = rt.block_on(faults.probed());
     let split = |mirrored: bool| -> Vec<Duration> {
         (probed.iter())
-            .filter(|p| p.mirrored == mirrored)
-            .map(|p| p.took)
+            .filter(|(kill, _, _)| kill.mirrored == mirrored)
+            .map(|(_, took, _)| *took)
             .collect()
     };
     report.failovers = split(true);
     report.restarts = split(false);
-    report.slowest = (probed.last()).map(|p| (p.node, p.killed, p.took, p.trace.clone()));
-    report.unavailability = probed.into_iter().map(|p| p.took).collect();
+    report.slowest =
+        (probed.last()).map(|(kill, took, trace)| (kill.node, kill.killed, *took, trace.clone()));
+    report.unavailability = probed.into_iter().map(|(_, took, _)| took).collect();
     if let Some(b) = &mut backups {
         b.finish();
     }
@@ -1359,7 +1360,7 @@ struct Faults<'a> {
     cut: Vec<((Process, Process), Duration)>,
     /// `log-repl`: a probe per kill of a node's serving process, timing its unavailability,
     /// with whether the node had a mirror then; and where on each node probes write.
-    probes: Vec<(Probed, ProbeTask)>,
+    probes: Vec<(ServingKill, tokio::task::JoinHandle<ProbeTrace>)>,
     probe_addrs: Vec<(NodeId, u64)>,
     /// Each node process started again empty (every restart in `ram-repl`, one whose disk
     /// was lost in `log-repl`), with its node's configuration epoch then: it holds the
@@ -1373,6 +1374,24 @@ struct Faults<'a> {
 /// when a run fails): to line a slow fail-over up with what else struck then.
 pub const FAULT_LOG: &str = "faults.log";
 
+/// Waits a pause drawn below `max_ms` before a killed process is started again, having
+/// noted the kill of `what` and the pause in `log`.
+fn pause_before_restart(
+    log: &mut Option<std::fs::File>,
+    rng: &mut rand::rngs::StdRng,
+    now: Duration,
+    max_ms: u64,
+    what: std::fmt::Arguments<'_>,
+) {
+    let pause = rng.gen_range(0..max_ms);
+    note(
+        log,
+        now,
+        format_args!("kill -9 {what}; restarted {pause} ms later"),
+    );
+    std::thread::sleep(Duration::from_millis(pause));
+}
+
 /// Notes a fault that struck at `now` in `log` (`FAULT_LOG`).
 fn note(log: &mut Option<std::fs::File>, now: Duration, what: std::fmt::Arguments<'_>) {
     use std::io::Write as _;
@@ -1381,18 +1400,13 @@ fn note(log: &mut Option<std::fs::File>, now: Duration, what: std::fmt::Argument
     }
 }
 
-/// A probe under way: the time it took (none after 60 s), and how its writes went.
-type ProbeTask = tokio::task::JoinHandle<(Option<Duration>, ProbeTrace)>;
-
-/// A kill of a node's serving process, and how long the node was unavailable after it.
-struct Probed {
+/// A kill of a node's serving process, which a probe times.
+struct ServingKill {
     node: NodeId,
     /// When in the run.
     killed: Duration,
     /// Whether the node had a mirror at the kill (a fail-over) or ran alone.
     mirrored: bool,
-    took: Duration,
-    trace: ProbeTrace,
 }
 
 /// When a fault strikes, and how to ask the cluster where a node is served.
@@ -1419,22 +1433,18 @@ async fn create_probe_region(cluster: &Cluster) -> Result<Vec<(NodeId, u64)>, St
     }
 }
 
-/// How a probe went: its attempts, the longest one, and what the last failed one said.
+/// How a probe went: the time from the kill to its committed write (none after 60 s), its
+/// attempts, the longest one, and what the last failed one said.
 #[derive(Debug, Default, Clone)]
 pub struct ProbeTrace {
+    pub took: Option<Duration>,
     pub attempts: u64,
     pub longest: Duration,
     pub last_error: Option<String>,
 }
 
-/// Writes to `node` at `addr` until a write commits; the time since `killed` (none after
-/// 60 s), and how the attempts went.
-async fn probe(
-    cluster: Cluster,
-    node: NodeId,
-    addr: u64,
-    killed: Instant,
-) -> (Option<Duration>, ProbeTrace) {
+/// Writes to `node` at `addr` until a write commits, or for 60 s after `killed`.
+async fn probe(cluster: Cluster, node: NodeId, addr: u64, killed: Instant) -> ProbeTrace {
     let mut trace = ProbeTrace::default();
     while killed.elapsed() < Duration::from_secs(60) {
         let tx = tutti_client::Minitx::new().write(node, addr, vec![1; 8]);
@@ -1443,13 +1453,16 @@ async fn probe(
         trace.attempts += 1;
         trace.longest = trace.longest.max(started.elapsed());
         match outcome {
-            Ok(o) if o.committed => return (Some(killed.elapsed()), trace),
+            Ok(o) if o.committed => {
+                trace.took = Some(killed.elapsed());
+                return trace;
+            }
             Ok(_) => trace.last_error = Some("not committed".into()),
             Err(e) => trace.last_error = Some(e.to_string()),
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    (None, trace)
+    trace
 }
 
 /// `node`'s placement, as the managers have it committed.
@@ -1487,19 +1500,16 @@ impl<'a> Faults<'a> {
         }
     }
 
-    /// The probes' timings, sorted; a probe that never saw a commit counts as 60 s.
-    async fn probed(&mut self) -> Vec<Probed> {
+    /// Each kill a probe timed, with that time, sorted by it (a probe that never saw a
+    /// commit counts as 60 s), and how the probe went.
+    async fn probed(&mut self) -> Vec<(ServingKill, Duration, ProbeTrace)> {
         let mut timings = Vec::new();
-        for (probed, p) in self.probes.drain(..) {
-            let (took, trace) = p.await.unwrap_or_default();
-            let took = took.unwrap_or(Duration::from_secs(60));
-            timings.push(Probed {
-                took,
-                trace,
-                ..probed
-            });
+        for (kill, p) in self.probes.drain(..) {
+            let trace = p.await.unwrap_or_default();
+            let took = trace.took.unwrap_or(Duration::from_secs(60));
+            timings.push((kill, took, trace));
         }
-        timings.sort_by_key(|p| p.took);
+        timings.sort_by_key(|(_, took, _)| *took);
         timings
     }
 
@@ -1545,14 +1555,12 @@ impl<'a> Faults<'a> {
             if let Some(addr) = addr {
                 let _in = at.rt.enter();
                 let probe = probe(at.cluster.clone(), node, addr, killed);
-                let probed = Probed {
+                let kill = ServingKill {
                     node,
                     killed: at.now,
                     mirrored,
-                    took: Duration::ZERO,
-                    trace: ProbeTrace::default(),
                 };
-                self.probes.push((probed, tokio::spawn(probe)));
+                self.probes.push((kill, tokio::spawn(probe)));
             }
             (serving, "serving")
         } else {
@@ -1566,17 +1574,11 @@ impl<'a> Faults<'a> {
             report.disk_losses += 1;
         }
         let disk = if lose_disk { ", with its disk" } else { "" };
-        let pause = Duration::from_millis(rng.gen_range(0..2000));
-        note(
-            &mut self.log,
-            at.now,
-            format_args!(
-                "kill -9 {name} ({role} node {node}, epoch {}{disk}); restarted {} ms later",
-                p.config_epoch,
-                pause.as_millis()
-            ),
+        let what = format_args!(
+            "{name} ({role} node {node}, epoch {}{disk})",
+            p.config_epoch
         );
-        std::thread::sleep(pause);
+        pause_before_restart(&mut self.log, rng, at.now, 2000, what);
         // A process of the mirror role serves as what the placement makes it, and joins
         // as the new mirror if it is neither primary nor mirror any more.
         if in_ram || lose_disk {
@@ -1638,13 +1640,7 @@ impl<'a> Faults<'a> {
         if now >= self.next_node {
             let node = rng.gen_range(1..=4);
             local.kill_node(node);
-            let pause = Duration::from_millis(rng.gen_range(0..800));
-            let what = format_args!(
-                "kill -9 node {node}; restarted {} ms later",
-                pause.as_millis()
-            );
-            note(&mut self.log, now, what);
-            std::thread::sleep(pause);
+            pause_before_restart(&mut self.log, rng, now, 800, format_args!("node {node}"));
             local.start_node(node)?;
             report.node_kills += 1;
             self.next_node = now + draw(rng, &cfg.nodes);
@@ -1657,27 +1653,16 @@ impl<'a> Faults<'a> {
         }
         if now >= self.next_manager {
             let id = rng.gen_range(1..=local.file.manager_entries().len() as u64);
-            let pause = Duration::from_millis(rng.gen_range(0..2000));
-            let what = format_args!(
-                "kill -9 manager {id}; restarted {} ms later",
-                pause.as_millis()
-            );
-            note(&mut self.log, now, what);
             local.kill_manager_id(id);
-            std::thread::sleep(pause);
+            pause_before_restart(&mut self.log, rng, now, 2000, format_args!("manager {id}"));
             local.start_manager_id(id)?;
             report.manager_kills += 1;
             self.next_manager = now + draw(rng, &cfg.manager);
         }
         if now >= self.next_sequencer {
             local.kill_sequencer();
-            let pause = Duration::from_millis(rng.gen_range(0..500));
-            let what = format_args!(
-                "kill -9 the sequencer; restarted {} ms later",
-                pause.as_millis()
-            );
-            note(&mut self.log, now, what);
-            std::thread::sleep(pause);
+            let what = format_args!("the sequencer");
+            pause_before_restart(&mut self.log, rng, now, 500, what);
             local.start_sequencer()?;
             report.sequencer_kills += 1;
             self.next_sequencer = now + draw(rng, &cfg.sequencer);
